@@ -1,0 +1,50 @@
+# Refinery. Two commands set up a fresh machine: `make pipeline` and `make test`.
+#   make pipeline [GIN=gin/tiny.gin] [OVERRIDES='tokenizer.Config.vocab_size=3000 clean.Config.min_chars=100']
+#   make stage STAGE=tokenizer [FORCE=1]     one stage (and what it needs); FORCE reruns it and its dependents
+#   make status | make test | make bench | make lint
+PYTHON ?= python3
+PY := .venv/bin/python
+GIN ?= gin/tiny.gin
+OVERRIDES ?=
+STAGE ?=
+FORCE ?=
+PYTEST_ARGS ?=
+# Passed through the environment so quotes in OVERRIDES reach gin untouched.
+export OVERRIDES
+
+RUN := $(PY) -m pipeline
+
+.PHONY: pipeline stage status plan test bench lint install clean-cache
+
+pipeline: .venv/installed
+	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
+
+stage: .venv/installed
+	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard> [FORCE=1]"; exit 2; }
+	$(RUN) run --gin $(GIN) --stage $(STAGE) $(if $(FORCE),--force) --overrides "$$OVERRIDES"
+
+status: .venv/installed
+	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES"
+
+plan: .venv/installed
+	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES"
+
+test: .venv/installed
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: .venv/installed
+	$(PY) -m benchmarks
+
+lint: .venv/installed
+	.venv/bin/ruff check .
+
+install: .venv/installed
+
+# Reinstalls when the declared dependencies change.
+.venv/installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv .venv
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+clean-cache:
+	rm -rf cache

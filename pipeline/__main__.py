@@ -1,0 +1,181 @@
+"""The command line. `make pipeline`, `make stage`, `make status` wrap it.
+
+    python -m pipeline run    --gin gin/tiny.gin [--gin-param 'clean.Config.min_chars=100' ...]
+                              [--stage tokenizer] [--force] [--workers N] [--scheduler HOST:PORT]
+    python -m pipeline status --gin gin/tiny.gin      # stage, key, cached?, size, wall time, path
+    python -m pipeline plan   --gin gin/tiny.gin      # the keys, and which stages a run would execute
+
+T5X habits work too: `--gin_file=F` is `--gin F` and `--gin.NAME=VALUE` is `--gin-param NAME=VALUE`.
+`--overrides 'a.b=1 c.d="x y"'` takes many bindings in one string (how the Makefile passes
+OVERRIDES through untouched). The exit status is non-zero when any stage fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from pipeline import cache, config, dag
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(_t5x_aliases(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("apache_beam", "luigi", "luigi-interface", "absl", "gcsfs", "fsspec", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    params = list(args.gin_param) + _split_overrides(args.overrides)
+    try:
+        plan = config.load(args.gin or [os.path.join(config.GIN_DIR, "tiny.gin")], params)
+        if args.stage:
+            dag.check_name(args.stage)
+    except (config.ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "status":
+        print(status_table(plan))
+        return 0
+    if args.command == "plan":
+        print(status_table(plan, targets=_targets(args)))
+        return 0
+    return _run(plan, args)
+
+
+def _run(plan: config.Plan, args) -> int:
+    from pipeline import tasks
+
+    start = time.time()
+    force = [args.stage or next(iter(dag.STAGES))] if args.force else []
+    result = tasks.build([plan], _targets(args), force=force, workers=args.workers, scheduler=args.scheduler)
+    print(status_table(plan, targets=_targets(args), ran=result.ran))
+    for stage in result.ran:
+        line = _highlight(plan, stage)
+        if line:
+            print(f"  {stage}: {line}")
+    took = time.time() - start
+    if not result.ok:
+        print(result.summary, file=sys.stderr)
+        print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
+        return 1
+    print(f"done in {took:.1f} s: {len(result.ran)} stage(s) ran, "
+          f"{len(dag.closure(*_targets(args))) - len(result.ran)} reused from {plan.cache_root}")
+    return 0
+
+
+def _targets(args) -> list[str]:
+    """What to build: `--stage S` builds S (and what it needs); forcing S also rebuilds what
+    depends on it, so stale downstream outputs are never left behind. No stage: everything."""
+    if args.stage and args.force:
+        return dag.sinks(dag.downstream(args.stage))
+    if args.stage:
+        return [args.stage]
+    return dag.sinks(list(dag.STAGES))
+
+
+def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[str] = ()) -> str:
+    stages = dag.closure(*targets) if targets else list(plan.stages)
+    rows = [("stage", "key", "status", "size", "wall", "path")]
+    for name in stages:
+        sp = plan.stages[name]
+        done = cache.load(plan.cache_root, name, sp.key)
+        if done is None:
+            state, size, wall, path = "missing", "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)
+        else:
+            state = "ran" if name in ran else "cached"
+            size = _human(sum(done.files.values()))
+            wall = f"{done.manifest.get('wall_time_s', 0):.1f} s"
+            path = done.path
+        rows.append((name, sp.key[:12], state, size, wall, path))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def _highlight(plan: config.Plan, stage: str) -> str:
+    """The stage's own one-line summary (its optional `summary(committed)`), if it has one."""
+    summary = getattr(dag.module(stage), "summary", None)
+    done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
+    if summary is None or done is None:
+        return ""
+    try:
+        return summary(done)
+    except Exception as e:  # noqa: BLE001 - a summary must never turn a finished run into a failure
+        return f"(no summary: {e})"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _split_overrides(text: str) -> list[str]:
+    """'a.b=1 c.d="x y" e.f=[1, 2] g.h = 3' -> ['a.b=1', 'c.d="x y"', 'e.f=[1, 2]', 'g.h = 3'].
+
+    Splits on whitespace outside quotes and brackets and keeps the quotes gin needs.
+    """
+    tokens, current, quote, depth = [], "", "", 0
+    for ch in text or "":
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch.isspace() and depth == 0:
+            if current:
+                tokens.append(current)
+            current = ""
+            continue
+        current += ch
+    if current:
+        tokens.append(current)
+    out: list[str] = []
+    for token in tokens:
+        if out and (token.startswith("=") or out[-1].endswith("=")):
+            out[-1] += " " + token
+        else:
+            out.append(token)
+    return out
+
+
+def _t5x_aliases(argv: list[str]) -> list[str]:
+    out = []
+    for arg in argv:
+        if arg.startswith("--gin_file="):
+            out += ["--gin", arg.split("=", 1)[1]]
+        elif arg == "--gin_file":
+            out.append("--gin")
+        elif arg.startswith("--gin.") and "=" in arg:
+            out += ["--gin-param", arg[len("--gin."):]]
+        elif arg.startswith("--gin_bindings="):
+            out += ["--gin-param", arg.split("=", 1)[1]]
+        else:
+            out.append(arg)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=("run", "status", "plan"))
+    p.add_argument("--gin", action="append", default=[], metavar="FILE",
+                   help="gin file (repeatable; later files override earlier ones); default gin/tiny.gin")
+    p.add_argument("--gin-param", action="append", default=[], metavar="BINDING",
+                   help="one gin binding, e.g. tokenizer.Config.vocab_size=3000 (repeatable)")
+    p.add_argument("--overrides", default="", metavar="'B1 B2'", help="several bindings in one string")
+    p.add_argument("--stage", help=f"build only this stage and what it needs ({', '.join(dag.STAGES)})")
+    p.add_argument("--force", action="store_true",
+                   help="rerun --stage (default: every stage) even if cached, and everything downstream of it")
+    p.add_argument("--workers", type=int, default=1, help="Luigi workers (parallel stages)")
+    p.add_argument("--scheduler", metavar="HOST:PORT", help="a central luigid scheduler (default: local)")
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

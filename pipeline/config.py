@@ -1,0 +1,222 @@
+"""Gin at the edge: gin files + overrides -> a `Plan` of frozen stage Configs and their cache keys.
+
+    plan = config.load(["gin/tiny.gin"], ["tokenizer.Config.vocab_size = 3000"])
+    plan.stages["tokenizer"].key     # sha256 of (name, VERSION, config, upstream keys)
+
+Gin names: every stage's `Config` is `<stage>.Config` (so `clean.Config.min_chars = 100`), other
+configurable dataclasses a stage lists in `CONFIGURABLES` are `<stage>.<Class>`
+(`download.Files.paths = [...]`), the Beam runner is `beam_runner.Runner`, and run-wide
+settings are `pipeline.Settings` (`pipeline.Settings.cache_root = "gs://bucket/refinery"`).
+
+Everything that can be wrong with a config fails here, before any stage runs: unknown
+configurables or parameters (with the valid names), `%gin.REQUIRED` values left unset, values of
+the wrong type, and values a Config's own validation rejects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from typing import Any, Iterable
+
+import gin
+
+from pipeline import cache, dag
+from stages import beam_runner
+
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Run-wide settings that are not part of any stage's key."""
+
+    cache_root: str = "cache"   # a local path (relative to the working directory) or gs://bucket/prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    name: str
+    config: Any
+    upstream: tuple[str, ...]
+    key: str
+    version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    cache_root: str
+    stages: dict[str, StagePlan]   # in DAG order
+    operative_gin: str             # the operative config, saved next to each stage's output
+    gin_files: tuple[str, ...]
+    gin_params: tuple[str, ...]
+
+
+class ConfigError(ValueError):
+    """A gin file or override that cannot produce valid stage configs; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+
+def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
+    gin_files, gin_params = tuple(gin_files), tuple(p for p in gin_params if p.strip())
+    registry = _register()
+    gin.clear_config()
+    for path in gin_files:
+        if not os.path.exists(path):
+            raise ConfigError(f"gin file {path!r} does not exist (looked relative to {os.getcwd()})")
+    gin.add_config_file_search_path(GIN_DIR)
+    try:
+        gin.parse_config_files_and_bindings(list(gin_files), list(gin_params), finalize_config=False)
+    except (ValueError, KeyError, SyntaxError, ImportError) as e:
+        raise ConfigError(_explain(e, registry, gin_files, gin_params)) from None
+
+    settings = _build("pipeline.Settings", registry, gin_files, gin_params)
+    stages: dict[str, StagePlan] = {}
+    for name in dag.STAGES:
+        module = dag.module(name)
+        config = _build(f"{name}.Config", registry, gin_files, gin_params)
+        ups = dag.upstream(name)
+        key = cache.stage_key(name, module.VERSION, config, {u: stages[u].key for u in ups})
+        stages[name] = StagePlan(name, config, ups, key, module.VERSION)
+    cache_root = settings.cache_root
+    if "://" not in cache_root:
+        cache_root = os.path.abspath(cache_root)
+    return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
+
+
+def _register() -> dict[str, type]:
+    """Registers every configurable dataclass with gin once; returns gin name -> original class."""
+    registry = {"pipeline.Settings": Settings, "beam_runner.Runner": beam_runner.Runner}
+    for name in dag.STAGES:
+        for cls in getattr(dag.module(name), "CONFIGURABLES", ()):
+            registry[f"{name}.{cls.__name__}"] = cls
+    for gin_name, cls in registry.items():
+        module, _, short = gin_name.rpartition(".")
+        if not _is_registered(gin_name):
+            gin.external_configurable(cls, name=short, module=module)
+    return registry
+
+
+def _is_registered(gin_name: str) -> bool:
+    try:
+        gin.get_configurable(gin_name)
+        return True
+    except ValueError:
+        return False
+
+
+def _build(gin_name: str, registry: dict[str, type], files: tuple, params: tuple) -> Any:
+    """Calls the gin-wrapped class, then rebuilds plain dataclasses with checked, converted values."""
+    try:
+        obj = gin.get_configurable(gin_name)()
+    except (ValueError, TypeError) as e:
+        # A Config's own validation failed; gin appends "In call to configurable ...", which we
+        # replace by the binding prefix.
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"{gin_name}: {first}{_where(files, params)}") from None
+    return _plain(obj, gin_name, registry)
+
+
+def _plain(obj: Any, where: str, registry: dict[str, type]) -> Any:
+    """Turns gin's wrapper subclasses back into the registered (picklable) classes, recursively,
+    converting lists to tuples and checking every field against its annotation."""
+    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        return obj
+    cls = next(c for c in type(obj).__mro__ if c in registry.values())
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        binding = f"{where}.{f.name}"
+        value = getattr(obj, f.name)
+        if value is gin.REQUIRED or type(value).__name__ == "_GinRequired":
+            raise ConfigError(f"{binding} is %gin.REQUIRED but no gin file or override sets it")
+        values[f.name] = _check(_plain(value, _gin_name(value, registry) or binding, registry),
+                                hints[f.name], binding)
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _gin_name(value: Any, registry: dict[str, type]) -> str | None:
+    for name, cls in registry.items():
+        if isinstance(value, cls):
+            return name
+    return None
+
+
+def _check(value: Any, hint: Any, binding: str) -> Any:
+    """`value` converted to `hint` where that is lossless (list -> tuple, int -> float), else an error."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arm in args:
+            try:
+                return _check(value, arm, binding)
+            except ConfigError:
+                continue
+        raise _type_error(value, hint, binding)
+    if hint is type(None):
+        if value is None:
+            return value
+        raise _type_error(value, hint, binding)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(value, hint, binding)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_check(v, args[0], f"{binding}[{i}]") for i, v in enumerate(value))
+        if args and len(args) != len(value):
+            raise _type_error(value, hint, binding)
+        return tuple(_check(v, a, f"{binding}[{i}]") for i, (v, a) in enumerate(zip(args, value))) \
+            if args else tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool):
+        raise _type_error(value, hint, binding)
+    if isinstance(hint, type) and not isinstance(value, hint):
+        raise _type_error(value, hint, binding)
+    return value
+
+
+def _type_error(value: Any, hint: Any, binding: str) -> ConfigError:
+    expected = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    extra = ""
+    if isinstance(value, str) is False and "str" in str(hint) and not isinstance(value, (int, float)):
+        extra = ' (strings need quotes in gin: name = "value")'
+    return ConfigError(f"{binding} = {value!r} has type {type(value).__name__}; expected {expected}{extra}")
+
+
+def _explain(e: Exception, registry: dict[str, type], files: tuple, params: tuple) -> str:
+    """Gin's error, plus the names that would have been valid."""
+    msg = str(e).strip()
+    where = _where(files, params)
+    m = re.search(r"No configurable matching '([^']+)'", msg)
+    if m:
+        bad = m.group(1)
+        close = difflib.get_close_matches(bad, registry, n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        return (f"unknown configurable {bad!r}.{hint} Configurables are: {', '.join(sorted(registry))}.{where}")
+    m = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", msg)
+    if m:
+        owner, param = m.groups()
+        cls = next((c for n, c in registry.items() if n.endswith("." + owner) or n == owner), None)
+        if cls is not None:
+            valid = [f.name for f in dataclasses.fields(cls)]
+            close = difflib.get_close_matches(param, valid, n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            return f"{owner} has no parameter {param!r}.{hint} Its parameters are: {', '.join(valid)}.{where}"
+    m = re.search(r"Failed to parse token '([^']*)'", msg)
+    if m:
+        return (f"cannot parse the gin value {m.group(1)!r}; strings need quotes "
+                f"(name = \"{m.group(1)}\"), references an @ (name = @download.Files()).{where}")
+    return msg + where
+
+
+def _where(files: tuple, params: tuple) -> str:
+    return f" (gin files: {', '.join(files) or 'none'}; overrides: {'; '.join(params) or 'none'})"

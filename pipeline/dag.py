@@ -1,0 +1,55 @@
+"""The stage graph: which stages exist, where their code lives, and what each one reads.
+
+This is the one place the DAG is written down; config.py, tasks.py and the CLI derive
+everything (gin names, Luigi task classes, force propagation) from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# stage name -> (module implementing Config / VERSION / run, upstream stage names)
+STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "download": ("stages.download", ()),
+    "clean": ("stages.clean", ("download",)),
+    "tokenizer": ("stages.tokenizer", ("clean",)),
+    "shard": ("stages.shard", ("clean", "tokenizer")),
+}
+
+
+def module(stage: str) -> ModuleType:
+    return importlib.import_module(STAGES[stage][0])
+
+
+def upstream(stage: str) -> tuple[str, ...]:
+    return STAGES[stage][1]
+
+
+def downstream(stage: str) -> list[str]:
+    """`stage` and every stage that reads it, directly or not, in DAG order."""
+    out = [stage]
+    for name, (_, ups) in STAGES.items():
+        if name not in out and any(u in out for u in ups):
+            out.append(name)
+    return out
+
+
+def closure(*stages: str) -> list[str]:
+    """`stages` and everything they need, in DAG order."""
+    need = set(stages)
+    for name in reversed(list(STAGES)):
+        if name in need:
+            need.update(upstream(name))
+    return [name for name in STAGES if name in need]
+
+
+def sinks(stages: list[str]) -> list[str]:
+    """The stages in `stages` that no other stage in it reads: building these builds them all."""
+    return [s for s in stages if not any(s in upstream(other) for other in stages)]
+
+
+def check_name(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are: {', '.join(STAGES)}")
+    return stage

@@ -1,0 +1,182 @@
+"""File access for local paths, gs:// and every other fsspec URL (hf:// for the Hugging Face hub).
+
+This is the only module that knows about URL schemes. Everything else passes plain strings
+(`/tmp/cache/clean/ab12…/attempt-x/docs-00000-of-00004.parquet` or
+`gs://bucket/prefix/clean/…`) and calls the functions here.
+
+Local emulator runs: set `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`; gcsfs then talks to
+the emulator and we pass `token="anon"` (the emulator has no auth). Also set
+`GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`, or each bucket costs a 60 s gRPC time-out.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import posixpath
+import uuid
+from typing import IO, Any, Iterator
+
+import fsspec
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _strip_file_scheme(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for `path` and the path as that filesystem spells it."""
+    if is_local(path):
+        return fsspec.filesystem("file"), os.path.abspath(_strip_file_scheme(path))
+    protocol = path.split("://", 1)[0]
+    options: dict[str, Any] = {}
+    if protocol in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
+        options["token"] = "anon"
+    fs = fsspec.filesystem(protocol, **options)
+    return fs, fs._strip_protocol(path)
+
+
+def _unstrip(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """Back from a filesystem's bare path to a full URL."""
+    return fs.unstrip_protocol(path) if fs.protocol not in ("file", ("file", "local")) else path
+
+
+def join(base: str, *parts: str) -> str:
+    if is_local(base):
+        return os.path.join(_strip_file_scheme(base), *parts)
+    return posixpath.join(base, *parts)
+
+
+def open(path: str, mode: str = "rb", **kwargs) -> IO:  # noqa: A001 - mirrors builtins.open
+    """Opens a file for reading or writing; writing creates parent directories."""
+    fs, p = filesystem(path)
+    if is_local(path) and ("w" in mode or "a" in mode):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+    return fs.open(p, mode, **kwargs)
+
+
+def exists(path: str) -> bool:
+    fs, p = filesystem(path)
+    return fs.exists(p)
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def read_json(path: str) -> Any:
+    return json.loads(read_bytes(path))
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes `data` so that a reader sees the old file or the whole new one, never a part.
+
+    Local files go to a temporary name in the same directory and are renamed. A GCS object
+    only becomes visible when its upload completes, so it is written in place.
+    """
+    fs, p = filesystem(path)
+    if is_local(path):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        tmp = f"{p}.tmp-{uuid.uuid4().hex}"
+        with builtins.open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    else:
+        fs.pipe_file(p, data)
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sizes(directory: str) -> dict[str, int]:
+    """Every file under `directory`, recursively: relative posix path -> size in bytes.
+
+    One listing call, so checking a stage's manifest on GCS costs one request, not one per file.
+    """
+    fs, p = filesystem(directory)
+    fs.invalidate_cache(p)   # another process (a Beam worker, a concurrent run) may have written
+    if not fs.exists(p):
+        return {}
+    found = fs.find(p, detail=True)
+    root = p.rstrip("/") + "/"
+    out = {}
+    for name, info in found.items():
+        if info.get("type") == "directory":
+            continue
+        rel = name[len(root):] if name.startswith(root) else posixpath.basename(name)
+        out[rel.replace(os.sep, "/")] = int(info["size"])
+    return out
+
+
+def listdir(directory: str) -> list[str]:
+    """Names (not paths) of the direct children of `directory`, sorted; [] if it is missing."""
+    fs, p = filesystem(directory)
+    if not fs.exists(p):
+        return []
+    return sorted(posixpath.basename(e.rstrip("/")) for e in fs.ls(p, detail=False))
+
+
+def glob(pattern: str) -> list[str]:
+    """Sorted full paths (with their scheme) matching a glob such as `gs://b/data/*.jsonl.gz`."""
+    fs, p = filesystem(pattern)
+    return sorted(_unstrip(fs, m) for m in fs.glob(p))
+
+
+def remove(path: str) -> None:
+    """Removes a file or a whole directory tree; missing paths are fine."""
+    fs, p = filesystem(path)
+    with contextlib.suppress(FileNotFoundError):
+        if fs.exists(p):
+            fs.rm(p, recursive=True)
+
+
+def makedirs(path: str) -> None:
+    fs, p = filesystem(path)
+    fs.makedirs(p, exist_ok=True)
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local filename holding `path`'s bytes: the path itself when local, else a temp download."""
+    if is_local(path):
+        yield _strip_file_scheme(path)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, posixpath.basename(path))
+        fs, p = filesystem(path)
+        fs.get_file(p, local)
+        yield local
+
+
+def upload(local_path: str, path: str) -> None:
+    """Copies a local file to `path` (any scheme)."""
+    if is_local(path):
+        dest = _strip_file_scheme(path)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        import shutil
+
+        shutil.copyfile(local_path, dest)
+        return
+    fs, p = filesystem(path)
+    fs.put_file(local_path, p)
+

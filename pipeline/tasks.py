@@ -1,0 +1,132 @@
+"""One Luigi task per stage, and `build()`, which runs a plan's targets and reports what happened.
+
+A task's only significant parameter is its stage key, so the Luigi task id is a function of the
+key: two plans (sweep variants) that share upstream stages share those tasks, and the scheduler
+runs each once. The plan itself is looked up by a non-significant `plan_id` in this process's
+registry (Luigi's `workers>1` forks, so the registry travels with the workers).
+
+Luigi decides "done" through `complete()`, which reads the stage's `_SUCCESS.json` and checks
+every listed file's size. A forced task is complete only once this invocation has committed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from typing import Iterable
+
+import luigi
+
+from pipeline import cache, dag
+from pipeline.config import Plan
+
+log = logging.getLogger(__name__)
+
+_PLANS: dict[str, Plan] = {}
+
+
+class StageTask(luigi.Task):
+    stage: str = ""                                           # set by each subclass
+    key = luigi.Parameter(description="the stage's cache key")
+    plan_id = luigi.Parameter(significant=False, visibility=luigi.parameter.ParameterVisibility.PRIVATE)
+    run_id = luigi.Parameter(significant=False, default="")
+
+    @property
+    def plan(self) -> Plan:
+        return _PLANS[self.plan_id]
+
+    def requires(self):
+        return {u: self.plan_task(u) for u in dag.upstream(self.stage)}
+
+    def plan_task(self, stage: str) -> "StageTask":
+        return task_class(stage)(key=self.plan.stages[stage].key, plan_id=self.plan_id, run_id=self.run_id)
+
+    @property
+    def forced(self) -> bool:
+        return self.stage in _FORCED.get(self.run_id, ())
+
+    def committed(self) -> cache.Committed | None:
+        return cache.load(self.plan.cache_root, self.stage, self.key)
+
+    def complete(self) -> bool:
+        done = self.committed()
+        if done is None:
+            return False
+        return not self.forced or done.manifest.get("run_id") == self.run_id
+
+    def run(self):
+        plan = self.plan
+        upstream = {u: t.committed() for u, t in self.requires().items()}
+        missing = [u for u, c in upstream.items() if c is None]
+        if missing:
+            raise RuntimeError(f"{self.stage}: upstream {missing} not committed")
+        log.info("running %s (key %s)", self.stage, self.key[:12])
+        cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
+                        config=plan.stages[self.stage].config, upstream=upstream,
+                        fn=dag.module(self.stage).run, extra_files={"config.gin": plan.operative_gin},
+                        run_id=self.run_id)
+
+
+_CLASSES: dict[str, type[StageTask]] = {}
+
+
+def task_class(stage: str) -> type[StageTask]:
+    """The Luigi task class of a stage, named after it (Download, Clean, ...), derived from the DAG."""
+    if stage not in _CLASSES:
+        _CLASSES[stage] = type(stage.title().replace("_", ""), (StageTask,),
+                               {"stage": stage, "__module__": __name__})
+    return _CLASSES[stage]
+
+# run_id -> stages forced in that invocation
+_FORCED: dict[str, set[str]] = {}
+
+
+@dataclasses.dataclass
+class BuildResult:
+    ok: bool
+    run_id: str
+    summary: str              # Luigi's own summary
+    ran: list[str]            # stages (of the targets' closures) committed by this invocation
+
+
+def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str] = (), workers: int = 1,
+          scheduler: str | None = None) -> BuildResult:
+    """Runs `targets` (stage names) for every plan, building what they need; `force` stages rerun
+    even when cached, together with everything downstream of them."""
+    plans, targets = list(plans), list(targets)
+    run_id = uuid.uuid4().hex
+    forced: set[str] = set()
+    for stage in force:
+        forced.update(dag.downstream(stage))
+    _FORCED[run_id] = forced
+    tasks = []
+    for plan in plans:
+        plan_id = uuid.uuid4().hex
+        _PLANS[plan_id] = plan
+        for stage in targets:
+            tasks.append(task_class(stage)(key=plan.stages[stage].key, plan_id=plan_id, run_id=run_id))
+    _configure_luigi()
+    kwargs = {"workers": workers, "detailed_summary": True, "log_level": "WARNING"}
+    if scheduler:
+        host, _, port = scheduler.rpartition(":")
+        kwargs.update(scheduler_host=host or "localhost", scheduler_port=int(port))
+    else:
+        kwargs["local_scheduler"] = True
+    result = luigi.build(tasks, **kwargs)
+    ok = result.status in (luigi.LuigiStatusCode.SUCCESS, luigi.LuigiStatusCode.SUCCESS_WITH_RETRY)
+    ran = []
+    for plan in plans:
+        for stage in dag.closure(*targets):
+            done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
+            if done is not None and done.manifest.get("run_id") == run_id and stage not in ran:
+                ran.append(stage)
+    return BuildResult(ok, run_id, result.summary_text, ran)
+
+
+def _configure_luigi() -> None:
+    config = luigi.configuration.get_config()
+    # Verify a task's output after run(), so a stage that "succeeds" without committing fails.
+    config.set("worker", "check_complete_on_run", "true")
+    # Luigi's own CLI exits 0 when a task fails; we read the status from build() instead.
+    config.set("worker", "no_install_shutdown_handler", "true")

@@ -1,0 +1,76 @@
+"""Document shards: the parquet files that download writes and clean reads and writes.
+
+Schema (every column a nullable string):
+
+    id      stable across runs: the same source record always gets the same id
+    text    the document; null when the record had no usable text (see `error`)
+    url     where it came from (a URL, or `path:line` for local files)
+    source  which source produced it (`embedded`, `files`, `tfds/<name>`, `fineweb/<dump>`)
+    error   null for a good record, else why it is unusable (`malformed_json`, `invalid_utf8`,
+            `non_string_text`, …); clean counts these as rejections under that reason
+
+Shards are named `docs-00003-of-00016.parquet` and written with a streaming `ParquetWriter`
+through `pipeline.storage`, so a shard larger than memory is fine and `gs://` works unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from pipeline import storage
+
+COLUMNS = ("id", "text", "url", "source", "error")
+ROWS_PER_GROUP = 2048
+
+
+def shard_name(index: int, count: int, prefix: str = "docs") -> str:
+    return f"{prefix}-{index:05d}-of-{count:05d}.parquet"
+
+
+def schema():
+    import pyarrow as pa
+
+    return pa.schema([(c, pa.string()) for c in COLUMNS])
+
+
+def write(path: str, docs: Iterable[dict]) -> int:
+    """Writes `docs` (dicts with the COLUMNS keys; missing ones are null) to one parquet file.
+
+    Returns the number of rows written. An empty iterable still writes a valid, empty file.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 0
+    with storage.open(path, "wb") as f, pq.ParquetWriter(f, schema(), compression="zstd") as w:
+        batch: list[dict] = []
+
+        def flush():
+            w.write_table(pa.Table.from_pylist(batch, schema=schema()))
+            batch.clear()
+
+        for doc in docs:
+            batch.append({c: doc.get(c) for c in COLUMNS})
+            rows += 1
+            if len(batch) >= ROWS_PER_GROUP:
+                flush()
+        if batch or rows == 0:
+            flush()
+    return rows
+
+
+def read(path: str, columns: Iterable[str] = COLUMNS) -> Iterator[dict]:
+    """Yields the rows of one shard as dicts, one row group at a time (bounded memory).
+
+    Columns absent from the file (a shard written by an older layout) come back as None.
+    """
+    import pyarrow.parquet as pq
+
+    wanted = list(columns)
+    with storage.open(path, "rb") as f:
+        pf = pq.ParquetFile(f)
+        have = [c for c in wanted if c in pf.schema_arrow.names]
+        for batch in pf.iter_batches(columns=have, batch_size=ROWS_PER_GROUP):
+            cols = {c: batch.column(c).to_pylist() for c in have}
+            for i in range(batch.num_rows):
+                yield {c: (cols[c][i] if c in cols else None) for c in wanted}

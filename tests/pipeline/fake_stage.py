@@ -1,0 +1,31 @@
+"""A tiny stage for testing the cache and the Luigi wiring without Beam: it writes `out.txt`
+holding its value and its upstream outputs, and appends its name to a log to count runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from pipeline import storage
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    value: int = 0
+    fail: bool = False
+    name: str = "x"
+    log: str = dataclasses.field(default="", metadata={"key": False})
+
+
+CONFIGURABLES = (Config,)
+VERSION = "1"
+
+
+def run(config: Config, inputs, out_dir: str) -> None:
+    if config.log:
+        with open(config.log, "a") as f:
+            f.write(config.name + "\n")
+    up = "".join(storage.read_text(c.file("out.txt")) for _, c in sorted(inputs.items()))
+    storage.write_text(storage.join(out_dir, "out.txt"), f"{up}{config.name}={config.value};")
+    if config.fail:
+        raise RuntimeError(f"stage {config.name} failed on purpose")

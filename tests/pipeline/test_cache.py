@@ -1,0 +1,110 @@
+"""The stage cache: keys, the `_SUCCESS.json` commit, and what counts as done."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pipeline import cache, storage
+from tests.pipeline import fake_stage
+
+
+def _run(root, config, key="k", upstream=None, stage="a"):
+    return cache.run_stage(cache_root=root, stage=stage, key=key, config=config,
+                           upstream=upstream or {}, fn=fake_stage.run)
+
+
+def test_key_depends_on_name_version_config_and_upstream_only():
+    c = fake_stage.Config(value=1)
+    k = cache.stage_key("a", "1", c, {"up": "u1"})
+    assert k == cache.stage_key("a", "1", fake_stage.Config(value=1), {"up": "u1"})
+    assert len({k,
+                cache.stage_key("b", "1", c, {"up": "u1"}),
+                cache.stage_key("a", "2", c, {"up": "u1"}),
+                cache.stage_key("a", "1", fake_stage.Config(value=2), {"up": "u1"}),
+                cache.stage_key("a", "1", c, {"up": "u2"})}) == 5
+    # Fields marked key=False (how a stage runs, not what it computes) do not change the key.
+    assert k == cache.stage_key("a", "1", dataclasses.replace(c, log="/tmp/elsewhere"), {"up": "u1"})
+
+
+def test_nested_configs_of_different_types_get_different_keys():
+    @dataclasses.dataclass(frozen=True)
+    class A:
+        x: int = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class B:
+        x: int = 1
+
+    assert cache.stage_key("s", "1", A(), {}) != cache.stage_key("s", "1", B(), {})
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "cache")
+    return request.getfixturevalue("gcs_bucket") + "/cache"
+
+
+def test_commit_lists_every_file_with_its_size(root):
+    done = _run(root, fake_stage.Config(value=3, name="a"))
+    assert storage.read_text(done.file("out.txt")) == "a=3;"
+    assert done.manifest["files"]["out.txt"] == 4
+    assert done.manifest["key"] == "k" and done.manifest["wall_time_s"] >= 0
+    assert "attempt-" in done.path and done.manifest["attempt"] in done.path
+    assert cache.load(root, "a", "k") == done
+
+
+def test_a_deleted_or_resized_file_means_not_done(root):
+    done = _run(root, fake_stage.Config(value=3))
+    storage.write_text(done.file("out.txt"), "changed size")
+    assert cache.load(root, "a", "k") is None
+    done = _run(root, fake_stage.Config(value=3))
+    storage.remove(done.file("out.txt"))
+    assert cache.load(root, "a", "k") is None
+
+
+def test_a_failed_run_commits_nothing_and_the_next_commit_removes_its_attempt(root):
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        _run(root, fake_stage.Config(fail=True))
+    stage_dir = cache.stage_dir(root, "a", "k")
+    assert cache.load(root, "a", "k") is None
+    leftovers = storage.listdir(stage_dir)
+    assert len(leftovers) == 1 and leftovers[0].startswith("attempt-")
+    done = _run(root, fake_stage.Config(value=1))
+    assert storage.listdir(stage_dir) == sorted([cache.MANIFEST, done.manifest["attempt"]])
+
+
+def test_a_killed_stage_leaves_nothing_that_counts_as_done(tmp_path):
+    root = str(tmp_path / "cache")
+    script = textwrap.dedent(f"""
+        import time
+        from pipeline import cache, storage
+        def slow(config, inputs, out_dir):
+            storage.write_text(storage.join(out_dir, "part-0.txt"), "half")
+            print("wrote", flush=True)
+            time.sleep(60)
+        cache.run_stage(cache_root={root!r}, stage="a", key="k", config={{}}, upstream={{}}, fn=slow)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.stdout.readline().strip() == "wrote"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert cache.load(root, "a", "k") is None
+    assert not storage.exists(storage.join(cache.stage_dir(root, "a", "k"), cache.MANIFEST))
+    time.sleep(0.01)
+    assert _run(root, fake_stage.Config(value=2)).files == {"out.txt": 4}
+
+
+def test_committed_paths_come_from_the_manifest_not_the_directory(tmp_path):
+    done = _run(str(tmp_path), fake_stage.Config())
+    storage.write_text(storage.join(done.path, "stray.txt"), "not in the manifest")
+    assert done.paths("*.txt") == [storage.join(done.path, "out.txt")]
+    with pytest.raises(FileNotFoundError, match="has no 'stray.txt'"):
+        done.file("stray.txt")
