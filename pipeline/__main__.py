@@ -22,6 +22,7 @@ from pipeline import cache, config, dag
 
 
 def main(argv: list[str] | None = None) -> int:
+    start = time.time()
     args = _parser().parse_args(_t5x_aliases(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("apache_beam", "luigi", "luigi-interface", "absl", "gcsfs", "fsspec", "urllib3"):
@@ -40,17 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         print(status_table(plan, targets=_targets(args)))
         return 0
-    return _run(plan, args)
+    return _run(plan, args, start)
 
 
-def _run(plan: config.Plan, args) -> int:
+def _run(plan: config.Plan, args, start: float) -> int:
     from pipeline import tasks
 
-    start = time.time()
     force = [args.stage or next(iter(dag.STAGES))] if args.force else []
     result = tasks.build([plan], _targets(args), force=force, workers=args.workers, scheduler=args.scheduler)
     print(status_table(plan, targets=_targets(args), ran=result.ran))
-    for stage in result.ran:
+    for stage in dag.closure(*_targets(args)):
         line = _highlight(plan, stage)
         if line:
             print(f"  {stage}: {line}")
@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overrides", default="", metavar="'B1 B2'", help="several bindings in one string")
     p.add_argument("--stage", help=f"build only this stage and what it needs ({', '.join(dag.STAGES)})")
     p.add_argument("--force", action="store_true",
-                   help="rerun --stage (default: every stage) even if cached, and everything downstream of it")
+                   help="rerun --stage (default: all) even if cached, and everything downstream of it")
     p.add_argument("--workers", type=int, default=1, help="Luigi workers (parallel stages)")
     p.add_argument("--scheduler", metavar="HOST:PORT", help="a central luigid scheduler (default: local)")
     return p

@@ -16,6 +16,7 @@ the Beam runner, not what it computes) stay out of the key.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import fnmatch
@@ -25,8 +26,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from importlib import metadata as importlib_metadata
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from pipeline import storage
 
@@ -126,7 +128,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     from an older one.
     """
     root = stage_dir(cache_root, stage, key)
-    attempt = f"attempt-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    attempt = f"attempt-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     out_dir = storage.join(root, attempt)
     storage.makedirs(out_dir)
     for name, text in dict(extra_files).items():
@@ -134,7 +136,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     start = time.time()
     fn(config, upstream, out_dir)
     wall = time.time() - start
-    files = {n: s for n, s in storage.sizes(out_dir).items()}
+    files = storage.sizes(out_dir)
     if not files:
         raise RuntimeError(f"stage {stage} wrote nothing into {out_dir}")
     manifest = {
@@ -149,7 +151,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "run_id": run_id,
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     storage.write_json(storage.join(root, MANIFEST), manifest)
     remove_stale_attempts(root, keep=attempt)
@@ -168,8 +170,6 @@ def remove_stale_attempts(root: str, keep: str) -> None:
 def library_versions() -> dict[str, str]:
     out = {}
     for lib in LIBRARIES:
-        try:
+        with contextlib.suppress(importlib_metadata.PackageNotFoundError):
             out[lib] = importlib_metadata.version(lib)
-        except importlib_metadata.PackageNotFoundError:
-            pass
     return out

@@ -21,10 +21,10 @@ import os
 import re
 import types
 import typing
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import gin
-
 from pipeline import cache, dag
 from stages import beam_runner
 
@@ -90,7 +90,12 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
 
 
 def _register() -> dict[str, type]:
-    """Registers every configurable dataclass with gin once; returns gin name -> original class."""
+    """Registers every configurable dataclass with gin once; returns gin name -> original class.
+
+    Gin constructs a *shadow* subclass whose `__post_init__` does nothing, so a Config's own
+    validation never sees unchecked values (a string where it compares numbers); `_plain` then
+    type-checks every field and builds the real class, which validates itself.
+    """
     registry = {"pipeline.Settings": Settings, "beam_runner.Runner": beam_runner.Runner}
     for name in dag.STAGES:
         for cls in getattr(dag.module(name), "CONFIGURABLES", ()):
@@ -98,7 +103,9 @@ def _register() -> dict[str, type]:
     for gin_name, cls in registry.items():
         module, _, short = gin_name.rpartition(".")
         if not _is_registered(gin_name):
-            gin.external_configurable(cls, name=short, module=module)
+            shadow = type(cls.__name__, (cls,), {"__post_init__": lambda self: None,
+                                                 "__module__": cls.__module__})
+            gin.external_configurable(shadow, name=short, module=module)
     return registry
 
 
@@ -115,11 +122,11 @@ def _build(gin_name: str, registry: dict[str, type], files: tuple, params: tuple
     try:
         obj = gin.get_configurable(gin_name)()
     except (ValueError, TypeError) as e:
-        # A Config's own validation failed; gin appends "In call to configurable ...", which we
-        # replace by the binding prefix.
-        first = str(e).strip().splitlines()[0]
-        raise ConfigError(f"{gin_name}: {first}{_where(files, params)}") from None
-    return _plain(obj, gin_name, registry)
+        raise ConfigError(_explain(e, registry, files, params)) from None
+    try:
+        return _plain(obj, gin_name, registry)
+    except ConfigError as e:
+        raise ConfigError(f"{e}{_where(files, params)}") from None
 
 
 def _plain(obj: Any, where: str, registry: dict[str, type]) -> Any:
@@ -201,7 +208,8 @@ def _explain(e: Exception, registry: dict[str, type], files: tuple, params: tupl
         bad = m.group(1)
         close = difflib.get_close_matches(bad, registry, n=3, cutoff=0.5)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        return (f"unknown configurable {bad!r}.{hint} Configurables are: {', '.join(sorted(registry))}.{where}")
+        names = ", ".join(sorted(registry))
+        return f"unknown configurable {bad!r}.{hint} Configurables are: {names}.{where}"
     m = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", msg)
     if m:
         owner, param = m.groups()

@@ -17,7 +17,8 @@ import json
 import os
 import posixpath
 import uuid
-from typing import IO, Any, Iterator
+from collections.abc import Iterator
+from typing import IO, Any
 
 import fsspec
 

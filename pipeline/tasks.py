@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import luigi
 
@@ -39,7 +39,7 @@ class StageTask(luigi.Task):
     def requires(self):
         return {u: self.plan_task(u) for u in dag.upstream(self.stage)}
 
-    def plan_task(self, stage: str) -> "StageTask":
+    def plan_task(self, stage: str) -> StageTask:
         return task_class(stage)(key=self.plan.stages[stage].key, plan_id=self.plan_id, run_id=self.run_id)
 
     @property

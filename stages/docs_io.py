@@ -15,7 +15,7 @@ through `pipeline.storage`, so a shard larger than memory is fine and `gs://` wo
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from pipeline import storage
 

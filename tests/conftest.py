@@ -37,7 +37,7 @@ def gcs_server():
         except OSError:
             if time.time() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError(f"gcp-storage-emulator did not start on port {port}")
+                raise RuntimeError(f"gcp-storage-emulator did not start on port {port}") from None
             time.sleep(0.2)
     url = f"http://127.0.0.1:{port}"
     old = os.environ.get("STORAGE_EMULATOR_HOST")

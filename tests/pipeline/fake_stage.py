@@ -4,7 +4,6 @@ holding its value and its upstream outputs, and appends its name to a log to cou
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from pipeline import storage
 

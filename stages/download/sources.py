@@ -1,0 +1,184 @@
+"""The sources download reads: one frozen dataclass each, configurable in gin as `download.<Class>`.
+
+    download.Config.source = @download.Files()
+    download.Files.paths = ["gs://bucket/crawl/*.jsonl.gz"]
+
+A source has two methods:
+
+    units() -> list         cheap, deterministic, sorted, picklable pieces of work (on the driver)
+    read(unit) -> Iterator  the documents of one unit, in order (on a Beam worker), as dicts with
+                            the `stages.docs_io` columns; bad records become documents with an
+                            `error` (see `document.py`) rather than exceptions
+
+Add a source: a dataclass here with those two methods, appended to `SOURCES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+from pipeline import storage
+from stages.download import embedded, formats
+from stages.download.document import doc_id, plain_str, text_or_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedded:
+    """Standard-library docstrings and pydoc help topics (~2 MB of English prose); no network."""
+
+    max_files: int = 0            # 0 = every stdlib module; N = the first N in sorted order (tests)
+    include_topics: bool = True   # also the pydoc help topics (~0.46 MB)
+
+    def __post_init__(self):
+        _check_at_least("Embedded.max_files", self.max_files, 0)
+
+    def units(self) -> list[tuple[str, ...]]:
+        return embedded.units(self.max_files, self.include_topics)
+
+    def read(self, unit: tuple[str, ...]) -> Iterator[dict]:
+        return embedded.read(unit)
+
+
+@dataclasses.dataclass(frozen=True)
+class Files:
+    """Local or gs:// files by glob; the format follows the extension (`formats.SUFFIXES`)."""
+
+    paths: tuple[str, ...] = ()   # globs, e.g. ("gs://bucket/crawl/*.jsonl.gz", "/data/*.parquet")
+    text_field: str = "text"      # the JSON key or parquet column holding the text
+    id_field: str = ""            # the record's own id; "" (or absent) = a hash of file and position
+    url_field: str = "url"        # the record's URL; absent = "path:line"
+    txt_unit: str = "file"        # .txt: "file" = one document per file; "paragraph" = split on blank lines
+
+    TXT_UNITS = ("file", "paragraph")
+
+    def __post_init__(self):
+        if isinstance(self.paths, str):
+            raise TypeError(f"Files.paths={self.paths!r} is one string; "
+                            f"expected a list of globs: [{self.paths!r}]")
+        if isinstance(self.paths, list):
+            object.__setattr__(self, "paths", tuple(self.paths))
+        if self.paths == ():
+            raise ValueError("Files.paths is empty; set it to a list of globs, "
+                             'e.g. ["gs://bucket/data/*.jsonl.gz"]')
+        if self.text_field == "":
+            raise ValueError("Files.text_field is empty; "
+                             "set it to the JSON key or parquet column holding the text")
+        if self.txt_unit not in self.TXT_UNITS:
+            raise ValueError(f"Files.txt_unit={self.txt_unit!r} is not one of {self.TXT_UNITS}")
+
+    def units(self) -> list[tuple[str, int]]:
+        found: set[str] = set()
+        for pattern in self.paths:
+            matches = storage.glob(pattern)
+            if not matches:
+                raise ValueError(f"download.Files.paths: {pattern!r} matches no files")
+            found.update(matches)
+        return formats.units(sorted(found), self.text_field,
+                             hint="; set download.Files.text_field to the text column")
+
+    def read(self, unit: tuple[str, int]) -> Iterator[dict]:
+        fields = formats.Fields(text=self.text_field, id=self.id_field, url=self.url_field,
+                                txt_unit=self.txt_unit, source="files")
+        return formats.read(*unit, fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tfds:
+    """A TensorFlow Datasets dataset, read with `as_data_source` (array_record; no TensorFlow needed).
+
+    When the dataset is not prepared in `data_dir`, `units()` prepares it there first
+    (`download_and_prepare`, which downloads). On a distributed runner `data_dir` must be storage
+    that every worker can read.
+    """
+
+    name: str = ""                # a TFDS name, optionally with config and version: "wikipedia/20230601.en"
+    split: str = "train"          # any TFDS split spec: "train", "train[:10%]", "validation+test"
+    data_dir: str = ""            # "" = TFDS's default (~/tensorflow_datasets)
+    text_key: str = "text"        # the feature holding the text
+    records_per_unit: int = 10_000
+
+    def __post_init__(self):
+        if self.name == "":
+            raise ValueError('Tfds.name is empty; set it to a TFDS dataset name, e.g. "imdb_reviews"')
+        if self.split == "":
+            raise ValueError('Tfds.split is empty; set it to a split such as "train"')
+        _check_at_least("Tfds.records_per_unit", self.records_per_unit, 1)
+
+    @property
+    def source(self) -> str:
+        return f"tfds/{self.name}"
+
+    def units(self) -> list[tuple[int, int]]:
+        count = len(self._records(prepare=True))
+        step = self.records_per_unit
+        return [(start, min(start + step, count)) for start in range(0, count, step)]
+
+    def read(self, unit: tuple[int, int]) -> Iterator[dict]:
+        records = self._records()
+        for chunk in range(unit[0], unit[1], formats.BATCH_ROWS):
+            indices = list(range(chunk, min(chunk + formats.BATCH_ROWS, unit[1])))
+            for i, record in zip(indices, records.__getitems__(indices)):
+                text, error = text_or_error(record.get(self.text_key) if isinstance(record, dict) else None)
+                yield {"id": doc_id(self.source, self.split, i), "text": text,
+                       "url": f"tfds:{self.name}:{self.split}:{i}", "source": self.source, "error": error}
+
+    def _records(self, prepare: bool = False):
+        """The split as a random-access data source (len, __getitems__)."""
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder(self.name, data_dir=self.data_dir or None, file_format="array_record")
+        if prepare and not builder.is_prepared():
+            log.info("download: preparing TFDS %s into %s", self.name, builder.data_dir)
+            builder.download_and_prepare()
+        return builder.as_data_source(split=self.split)
+
+
+@dataclasses.dataclass(frozen=True)
+class FineWeb:
+    """FineWeb parquet (https://huggingface.co/datasets/HuggingFaceFW/fineweb), one unit per row group.
+
+    `root` is any storage URL laid out like the hub repository: `hf://` (huggingface_hub's fsspec
+    filesystem; set HF_TOKEN for higher rate limits), a gs:// mirror, or a local copy.
+    """
+
+    root: str = "hf://datasets/HuggingFaceFW/fineweb"
+    pattern: str = "sample/10BT/*.parquet"   # or "data/CC-MAIN-2024-10/*.parquet", "sample/100BT/*.parquet"
+    max_files: int = 0                       # 0 = every matching file; N = the first N in sorted order
+
+    COLUMNS = ("text", "id", "dump", "url")
+
+    def __post_init__(self):
+        if self.root == "" or self.pattern == "":
+            raise ValueError(f"FineWeb.root={self.root!r} and FineWeb.pattern={self.pattern!r} "
+                             "must both be set")
+        _check_at_least("FineWeb.max_files", self.max_files, 0)
+
+    def units(self) -> list[tuple[str, int]]:
+        glob = storage.join(self.root, self.pattern)
+        files = storage.glob(glob)
+        if not files:
+            raise ValueError(f"download.FineWeb: {glob!r} matches no files (check root and pattern)")
+        files = files[:self.max_files] if self.max_files else files
+        counts = formats.parquet_row_groups(files, "text")
+        return [(path, g) for path, n in zip(files, counts) for g in range(n)]
+
+    def read(self, unit: tuple[str, int]) -> Iterator[dict]:
+        path, row_group = unit
+        for row, record in formats.parquet_rows(path, row_group, self.COLUMNS):
+            source = f"fineweb/{plain_str(record['dump']) or 'unknown'}"
+            text, error = text_or_error(record["text"])
+            yield {"id": plain_str(record["id"]) or doc_id("fineweb", path, row), "text": text,
+                   "url": plain_str(record["url"]) or f"{path}:{row}", "source": source, "error": error}
+
+
+SOURCES = (Embedded, Files, Tfds, FineWeb)
+
+
+def _check_at_least(name: str, value: object, low: int) -> None:
+    # Only int values are checked: a value of the wrong type is left for the gin loader to report.
+    if isinstance(value, int) and value < low:
+        raise ValueError(f"{name}={value!r} must be >= {low}")

@@ -1,0 +1,168 @@
+"""The shard stage's Beam graph: clean shards -> token chunks -> fixed-size llm.c shards.
+
+    (i, docs path)                                      one element per clean shard
+      -> Tokenize   (split, i, offset in shard i, docs, tokens)    chunks of ~CHUNK_TOKENS tokens
+      -> Count      (split, i) -> (tokens, docs)  -> Layout: where each clean shard starts in each split
+      -> Cut        (split, output shard) -> (offset in it, tokens)   using the layout side input
+      -> GroupByKey -> Write one `<split>-XXXXX.bin` per key; Layout -> `manifest.json`
+
+Elements are whole clean shards and chunks of millions of tokens, never single documents, and
+tokens travel as numpy arrays in the shard dtype. Offsets, not arrival order, decide where tokens
+land, so the output is the same however Beam bundles and orders the work. Cut needs every count
+first, so the chunks are materialized once (in memory under FnApiRunner, on disk on Dataflow).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import apache_beam as beam
+import numpy as np
+
+from pipeline import storage
+from stages import docs_io, tokenizer
+from stages.shard import SPLITS, Config, llmc
+
+CHUNK_TOKENS = 1 << 22      # tokens a Tokenize chunk gathers before it is emitted (8 MiB as uint16)
+
+
+def build(p: beam.Pipeline, config: Config, doc_shards: list[str], model: bytes, out_dir: str,
+          manifest: dict) -> None:
+    """Adds the stage to `p`. `manifest` holds the fixed fields; the split totals are added to it."""
+    vocab_size = manifest["vocab_size"]
+    chunks = (p
+              | "CleanShards" >> beam.Create(list(enumerate(doc_shards)))
+              | "Spread" >> beam.Reshuffle()
+              | "Tokenize" >> beam.ParDo(Tokenize(config, model, llmc.dtype_for(vocab_size))))
+    layout = (chunks
+              | "Count" >> beam.Map(_count)
+              | "SumPerShard" >> beam.CombinePerKey(_sum_pairs)
+              | "AllCounts" >> beam.combiners.ToList()
+              | "Layout" >> beam.Map(make_layout))
+    _ = (chunks
+         | "Cut" >> beam.FlatMap(cut, beam.pvalue.AsSingleton(layout), config.tokens_per_shard)
+         | "GroupShards" >> beam.GroupByKey()
+         | "Write" >> beam.Map(write_shard, beam.pvalue.AsSingleton(layout), config.tokens_per_shard,
+                               vocab_size, out_dir))
+    _ = layout | "Manifest" >> beam.Map(write_manifest, manifest, out_dir)
+
+
+class Tokenize(beam.DoFn):
+    """(i, clean shard path) -> (split, i, offset within shard i's part of split, docs, tokens (N,))."""
+
+    def __init__(self, config: Config, model: bytes, dtype: np.dtype):
+        self.config, self.model, self.dtype = config, model, dtype
+
+    def setup(self):
+        import sentencepiece as spm
+
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model)
+
+    def process(self, element: tuple[int, str]) -> Iterator[tuple]:
+        index, path = element
+        pending: dict[str, list[list[int]]] = {s: [] for s in SPLITS}    # encoded docs not yet emitted
+        pending_tokens = dict.fromkeys(SPLITS, 0)
+        emitted = dict.fromkeys(SPLITS, 0)
+
+        def flush(split):
+            docs, offset = pending[split], emitted[split]
+            tokens = np.fromiter(itertools.chain.from_iterable(docs), dtype=self.dtype,
+                                 count=pending_tokens[split])
+            pending[split], pending_tokens[split], emitted[split] = [], 0, offset + len(tokens)
+            return split, index, offset, len(docs), tokens
+
+        for batch in _batches(docs_io.read(path, columns=("id", "text")), self.config.docs_per_batch):
+            batch = [d for d in batch if d["text"] is not None]   # unusable records carry no text
+            # One call per batch: sentencepiece's C++ loop, not Python, walks the documents.
+            encoded = self.sp.encode([d["text"] for d in batch], add_bos=self.config.add_bos, add_eos=True,
+                                     num_threads=1)   # Beam runs one worker per core
+            for doc, ids in zip(batch, encoded):
+                val = tokenizer.doc_fraction(doc["id"], path) < self.config.val_fraction
+                split = "val" if val else "train"
+                pending[split].append(ids)
+                pending_tokens[split] += len(ids)
+            for split in SPLITS:
+                if pending_tokens[split] >= CHUNK_TOKENS:
+                    yield flush(split)
+        for split in SPLITS:
+            if pending[split]:
+                yield flush(split)
+
+
+def make_layout(counts: list[tuple[tuple[str, int], tuple[int, int]]]) -> dict:
+    """Per clean shard (tokens, docs) -> where each starts in its split, and the split totals.
+
+    {"start": {(split, i): first token of shard i in split}, "tokens": {split: n}, "docs": {split: n}}
+    """
+    layout = {"start": {}, "tokens": dict.fromkeys(SPLITS, 0), "docs": dict.fromkeys(SPLITS, 0)}
+    for (split, index), (tokens, docs) in sorted(counts):
+        layout["start"][split, index] = layout["tokens"][split]
+        layout["tokens"][split] += tokens
+        layout["docs"][split] += docs
+    return layout
+
+
+def cut(chunk: tuple, layout: dict, tokens_per_shard: int) -> Iterator[tuple[tuple[str, int], tuple]]:
+    """A chunk -> its pieces, keyed by (split, output shard), each with its offset in that shard."""
+    split, index, offset, _, tokens = chunk
+    start = layout["start"][split, index] + offset      # the chunk's first token in the split's stream
+    pos = 0
+    while pos < len(tokens):
+        shard, within = divmod(start + pos, tokens_per_shard)
+        end = min(len(tokens), pos + tokens_per_shard - within)
+        yield (split, shard), (within, tokens[pos:end])
+        pos = end
+
+
+def write_shard(keyed: tuple[tuple[str, int], list], layout: dict, tokens_per_shard: int, vocab_size: int,
+                out_dir: str) -> None:
+    (split, shard), pieces = keyed
+    pieces = sorted(pieces, key=lambda piece: piece[0])
+    want = min(tokens_per_shard, layout["tokens"][split] - shard * tokens_per_shard)
+    at = 0
+    for offset, tokens in pieces:
+        if offset != at:
+            raise RuntimeError(f"{split} shard {shard}: a piece starts at token {offset}, expected {at}")
+        at += len(tokens)
+    if at != want:
+        raise RuntimeError(f"{split} shard {shard}: pieces hold {at} tokens, the layout says {want}")
+    llmc.write(storage.join(out_dir, shard_name(split, shard)), [t for _, t in pieces], vocab_size)
+
+
+def write_manifest(layout: dict, manifest: dict, out_dir: str) -> None:
+    tokens_per_shard = manifest["tokens_per_shard"]
+    splits = {}
+    for split in SPLITS:
+        total = layout["tokens"][split]
+        count = math.ceil(total / tokens_per_shard)
+        splits[split] = {
+            "tokens": total,
+            "docs": layout["docs"][split],
+            "shards": [{"file": shard_name(split, i),
+                        "tokens": min(tokens_per_shard, total - i * tokens_per_shard)} for i in range(count)],
+        }
+    storage.write_json(storage.join(out_dir, "manifest.json"), manifest | {"splits": splits})
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.bin"
+
+
+def _count(chunk: tuple) -> tuple[tuple[str, int], tuple[int, int]]:
+    split, index, _, docs, tokens = chunk
+    return (split, index), (len(tokens), docs)
+
+
+def _sum_pairs(pairs) -> tuple[int, int]:
+    tokens = docs = 0
+    for t, d in pairs:
+        tokens, docs = tokens + t, docs + d
+    return tokens, docs
+
+
+def _batches(items, size: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, size)):
+        yield batch

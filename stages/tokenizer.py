@@ -1,0 +1,237 @@
+"""The tokenizer stage: trains a sentencepiece model on a deterministic sample of cleaned text.
+
+    make stage STAGE=tokenizer OVERRIDES='tokenizer.Config.vocab_size=3000'
+
+Reads clean's `docs-*.parquet`, writes `tokenizer.model` and `tokenizer.vocab` (the files
+`spm_train` writes) and `stats.json` (what was sampled, bytes per token and the
+decode(encode(x)) == x rate on held-out documents, training seconds).
+
+The sample: shards are visited in an order fixed by `seed`, and each gives its share of the
+remaining `sample_chars` from its first rows, so the sample spans the whole corpus while reading
+only about `sample_chars` of it. A document whose `doc_fraction(id) < heldout_fraction` is never
+trained on; those met while sampling measure bytes per token. The shard stage splits off its
+validation documents with the same number, so when `val_fraction <= heldout_fraction` the
+tokenizer never saw a validation document.
+
+Sentencepiece silently drops every training sentence longer than `max_sentence_length` bytes and
+cannot take a newline inside one, so documents are fed as lines, and over-long lines are cut into
+pieces (counted in stats.json): nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+from pipeline import storage
+
+log = logging.getLogger(__name__)
+
+MODEL_TYPES = ("bpe", "unigram")
+MAX_VOCAB = 1 << 20
+# unk, bos, eos are pieces 0, 1, 2 (Llama's layout); no pad piece: shards pack documents with no
+# padding and a loss mask covers any padding the trainer adds.
+UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model_type: str = "bpe"                 # "bpe" | "unigram"
+    vocab_size: int = 8192
+    byte_fallback: bool = True              # characters outside the vocab become byte pieces, not <unk>
+    split_digits: bool = True               # every digit its own piece, as in Llama
+    character_coverage: float = 0.9995      # rarer characters are left to byte fallback (or <unk>)
+    sample_chars: int = 20_000_000          # training text to sample; sentencepiece holds it all in RAM
+    heldout_fraction: float = 0.02          # documents never trained on, used to measure bytes per token
+    max_sentence_length: int = 4192         # bytes; longer lines are cut into pieces this long
+    num_threads: int = 2                    # the model is byte-identical across runs for a given value
+    seed: int = 0                           # which shards' rows are sampled, and sentencepiece's RNG
+
+    def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"tokenizer.Config.model_type={self.model_type!r} is not one of {MODEL_TYPES}")
+        low = _reserved_pieces(self.byte_fallback) + 1
+        if not low <= self.vocab_size <= MAX_VOCAB:
+            raise ValueError(f"tokenizer.Config.vocab_size={self.vocab_size} is not in [{low}, {MAX_VOCAB}] "
+                             f"(byte_fallback={self.byte_fallback} reserves {low - 1} pieces)")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ValueError(
+                f"tokenizer.Config.character_coverage={self.character_coverage} is not in (0, 1]")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"tokenizer.Config.heldout_fraction={self.heldout_fraction} is not in [0, 1)")
+        if self.sample_chars < 1:
+            raise ValueError(f"tokenizer.Config.sample_chars={self.sample_chars} must be >= 1")
+        if self.max_sentence_length < 4:     # room for any one UTF-8 character
+            raise ValueError(f"tokenizer.Config.max_sentence_length={self.max_sentence_length} must be >= 4")
+        if self.num_threads < 1:
+            raise ValueError(f"tokenizer.Config.num_threads={self.num_threads} must be >= 1")
+
+
+CONFIGURABLES = (Config,)
+VERSION = "1"
+
+
+def run(config: Config, inputs, out_dir: str) -> None:
+    import sentencepiece as spm
+
+    shards = inputs["clean"].paths("docs-*.parquet")
+    if not shards:
+        raise FileNotFoundError(f"clean output {inputs['clean'].path} lists no docs-*.parquet shards")
+    sentences, heldout, stats = sample(shards, config)
+    if not sentences:
+        raise ValueError(f"no training text in {len(shards)} clean shards under {inputs['clean'].path}")
+    log.info("training a %s tokenizer (vocab %d) on %d sentences, %d chars",
+             config.model_type, config.vocab_size, stats["sentences"], stats["sampled_chars"])
+
+    # Trained in memory: a model_prefix would be recorded inside the model, so a temp dir's name
+    # would make two identical trainings differ.
+    model = io.BytesIO()
+    start = time.perf_counter()
+    spm.set_random_generator_seed(config.seed)
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
+                                       **trainer_options(config))
+    except RuntimeError as e:
+        # sentencepiece's message says which setting to change (vocab_size, character_coverage).
+        raise RuntimeError(f"sentencepiece could not train a {config.model_type} vocab of "
+                           f"{config.vocab_size} on {stats['sampled_chars']} chars ({config}): {e}") from e
+    seconds = time.perf_counter() - start
+    log.info("trained in %.1f s", seconds)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    storage.write_bytes(storage.join(out_dir, "tokenizer.model"), model.getvalue())
+    storage.write_text(storage.join(out_dir, "tokenizer.vocab"), vocab_text(sp))
+
+    stats |= {"vocab_size": sp.get_piece_size(), "model_type": config.model_type,
+              "train_seconds": round(seconds, 3)} | heldout_stats(sp, heldout, config.num_threads)
+    storage.write_json(storage.join(out_dir, "stats.json"), stats)
+
+
+def summary(out) -> str:
+    """One line for the run summary, from a committed tokenizer (`pipeline.cache.Committed`)."""
+    s = storage.read_json(out.file("stats.json"))
+    return (f"{s['model_type']} vocab {s['vocab_size']:,}: {s['bytes_per_token']:.2f} bytes/token on "
+            f"{s['heldout_docs']:,} held-out docs, round trip {s['round_trip_rate']:.1%}")
+
+
+def trainer_options(config: Config) -> dict:
+    """Keyword arguments for `SentencePieceTrainer.train`."""
+    return {
+        "model_type": config.model_type, "vocab_size": config.vocab_size,
+        "byte_fallback": config.byte_fallback, "split_digits": config.split_digits,
+        "character_coverage": config.character_coverage, "max_sentence_length": config.max_sentence_length,
+        "num_threads": config.num_threads,
+        "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID,
+        # Clean already normalized the text; keep every character and space as it is, so that
+        # decode(encode(x)) == x. Runs of spaces (code, indentation) may become pieces.
+        "normalization_rule_name": "identity", "remove_extra_whitespaces": False,
+        "allow_whitespace_only_pieces": True,
+        # Training lines never hold "\n", but documents do. With byte fallback it encodes as <0x0A>
+        # (as in Llama) at no vocab cost; without, it needs its own piece or it would be <unk>.
+        "user_defined_symbols": [] if config.byte_fallback else ["\n"],
+        "shuffle_input_sentence": False,      # we sampled already; keep the input order (determinism)
+        "minloglevel": 2,
+    }
+
+
+def vocab_text(sp) -> str:
+    """The `.vocab` file sentencepiece writes next to a model: `piece<TAB>score` per line, by id."""
+    return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+
+
+def sample(shards: list[str], config: Config) -> tuple[list[str], list[str], dict]:
+    """(training sentences, held-out document texts, counts) from `shards`, deterministically."""
+    from stages import docs_io
+
+    order = sorted(shards, key=lambda path: hashlib.sha256(f"{config.seed}:{os.path.basename(path)}".encode())
+                   .digest())
+    sentences: list[str] = []
+    heldout: list[str] = []
+    counts = {"shards_read": 0, "sampled_docs": 0, "sampled_chars": 0, "sentences": 0,
+              "long_lines_split": 0, "long_line_pieces": 0}
+    for i, path in enumerate(order):
+        budget = (config.sample_chars - counts["sampled_chars"]) / (len(order) - i)
+        taken = 0
+        counts["shards_read"] += 1
+        for doc in docs_io.read(path, columns=("id", "text")):
+            if taken >= budget:
+                break
+            if doc["text"] is None:
+                continue
+            if doc_fraction(doc["id"], path) < config.heldout_fraction:
+                heldout.append(doc["text"])
+                continue
+            for line in lines(doc["text"], config.max_sentence_length, counts):
+                sentences.append(line)
+                taken += len(line)
+            counts["sampled_docs"] += 1
+        counts["sampled_chars"] += taken
+        if counts["sampled_chars"] >= config.sample_chars:
+            break
+    counts["sentences"] = len(sentences)
+    return sentences, heldout, counts
+
+
+def lines(text: str, max_bytes: int, counts: dict) -> Iterator[str]:
+    """The non-empty lines of `text`, each at most `max_bytes` UTF-8 bytes.
+
+    A longer line is cut at the last space that keeps a piece within the limit (or mid-word when
+    there is none); `counts` records how many lines were cut and into how many pieces.
+    """
+    for line in text.split("\n"):
+        if not line:
+            continue
+        if len(line) * 4 <= max_bytes or len(line.encode("utf-8")) <= max_bytes:
+            yield line
+            continue
+        pieces = list(_cut(line, max_bytes))
+        counts["long_lines_split"] += 1
+        counts["long_line_pieces"] += len(pieces)
+        yield from pieces
+
+
+def _cut(line: str, max_bytes: int) -> Iterator[str]:
+    data = line.encode("utf-8")
+    while len(data) > max_bytes:
+        end = max_bytes
+        while data[end] & 0xC0 == 0x80:      # do not cut inside a UTF-8 character
+            end -= 1
+        space = data.rfind(b" ", 0, end)
+        end = space if space > 0 else end
+        yield data[:end].decode("utf-8")
+        data = data[end:]
+    if data:
+        yield data.decode("utf-8")
+
+
+def heldout_stats(sp, texts: list[str], num_threads: int) -> dict:
+    """Bytes per token and the decode(encode(x)) == x rate over held-out document texts."""
+    if not texts:
+        return {"heldout_docs": 0, "heldout_bytes": 0, "heldout_tokens": 0, "bytes_per_token": None,
+                "round_trip_rate": None}
+    ids = sp.encode(texts, num_threads=num_threads)
+    decoded = sp.decode(ids, num_threads=num_threads)
+    num_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    num_tokens = sum(map(len, ids))
+    return {"heldout_docs": len(texts), "heldout_bytes": num_bytes, "heldout_tokens": num_tokens,
+            "bytes_per_token": round(num_bytes / max(num_tokens, 1), 4),
+            "round_trip_rate": sum(d == t for d, t in zip(decoded, texts)) / len(texts)}
+
+
+def doc_fraction(doc_id: str | None, where: str) -> float:
+    """A number in [0, 1), uniform over documents, fixed by the id: sha256(id) as a fraction.
+
+    The held-out rule here and the train/val split in the shard stage both compare it with a fraction.
+    `where` (the shard path) names the culprit when a document has no id.
+    """
+    if doc_id is None:
+        raise ValueError(f"a document in {where} has no id; clean must give every document one")
+    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") / 2.0**64
+
+
+def _reserved_pieces(byte_fallback: bool) -> int:
+    return 3 + (256 if byte_fallback else 1)     # unk/bos/eos, then 256 byte pieces or the "\n" piece

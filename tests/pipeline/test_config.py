@@ -1,0 +1,73 @@
+"""Gin loading on the real stages: keys move only where an override reaches, bad configs fail
+early with the binding and the valid choices, the operative config is kept."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import config
+from tests.conftest import REPO
+
+TINY = f"{REPO}/gin/tiny.gin"
+
+
+def _keys(*params):
+    plan = config.load([TINY], params)
+    return {name: sp.key for name, sp in plan.stages.items()}
+
+
+def test_a_tokenizer_override_changes_the_keys_of_tokenizer_and_shard_only():
+    before, after = _keys(), _keys("tokenizer.Config.vocab_size = 3000")
+    assert [s for s in before if before[s] != after[s]] == ["tokenizer", "shard"]
+
+
+def test_a_clean_override_changes_everything_from_clean_on():
+    before, after = _keys(), _keys("clean.Config.min_chars = 50")
+    assert [s for s in before if before[s] != after[s]] == ["clean", "tokenizer", "shard"]
+
+
+def test_the_beam_runner_is_not_part_of_any_key():
+    before = _keys()
+    after = _keys("download.Config.runner = @beam_runner.Runner()",
+                  'beam_runner.Runner.options = ("--direct_num_workers=2",)')
+    assert before == after
+
+
+def test_configs_are_plain_frozen_dataclasses_with_the_bound_values():
+    plan = config.load([TINY], ["tokenizer.Config.vocab_size = 3000"])
+    tok = plan.stages["tokenizer"].config
+    assert type(tok).__module__ == "stages.tokenizer" and tok.vocab_size == 3000
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tok.vocab_size = 1
+    assert "tokenizer.Config.vocab_size = 3000" in plan.operative_gin
+
+
+@pytest.mark.parametrize("param, message", [
+    ("tokenizer.Config.vocab = 3", "tokenizer.Config has no parameter 'vocab'. Did you mean vocab_size?"),
+    ("tokeniser.Config.vocab_size = 3", "unknown configurable 'tokeniser.Config'. Did you mean tokenizer.C"),
+    ("tokenizer.Config.vocab_size = '30'", "tokenizer.Config.vocab_size = '30' has type str; expected int"),
+    ("tokenizer.Config.model_type = 'bqe'", "tokenizer.Config: "),
+    ("tokenizer.Config.model_type = bpe", "strings need quotes"),
+    ("tokenizer.Config.vocab_size = %gin.REQUIRED", "tokenizer.Config.vocab_size is %gin.REQUIRED"),
+    ("download.Files.paths = 3", "download.Files.paths = 3 has type int"),
+])
+def test_bad_bindings_fail_with_a_message_that_names_them(param, message):
+    extra = ["download.Config.source = @download.Files()"] if param.startswith("download.Files") else []
+    with pytest.raises(config.ConfigError) as e:
+        config.load([TINY], extra + [param])
+    assert message in str(e.value)
+
+
+def test_a_missing_gin_file_is_named():
+    with pytest.raises(config.ConfigError, match="gin file 'nope.gin' does not exist"):
+        config.load(["nope.gin"])
+
+
+def test_a_noop_cli_invocation_imports_neither_jax_nor_beam(tmp_path):
+    code = (f"import sys; from pipeline.__main__ import main; main(['plan', '--gin', {TINY!r}]); "
+            "print('HEAVY', sorted(m for m in ('jax', 'apache_beam', 'tensorflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         check=True, env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin"})
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr

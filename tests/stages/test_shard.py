@@ -1,0 +1,181 @@
+"""The shard stage: exact token streams, fixed shard sizes, the train/val split, the llm.c format."""
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from pipeline import cache, storage
+from stages import beam_runner, docs_io, shard, tokenizer
+from stages.shard import beam_graph, llmc
+from tests.stages.test_tokenizer import english_docs, train, write_clean
+
+TOKENS_PER_SHARD = 5000
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("cache"))
+    docs = english_docs(400)
+    clean = write_clean(root, [docs[:150], docs[150:300], docs[300:]])
+    return {"clean": clean, "tokenizer": train(root, clean)}
+
+
+def run_shard(root, upstream, key="s", **overrides) -> cache.Committed:
+    config = shard.Config(**({"tokens_per_shard": TOKENS_PER_SHARD, "val_fraction": 0.1} | overrides))
+    return cache.run_stage(cache_root=str(root), stage="shard", key=key, config=config, upstream=upstream,
+                           fn=shard.run)
+
+
+def processor(upstream) -> spm.SentencePieceProcessor:
+    model = storage.read_bytes(upstream["tokenizer"].file("tokenizer.model"))
+    return spm.SentencePieceProcessor(model_proto=model)
+
+
+@pytest.fixture(scope="module")
+def sharded(upstream, tmp_path_factory):
+    return run_shard(tmp_path_factory.mktemp("cache"), upstream)
+
+
+def numpy_read(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """An independent llm.c reader: (header (256,) int32, tokens)."""
+    data = storage.read_bytes(path)
+    header = np.frombuffer(data[:1024], dtype="<i4")
+    dtype = {20240520: "<u2", 20240801: "<u4"}[int(header[0])]
+    tokens = np.frombuffer(data[1024:], dtype=dtype)
+    assert header[2] == len(tokens)
+    return header, tokens
+
+
+def expected_streams(upstream, add_bos=False, val_fraction=0.1) -> dict[str, list[int]]:
+    """The token streams the stage must write, computed the slow, obvious way."""
+    sp = processor(upstream)
+    streams = {"train": [], "val": []}
+    for path in upstream["clean"].paths("docs-*.parquet"):
+        for doc in docs_io.read(path):
+            split = "val" if tokenizer.doc_fraction(doc["id"], path) < val_fraction else "train"
+            streams[split] += [sp.bos_id()] * add_bos + sp.encode(doc["text"]) + [sp.eos_id()]
+    return streams
+
+
+def test_shards_hold_exactly_the_tokenized_documents_in_order(sharded, upstream):
+    want = expected_streams(upstream)
+    for split in ("train", "val"):
+        paths = sharded.paths(f"{split}-*.bin")
+        assert len(paths) == -(-len(want[split]) // TOKENS_PER_SHARD) > 1
+        got = [numpy_read(p) for p in paths]
+        for header, tokens in got:
+            assert header[:3].tolist() == [20240520, 1, len(tokens)] and not header[3:].any()
+            assert tokens.dtype == np.uint16
+        assert [len(t) for _, t in got[:-1]] == [TOKENS_PER_SHARD] * (len(got) - 1)
+        assert 0 < len(got[-1][1]) <= TOKENS_PER_SHARD
+        assert np.concatenate([t for _, t in got]).tolist() == want[split]
+        with storage.local_copy(paths[0]) as local:
+            assert llmc.read(local).tolist() == got[0][1].tolist()
+            assert llmc.read(local, mmap=True).tolist() == got[0][1].tolist()
+
+
+def test_split_is_by_document_and_eos_ends_every_document(sharded, upstream):
+    sp = processor(upstream)
+    texts = {}
+    for split in ("train", "val"):
+        tokens = np.concatenate([numpy_read(p)[1] for p in sharded.paths(f"{split}-*.bin")])
+        assert tokens[-1] == sp.eos_id() and sp.bos_id() not in tokens
+        ends = np.flatnonzero(tokens == sp.eos_id())
+        texts[split] = [sp.decode(d.tolist()) for d in np.split(tokens, ends + 1)[:-1]]
+    docs = [d for p in upstream["clean"].paths("docs-*.parquet") for d in docs_io.read(p)]
+    val = [d["text"] for d in docs if tokenizer.doc_fraction(d["id"], "") < 0.1]
+    assert texts["val"] == val and 20 < len(val) < 60
+    assert texts["train"] == [d["text"] for d in docs if d["text"] not in val]
+    assert not set(texts["train"]) & set(texts["val"])
+
+
+def test_manifest_describes_the_shards(sharded, upstream):
+    m = storage.read_json(sharded.file("manifest.json"))
+    vocab = storage.read_text(upstream["tokenizer"].file("tokenizer.vocab")).splitlines()
+    assert {k: m[k] for k in ("dtype", "magic", "version", "vocab_size", "bos_id", "eos_id", "add_bos",
+                              "tokens_per_shard", "header_bytes")} == {
+        "dtype": "uint16", "magic": 20240520, "version": 1, "vocab_size": len(vocab), "bos_id": 1,
+        "eos_id": 2, "add_bos": False, "tokens_per_shard": TOKENS_PER_SHARD, "header_bytes": 1024}
+    assert m["split"]["val_fraction"] == 0.1 and "sha256" in m["split"]["rule"]
+    assert m["splits"]["train"]["docs"] + m["splits"]["val"]["docs"] == 400
+    for split in ("train", "val"):
+        shards = m["splits"][split]["shards"]
+        assert [s["file"] for s in shards] == [p.rsplit("/", 1)[1] for p in sharded.paths(f"{split}-*.bin")]
+        assert sum(s["tokens"] for s in shards) == m["splits"][split]["tokens"]
+        assert all(sharded.files[s["file"]] == 1024 + 2 * s["tokens"] for s in shards)
+        assert m["splits"][split]["docs"] == sum(numpy_read(p)[1].tolist().count(2)
+                                                 for p in sharded.paths(f"{split}-*.bin"))
+
+
+def test_bytes_do_not_depend_on_chunking_or_parallelism(sharded, upstream, tmp_path, monkeypatch):
+    monkeypatch.setattr(beam_graph, "CHUNK_TOKENS", 700)      # many chunks, pieces cut at odd places
+    runner = beam_runner.Runner(options=("--direct_num_workers=2", "--direct_running_mode=multi_threading"))
+    again = run_shard(tmp_path, upstream, runner=runner, docs_per_batch=7)
+    assert again.files == sharded.files
+    for name in sharded.files:
+        assert storage.read_bytes(again.file(name)) == storage.read_bytes(sharded.file(name)), name
+
+
+def test_add_bos_and_no_validation_split(upstream, tmp_path):
+    out = run_shard(tmp_path, upstream, add_bos=True, val_fraction=0.0, tokens_per_shard=10**6)
+    assert sorted(out.files) == ["manifest.json", "train-00000.bin"]
+    tokens = numpy_read(out.file("train-00000.bin"))[1]
+    assert tokens.tolist() == expected_streams(upstream, add_bos=True, val_fraction=0.0)["train"]
+    eos = np.flatnonzero(tokens == 2)
+    assert tokens[0] == 1 and (tokens[eos[:-1] + 1] == 1).all() and (tokens == 1).sum() == len(eos) == 400
+    m = storage.read_json(out.file("manifest.json"))
+    assert m["add_bos"] and m["splits"]["val"] == {"docs": 0, "shards": [], "tokens": 0}
+
+
+@pytest.mark.gcs
+def test_writes_to_gcs(upstream, gcs_bucket):
+    out = run_shard(f"{gcs_bucket}/cache", upstream, tokens_per_shard=50_000)
+    assert out.path.startswith("gs://") and set(out.files) == {"manifest.json", "train-00000.bin",
+                                                                "train-00001.bin", "val-00000.bin"}
+    assert np.concatenate([numpy_read(p)[1] for p in out.paths("train-*.bin")]).tolist() == \
+        expected_streams(upstream)["train"]
+
+
+@pytest.mark.parametrize("vocab_size", [500, 2**16, 2**16 + 1, 100_000])
+def test_llmc_round_trip_for_16_and_32_bit_tokens(tmp_path, vocab_size):
+    rng = np.random.default_rng(0)
+    pieces = [rng.integers(0, vocab_size, n) for n in (0, 1000, 17)]
+    path = str(tmp_path / "x.bin")
+    assert llmc.write(path, pieces, vocab_size) == 1017
+    header, tokens = numpy_read(path)
+    wide = vocab_size > 2**16
+    assert header[:3].tolist() == ([20240801, 7, 1017] if wide else [20240520, 1, 1017])
+    assert tokens.dtype == (np.uint32 if wide else np.uint16)
+    assert tokens.tolist() == np.concatenate(pieces).tolist()
+    assert llmc.read(path).tolist() == tokens.tolist() == llmc.read(path, mmap=True).tolist()
+    assert storage.sizes(str(tmp_path))["x.bin"] == llmc.file_size(1017, vocab_size)
+
+
+def test_llmc_read_rejects_other_files(tmp_path):
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"\0" * 2048)
+    with pytest.raises(ValueError, match="bad.bin is not an llm.c shard: header starts \\[0, 0, 0\\]"):
+        llmc.read(str(bad))
+    short = tmp_path / "short.bin"
+    short.write_bytes(llmc.header(10, 500) + b"\1\0" * 9)
+    with pytest.raises(ValueError, match="short.bin: header says 10 tokens but the file holds 9"):
+        llmc.read(str(short))
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("tokens_per_shard", 0, r"tokens_per_shard=0 is not in \[1, 2\*\*31 - 1\]"),
+    ("tokens_per_shard", 2**31, r"tokens_per_shard=2147483648 is not in"),
+    ("val_fraction", 1.0, r"val_fraction=1.0 is not in \[0, 1\)"),
+    ("val_fraction", -0.1, r"val_fraction=-0.1 is not in \[0, 1\)"),
+    ("docs_per_batch", 0, r"docs_per_batch=0 must be >= 1"),
+])
+def test_config_validation(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        shard.Config(**{field: value})
+
+
+def test_a_corpus_of_validation_documents_only_is_an_error(upstream, tmp_path):
+    val_only = [d for d in english_docs(30) if tokenizer.doc_fraction(d["id"], "") < 0.5]
+    clean = write_clean(str(tmp_path), [val_only])
+    with pytest.raises(ValueError, match="no training documents in the 1 clean shards"):
+        run_shard(tmp_path, upstream | {"clean": clean}, val_fraction=0.5)

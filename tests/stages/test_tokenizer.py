@@ -1,0 +1,161 @@
+"""The tokenizer stage on a small synthetic English corpus (a few hundred documents, vocab 500)."""
+
+import random
+
+import pytest
+import sentencepiece as spm
+
+from pipeline import cache, storage
+from stages import docs_io, tokenizer
+
+WORDS = """the of and to in is was for that with as on by at from it this be are an or which his her their
+they have had were not but all one two three new first year time people city river music history water
+government school system war team north south world between after during under while about against
+through known family village county station company national century built began became game film
+played born member island church music language market season village mountain bridge library garden
+engine paper letter morning evening winter summer simple careful quiet bright ancient modern famous"""
+
+
+def english_docs(n: int, seed: int = 0, prefix: str = "doc") -> list[dict]:
+    """`n` documents of made-up English: paragraphs of sentences, newlines between paragraphs."""
+    rng = random.Random(seed)
+    vocabulary = WORDS.split()
+
+    def sentence():
+        words = [rng.choice(vocabulary) for _ in range(rng.randint(5, 14))]
+        if rng.random() < 0.2:
+            words.insert(rng.randrange(len(words)), str(rng.randint(1, 2024)))
+        return " ".join(words).capitalize() + rng.choice(".....?!;")
+
+    docs = []
+    for i in range(n):
+        paragraphs = [" ".join(sentence() for _ in range(rng.randint(2, 5)))
+                      for _ in range(rng.randint(1, 4))]
+        docs.append({"id": f"{prefix}-{i:05d}", "text": "\n\n".join(paragraphs), "url": f"test://{i}"})
+    return docs
+
+
+def write_clean(cache_root: str, shards: list[list[dict]], key: str = "k") -> cache.Committed:
+    """A committed clean stage holding `shards` (lists of documents) as docs-*.parquet."""
+    def fn(config, inputs, out_dir):
+        for i, docs in enumerate(shards):
+            docs_io.write(storage.join(out_dir, docs_io.shard_name(i, len(shards))), docs)
+
+    return cache.run_stage(cache_root=cache_root, stage="clean", key=key, config={}, upstream={}, fn=fn)
+
+
+def train(cache_root: str, clean: cache.Committed, key: str = "t", **overrides) -> cache.Committed:
+    config = tokenizer.Config(**({"vocab_size": 500, "num_threads": 1} | overrides))
+    return cache.run_stage(cache_root=cache_root, stage="tokenizer", key=key, config=config,
+                           upstream={"clean": clean}, fn=tokenizer.run)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    docs = english_docs(400)
+    return write_clean(str(tmp_path_factory.mktemp("cache")), [docs[:150], docs[150:300], docs[300:]])
+
+
+@pytest.fixture(scope="module")
+def trained(clean, tmp_path_factory):
+    return train(str(tmp_path_factory.mktemp("cache")), clean, heldout_fraction=0.1)
+
+
+def test_trains_a_model_that_round_trips_and_reports_stats(trained):
+    assert set(trained.files) >= {"tokenizer.model", "tokenizer.vocab", "stats.json"}
+    stats = storage.read_json(trained.file("stats.json"))
+    assert stats["vocab_size"] == 500 and stats["model_type"] == "bpe"
+    assert 15 < stats["heldout_docs"] < 70                      # ~10% of 400
+    assert stats["sampled_docs"] + stats["heldout_docs"] == 400  # the budget exceeds the corpus
+    assert stats["sentences"] > stats["sampled_docs"]           # documents are fed as lines
+    assert stats["long_lines_split"] == 0
+    assert stats["bytes_per_token"] > 2.0
+    assert stats["round_trip_rate"] == 1.0
+    assert stats["train_seconds"] > 0
+
+    sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(trained.file("tokenizer.model")))
+    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, -1)
+    for text in ["The river\n\nwas  built in 1984.\n", "  indented\tcode()\n", "naïve — 東京 🙂"]:
+        assert sp.decode(sp.encode(text)) == text
+    assert [sp.id_to_piece(i) for i in sp.encode("1984")][-4:] == ["1", "9", "8", "4"]   # split_digits
+    vocab = storage.read_text(trained.file("tokenizer.vocab")).splitlines()
+    assert len(vocab) == 500 and vocab[:3] == ["<unk>\t0", "<s>\t0", "</s>\t0"]
+
+
+def test_training_is_deterministic(clean, tmp_path, trained):
+    again = train(str(tmp_path), clean, heldout_fraction=0.1)
+    for name in ("tokenizer.model", "tokenizer.vocab"):
+        assert storage.read_bytes(again.file(name)) == storage.read_bytes(trained.file(name))
+    two = [train(str(tmp_path / str(i)), clean, num_threads=2) for i in range(2)]    # also with threads
+    assert len({storage.read_bytes(t.file("tokenizer.model")) for t in two}) == 1
+
+
+def test_unigram_and_no_byte_fallback(clean, tmp_path):
+    out = train(str(tmp_path), clean, model_type="unigram", byte_fallback=False, vocab_size=200,
+                character_coverage=1.0)
+    sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(out.file("tokenizer.model")))
+    assert sp.get_piece_size() == 200
+    assert sp.decode(sp.encode("The city\n\nThe river")) == "The city\n\nThe river"   # "\n" has its own piece
+    assert sp.unk_id() in sp.encode("東京")                                        # no byte fallback
+    assert storage.read_json(out.file("stats.json"))["round_trip_rate"] == 1.0
+
+
+def test_sample_respects_the_budget_and_never_trains_on_heldout(clean):
+    shards = clean.paths("docs-*.parquet")
+    config = tokenizer.Config(sample_chars=20_000, heldout_fraction=0.2)
+    sentences, heldout, counts = tokenizer.sample(shards, config)
+    assert 20_000 <= counts["sampled_chars"] < 20_000 + 3 * 2_000        # at most one doc over per shard
+    assert counts["sampled_chars"] == sum(map(len, sentences))
+    assert counts["shards_read"] == 3
+    trained_lines = set(sentences)
+    assert heldout and not any(line in trained_lines for text in heldout for line in text.split("\n") if line)
+    assert tokenizer.sample(shards, config) == (sentences, heldout, counts)
+    other_seed = tokenizer.sample(shards, tokenizer.Config(sample_chars=20_000, heldout_fraction=0.2, seed=1))
+    assert other_seed[0] != sentences
+
+
+def test_long_lines_are_cut_not_dropped(tmp_path):
+    long_line = " ".join(["extraordinarily"] * 400)                # 6399 bytes
+    no_spaces = "é" * 3000                                         # 6000 bytes, cut mid-word on a character
+    docs = english_docs(60) + [{"id": "long", "text": f"short\n{long_line}\n\n{no_spaces}"}]
+    clean = write_clean(str(tmp_path), [docs])
+    out = train(str(tmp_path), clean, heldout_fraction=0.0, max_sentence_length=1000, vocab_size=400)
+    stats = storage.read_json(out.file("stats.json"))
+    assert stats["long_lines_split"] == 2
+    assert stats["long_line_pieces"] == 7 + 6
+    assert stats["heldout_docs"] == 0 and stats["bytes_per_token"] is None
+
+    counts = {"long_lines_split": 0, "long_line_pieces": 0}
+    pieces = list(tokenizer.lines(f"{long_line}\n{no_spaces}", 1000, counts))
+    assert all(len(p.encode()) <= 1000 for p in pieces)
+    assert "".join(pieces) == long_line + no_spaces
+    assert pieces[1].startswith(" extraordinarily")                 # cut at a space
+
+
+def test_doc_fraction_is_uniform_and_stable():
+    values = [tokenizer.doc_fraction(f"id-{i}", "x") for i in range(10_000)]
+    assert all(0 <= v < 1 for v in values)
+    assert 0.045 < sum(v < 0.05 for v in values) / len(values) < 0.055
+    assert tokenizer.doc_fraction("abc", "x") == 0xBA7816BF8F01CFEA / 2**64    # sha256("abc")[:8]
+    with pytest.raises(ValueError, match="a document in shard.parquet has no id"):
+        tokenizer.doc_fraction(None, "shard.parquet")
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("model_type", "bqe", r"model_type='bqe' is not one of \('bpe', 'unigram'\)"),
+    ("vocab_size", 100, r"vocab_size=100 is not in \[260, 1048576\]"),
+    ("vocab_size", 2**21, r"vocab_size=2097152 is not in"),
+    ("heldout_fraction", 1.0, r"heldout_fraction=1.0 is not in \[0, 1\)"),
+    ("character_coverage", 0.0, r"character_coverage=0.0 is not in \(0, 1\]"),
+    ("sample_chars", 0, r"sample_chars=0 must be >= 1"),
+    ("max_sentence_length", 2, r"max_sentence_length=2 must be >= 4"),
+    ("num_threads", 0, r"num_threads=0 must be >= 1"),
+])
+def test_config_validation_names_the_field_and_the_valid_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        tokenizer.Config(**{field: value})
+
+
+def test_too_large_a_vocab_for_the_sample_says_what_to_change(clean, tmp_path):
+    with pytest.raises(RuntimeError, match="could not train a bpe vocab of 60000 on .* Vocabulary size"):
+        train(str(tmp_path), clean, vocab_size=60_000, sample_chars=5_000)
