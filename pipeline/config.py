@@ -142,6 +142,11 @@ def _plain(obj: Any, where: str, registry: dict[str, type]) -> Any:
         value = getattr(obj, f.name)
         if value is gin.REQUIRED or type(value).__name__ == "_GinRequired":
             raise ConfigError(f"{binding} is %gin.REQUIRED but no gin file or override sets it")
+        if type(value) in registry.values():
+            # A nested config left at its dataclass default was built without gin; build it through
+            # gin so `train.ModelConfig.d_model = 768` applies without also binding
+            # `train.Config.model = @train.ModelConfig()`.
+            value = gin.get_configurable(_gin_name(value, registry))()
         values[f.name] = _check(_plain(value, _gin_name(value, registry) or binding, registry),
                                 hints[f.name], binding)
     try:

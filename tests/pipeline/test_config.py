@@ -35,6 +35,12 @@ def test_the_beam_runner_is_not_part_of_any_key():
     assert before == after
 
 
+def test_bindings_reach_nested_configs_left_at_their_defaults():
+    plan = config.load([TINY], ['beam_runner.Runner.options = ("--direct_num_workers=2",)'])
+    for stage in ("download", "clean", "shard"):
+        assert plan.stages[stage].config.runner.options == ("--direct_num_workers=2",)
+
+
 def test_configs_are_plain_frozen_dataclasses_with_the_bound_values():
     plan = config.load([TINY], ["tokenizer.Config.vocab_size = 3000"])
     tok = plan.stages["tokenizer"].config
