@@ -73,6 +73,17 @@ def stage_dir(cache_root: str, stage: str, key: str) -> str:
     return storage.join(cache_root, stage, key)
 
 
+def work_dir(out_dir: str) -> str:
+    """Resumable scratch space for the attempt `out_dir`: `<key>/work/`, shared by every attempt
+    of the same key and deleted by the commit.
+
+    The one deliberate exception to "a crashed attempt's leftovers are never read": training keeps
+    its periodic checkpoints here so a preempted run resumes where it stopped instead of starting
+    over. Everything a downstream stage reads still lives in the committed attempt.
+    """
+    return storage.join(storage.parent(out_dir), "work")
+
+
 # ---------------------------------------------------------------------------------------------
 # What downstream stages see of a committed stage
 
@@ -163,7 +174,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
 
 def remove_stale_attempts(root: str, keep: str) -> None:
     for name in storage.listdir(root):
-        if name.startswith("attempt-") and name != keep:
+        if (name.startswith("attempt-") or name == "work") and name != keep:
             storage.remove(storage.join(root, name))
 
 

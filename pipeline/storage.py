@@ -48,6 +48,11 @@ def _unstrip(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return fs.unstrip_protocol(path) if fs.protocol not in ("file", ("file", "local")) else path
 
 
+def parent(path: str) -> str:
+    """The directory holding `path` (`gs://b/x/y` -> `gs://b/x`)."""
+    return os.path.dirname(path.rstrip("/")) if is_local(path) else posixpath.dirname(path.rstrip("/"))
+
+
 def join(base: str, *parts: str) -> str:
     if is_local(base):
         return os.path.join(_strip_file_scheme(base), *parts)

@@ -102,6 +102,23 @@ def test_a_killed_stage_leaves_nothing_that_counts_as_done(tmp_path):
     assert _run(root, fake_stage.Config(value=2)).files == {"out.txt": 4}
 
 
+def test_work_dir_survives_a_failed_attempt_and_is_removed_by_the_commit(root):
+    def resumable(config, inputs, out_dir):
+        work = cache.work_dir(out_dir)
+        seen = storage.exists(storage.join(work, "progress.txt"))
+        storage.write_text(storage.join(work, "progress.txt"), "step 60")
+        storage.write_text(storage.join(out_dir, "out.txt"), f"resumed={seen}")
+        if config["fail"]:
+            raise RuntimeError("preempted")
+
+    with pytest.raises(RuntimeError, match="preempted"):
+        cache.run_stage(cache_root=root, stage="t", key="k", config={"fail": True}, upstream={}, fn=resumable)
+    done = cache.run_stage(cache_root=root, stage="t", key="k", config={"fail": False}, upstream={},
+                           fn=resumable)
+    assert storage.read_text(done.file("out.txt")) == "resumed=True"
+    assert storage.listdir(cache.stage_dir(root, "t", "k")) == sorted([cache.MANIFEST, done.manifest["attempt"]])
+
+
 def test_committed_paths_come_from_the_manifest_not_the_directory(tmp_path):
     done = _run(str(tmp_path), fake_stage.Config())
     storage.write_text(storage.join(done.path, "stray.txt"), "not in the manifest")
