@@ -14,7 +14,7 @@ export OVERRIDES
 
 RUN := $(PY) -m pipeline
 
-.PHONY: pipeline stage status plan test bench lint install clean-cache
+.PHONY: pipeline stage sweep status plan test bench lint install clean-cache
 
 pipeline: .venv/installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
@@ -22,6 +22,10 @@ pipeline: .venv/installed
 stage: .venv/installed
 	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard> [FORCE=1]"; exit 2; }
 	$(RUN) run --gin $(GIN) --stage $(STAGE) $(if $(FORCE),--force) --overrides "$$OVERRIDES"
+
+sweep: .venv/installed
+	@test -n "$(SWEEP)" || { echo "usage: make sweep SWEEP=gin/sweeps/<name>.gin"; exit 2; }
+	$(RUN) sweep --gin $(SWEEP) --overrides "$$OVERRIDES"
 
 status: .venv/installed
 	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES"

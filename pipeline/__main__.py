@@ -4,6 +4,7 @@
                               [--stage tokenizer] [--force] [--workers N] [--scheduler HOST:PORT]
     python -m pipeline status --gin gin/tiny.gin      # stage, key, cached?, size, wall time, path
     python -m pipeline plan   --gin gin/tiny.gin      # the keys, and which stages a run would execute
+    python -m pipeline sweep  --gin gin/sweeps/lr.gin # every variant in one build, then a comparison
 
 T5X habits work too: `--gin_file=F` is `--gin F` and `--gin.NAME=VALUE` is `--gin-param NAME=VALUE`.
 `--overrides 'a.b=1 c.d="x y"'` takes many bindings in one string (how the Makefile passes
@@ -28,8 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("apache_beam", "luigi", "luigi-interface", "absl", "gcsfs", "fsspec", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     params = list(args.gin_param) + _split_overrides(args.overrides)
+    gin_files = args.gin or [os.path.join(config.GIN_DIR, "tiny.gin")]
+    if args.command == "sweep":
+        return _sweep(gin_files, params, args, start)
     try:
-        plan = config.load(args.gin or [os.path.join(config.GIN_DIR, "tiny.gin")], params)
+        plan = config.load(gin_files, params)
         if args.stage:
             dag.check_name(args.stage)
     except (config.ConfigError, ValueError) as e:
@@ -61,6 +65,25 @@ def _run(plan: config.Plan, args, start: float) -> int:
         return 1
     print(f"done in {took:.1f} s: {len(result.ran)} stage(s) ran, "
           f"{len(dag.closure(*_targets(args))) - len(result.ran)} reused from {plan.cache_root}")
+    return 0
+
+
+def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
+    from pipeline import sweep, tasks
+
+    try:
+        plans = sweep.plans(gin_files, params)
+    except (config.ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = tasks.build(plans.values(), _targets(args), workers=args.workers, scheduler=args.scheduler)
+    if not result.ok:
+        print(result.summary, file=sys.stderr)
+        print(f"sweep FAILED after {time.time() - start:.1f} s", file=sys.stderr)
+        return 1
+    print(sweep.compare(sweep.sweep_name(gin_files), plans))
+    ran = ", ".join(result.ran) or "none"
+    print(f"done in {time.time() - start:.1f} s: {len(plans)} variants; stages that ran: {ran}")
     return 0
 
 
@@ -163,7 +186,7 @@ def _t5x_aliases(argv: list[str]) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "status", "plan"))
+    p.add_argument("command", choices=("run", "status", "plan", "sweep"))
     p.add_argument("--gin", action="append", default=[], metavar="FILE",
                    help="gin file (repeatable; later files override earlier ones); default gin/tiny.gin")
     p.add_argument("--gin-param", action="append", default=[], metavar="BINDING",

@@ -15,8 +15,10 @@ the wrong type, and values a Config's own validation rejects.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import logging
 import os
 import re
 import types
@@ -69,9 +71,11 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     for path in gin_files:
         if not os.path.exists(path):
             raise ConfigError(f"gin file {path!r} does not exist (looked relative to {os.getcwd()})")
-    gin.add_config_file_search_path(GIN_DIR)
+    if GIN_DIR not in gin.config._LOCATION_PREFIXES:
+        gin.add_config_file_search_path(GIN_DIR)
     try:
-        gin.parse_config_files_and_bindings(list(gin_files), list(gin_params), finalize_config=False)
+        with _quiet_include_search():
+            gin.parse_config_files_and_bindings(list(gin_files), list(gin_params), finalize_config=False)
     except (ValueError, KeyError, SyntaxError, ImportError) as e:
         raise ConfigError(_explain(e, registry, gin_files, gin_params)) from None
 
@@ -87,6 +91,22 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     if "://" not in cache_root:
         cache_root = os.path.abspath(cache_root)
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
+
+
+class _quiet_include_search(contextlib.AbstractContextManager):
+    """Gin looks for `include 'model/tiny.gin'` relative to the working directory before gin/, and logs
+    every miss on the root logger as an ERROR ("Path not found"); a miss followed by a hit is no error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not msg.startswith(("Path not found", "system_path_file_exists"))
+
+    def __enter__(self):
+        logging.getLogger().addFilter(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger().removeFilter(self)
 
 
 def _register() -> dict[str, type]:
@@ -222,6 +242,11 @@ def _explain(e: Exception, registry: dict[str, type], files: tuple, params: tupl
         if cls is not None:
             valid = [f.name for f in dataclasses.fields(cls)]
             close = difflib.get_close_matches(param, valid, n=3, cutoff=0.5)
+            # The parameter may belong to a sibling config (train.Config.learning_rate is
+            # train.OptimizerConfig.learning_rate): name it.
+            owners = [n for n, c in registry.items() if c is not cls and n.split(".")[0] == owner.split(".")[0]
+                      and param in {f.name for f in dataclasses.fields(c)}]
+            close += [f"{n}.{param}" for n in owners]
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
             return f"{owner} has no parameter {param!r}.{hint} Its parameters are: {', '.join(valid)}.{where}"
     m = re.search(r"Failed to parse token '([^']*)'", msg)

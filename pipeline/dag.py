@@ -15,6 +15,8 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "clean": ("stages.clean", ("download",)),
     "tokenizer": ("stages.tokenizer", ("clean",)),
     "shard": ("stages.shard", ("clean", "tokenizer")),
+    "train": ("stages.train", ("shard",)),
+    "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer")),
 }
 
 

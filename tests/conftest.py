@@ -26,8 +26,9 @@ def gcs_server():
     Yields its URL; `STORAGE_EMULATOR_HOST` points gcsfs at it while it runs.
     """
     port = _free_port()
-    exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-    proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+    # The emulator, plus the download headers TensorStore needs (see tests/gcs_emulator.py).
+    launcher = os.path.join(REPO, "tests", "gcs_emulator.py")
+    proc = subprocess.Popen([sys.executable, launcher, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while True:

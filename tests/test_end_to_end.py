@@ -1,5 +1,5 @@
-"""The whole data half (download -> clean -> tokenizer -> shard) on a small slice of the
-embedded corpus, locally and with the cache on a real GCS emulator."""
+"""The whole DAG (download -> clean -> tokenizer -> shard -> train -> evaluate) on a small slice of the
+embedded corpus with a few training steps, locally and with the cache on a real GCS emulator."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,17 @@ SMALL = [
     "download.Embedded.max_files = 60",
     "tokenizer.Config.vocab_size = 800",
     "shard.Config.tokens_per_shard = 20_000",
+    "train.Config.steps = 12",
+    "train.Config.global_batch = 4",
+    "train.Config.seq_len = 64",
+    "train.Config.eval_every = 6",
+    "train.Config.log_every = 3",
+    "train.Config.checkpoint_every = 6",
+    "train.OptimizerConfig.warmup_steps = 2",
+    "evaluate.Config.max_new_tokens = 6",
+    "evaluate.Config.max_eval_batches = 2",
 ]
+ALL = ["download", "clean", "tokenizer", "shard", "train", "evaluate"]
 
 
 def _argv(root, *extra):
@@ -41,6 +51,14 @@ def _check_outputs(root, extra=()):
     assert tokens.dtype == np.uint16 and len(tokens) > 0
     assert int(tokens.max()) < manifest["vocab_size"]
     assert (tokens == manifest["eos_id"]).sum() > 0
+    rows = [line for line in storage.read_text(done["train"].file("metrics.jsonl")).splitlines() if line]
+    assert len(rows) >= 4 and all(np.isfinite([float(r.split('"loss": ')[1].split(",")[0]) for r in rows]))
+    evaluation = storage.read_json(done["evaluate"].file("eval.json"))
+    assert evaluation["loss"] > 0 and evaluation["bits_per_byte"] > 0 and evaluation["tokens"] > 0
+    report = storage.read_text(done["evaluate"].file("report.md"))
+    assert "unigram" in report.lower()
+    assert storage.read_bytes(done["evaluate"].file("loss.png"))[:4] == b"\x89PNG"
+    assert storage.read_text(done["evaluate"].file("samples.txt")).strip()
     return plan
 
 
@@ -48,18 +66,22 @@ def _check_outputs(root, extra=()):
 def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
     root = str(tmp_path / "cache")
     assert cli.main(["run", *_argv(root)]) == 0
-    assert _ran(capsys) == ["download", "clean", "tokenizer", "shard"]
+    assert _ran(capsys) == ALL
     _check_outputs(root)
 
     assert cli.main(["run", *_argv(root)]) == 0
     assert _ran(capsys) == []
 
-    assert cli.main(["run", *_argv(root, "tokenizer.Config.vocab_size = 700")]) == 0
+    lr = "train.OptimizerConfig.learning_rate = 1e-3"
+    assert cli.main(["run", *_argv(root, lr)]) == 0
+    assert _ran(capsys) == ["train", "evaluate"]
+    _check_outputs(root, [lr])
+
+    assert cli.main(["run", "--stage", "shard", *_argv(root, "tokenizer.Config.vocab_size = 700")]) == 0
     assert _ran(capsys) == ["tokenizer", "shard"]
-    _check_outputs(root, ["tokenizer.Config.vocab_size = 700"])
 
     assert cli.main(["run", "--stage", "tokenizer", "--force", *_argv(root)]) == 0
-    assert _ran(capsys) == ["tokenizer", "shard"]
+    assert _ran(capsys) == ["tokenizer", "shard", "train", "evaluate"]
 
 
 @pytest.mark.slow
@@ -67,7 +89,7 @@ def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
 def test_data_half_with_the_cache_on_gcs(gcs_bucket, capsys):
     root = f"{gcs_bucket}/refinery"
     assert cli.main(["run", *_argv(root)]) == 0
-    assert _ran(capsys) == ["download", "clean", "tokenizer", "shard"]
+    assert _ran(capsys) == ALL
     plan = _check_outputs(root)
     assert plan.cache_root == root
     assert cli.main(["run", *_argv(root)]) == 0

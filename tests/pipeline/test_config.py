@@ -18,14 +18,28 @@ def _keys(*params):
     return {name: sp.key for name, sp in plan.stages.items()}
 
 
-def test_a_tokenizer_override_changes_the_keys_of_tokenizer_and_shard_only():
+def test_a_tokenizer_override_changes_the_keys_of_tokenizer_and_everything_after_it():
     before, after = _keys(), _keys("tokenizer.Config.vocab_size = 3000")
-    assert [s for s in before if before[s] != after[s]] == ["tokenizer", "shard"]
+    assert [s for s in before if before[s] != after[s]] == ["tokenizer", "shard", "train", "evaluate"]
+
+
+@pytest.mark.parametrize("binding", ["train.OptimizerConfig.learning_rate = 1e-3",
+                                     "train.ModelConfig.n_layers = 2", "train.Config.steps = 7"])
+def test_a_training_override_changes_the_keys_of_train_and_evaluate_only(binding):
+    before, after = _keys(), _keys(binding)
+    assert [s for s in before if before[s] != after[s]] == ["train", "evaluate"]
+
+
+def test_how_a_run_is_launched_or_logged_is_not_part_of_any_key():
+    before = _keys()
+    after = _keys("train.Config.log_every = 3", "train.Config.checkpoint_every = 7",
+                  'train.LaunchConfig.kind = "local"')
+    assert before == after
 
 
 def test_a_clean_override_changes_everything_from_clean_on():
     before, after = _keys(), _keys("clean.Config.min_chars = 50")
-    assert [s for s in before if before[s] != after[s]] == ["clean", "tokenizer", "shard"]
+    assert [s for s in before if before[s] != after[s]] == ["clean", "tokenizer", "shard", "train", "evaluate"]
 
 
 def test_the_beam_runner_is_not_part_of_any_key():

@@ -1,0 +1,67 @@
+"""The evaluation stage: held-out loss of the trained model, samples, and a report with plots.
+
+    make stage STAGE=evaluate
+    python -m pipeline run --gin gin/tiny.gin --gin-param 'evaluate.Config.prompts=("The ",)'
+
+Reads train's final checkpoint and metrics, shard's val split, and the tokenizer. Writes:
+
+    eval.json     loss (nats/token), perplexity, bits per byte, tokens/s, the corpus's unigram
+                  entropy (what a model that ignores context would score), token counts
+    samples.txt   greedy and temperature samples for each prompt, decoded with a KV cache
+    report.md     the numbers, the samples, and the plots below
+    loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+from pipeline import storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    prompts: tuple[str, ...] = ("The", "Return the", "This module provides")
+    max_new_tokens: int = 48
+    temperature: float = 0.8             # for the sampled continuation; the other is greedy
+    top_k: int = 40                      # 0 = sample from the whole vocabulary
+    seed: int = 0
+    max_eval_batches: int = 0            # 0 = every val window once
+    batch_size: int = 8
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1 or self.batch_size < 1 or self.max_eval_batches < 0 or self.top_k < 0:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}, batch_size={self.batch_size} must be "
+                             f">= 1; max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
+
+
+CONFIGURABLES = (Config,)
+VERSION = "1"
+
+
+def run(config: Config, inputs: Mapping, out_dir: str) -> None:
+    from stages.evaluate import measure, report
+
+    result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"])
+    storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
+    storage.write_text(storage.join(out_dir, "samples.txt"), report.samples_text(result["samples"]))
+    metrics_rows = report.read_metrics(inputs["train"].file("metrics.jsonl"))
+    plots = report.plots(metrics_rows, out_dir)
+    storage.write_text(storage.join(out_dir, "report.md"),
+                       report.markdown(result["metrics"], result["samples"], plots, inputs["train"].path))
+    log.info("eval loss %.3f (unigram entropy %.3f), %.3f bits/byte", result["metrics"]["loss"],
+             result["metrics"]["unigram_entropy"], result["metrics"]["bits_per_byte"])
+
+
+def summary(out) -> str:
+    """One line for the run summary, from a committed evaluation (`pipeline.cache.Committed`)."""
+    m = storage.read_json(out.file("eval.json"))
+    return (f"val loss {m['loss']:.3f} nats/token (unigram entropy {m['unigram_entropy']:.3f}), "
+            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte; report: "
+            f"{out.file('report.md')}")

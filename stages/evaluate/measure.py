@@ -1,0 +1,162 @@
+"""The numbers behind eval.json: held-out loss, bits per byte, throughput, and KV-cache samples."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pipeline import storage
+from stages.shard import llmc
+from stages.train import checkpoint, data, loop, model
+
+
+def evaluate(config, train, shard, tokenizer) -> dict:
+    import sentencepiece as spm
+
+    manifest = storage.read_json(shard.file("manifest.json"))
+    summary = storage.read_json(train.file("summary.json"))
+    net, graphdef, params = restore(train, summary)
+    sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(tokenizer.file("tokenizer.model")))
+    seq_len = summary["seq_len"]
+
+    shard_dir = os.path.join(tempfile.gettempdir(), "refinery-shards", shard.key)
+    val_files = data.local_shards(shard.paths("val-*.bin"), shard_dir)
+    train_files = data.local_shards(shard.paths("train-*.bin"), shard_dir)
+    loss_cfg = _LossCfg()
+    eval_fn = jax.jit(functools.partial(_batch_loss, graphdef, loss_cfg, manifest["eos_id"]))
+    losses, tokens, start = [], 0, time.perf_counter()
+    for i, batch in enumerate(data.eval_batches(val_files, manifest, seq_len=seq_len,
+                                                batch_size=config.batch_size)):
+        if config.max_eval_batches and i >= config.max_eval_batches:
+            break
+        loss_sum, count = eval_fn(params, jnp.asarray(batch))
+        losses.append(float(loss_sum))
+        tokens += int(count)
+    seconds = time.perf_counter() - start
+    loss = sum(losses) / max(tokens, 1)
+    val_tokens = np.concatenate([llmc.read(f) for f in val_files]) if val_files else np.zeros(0, np.int32)
+    val_bytes = _utf8_bytes(sp, val_tokens, manifest["eos_id"])
+    metrics = {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "bits_per_byte": loss / math.log(2) * len(val_tokens) / max(val_bytes, 1),
+        "tokens": tokens,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "unigram_entropy": unigram_entropy(train_files, manifest["vocab_size"]),
+        "val_bytes": val_bytes,
+        "train_final_loss": summary.get("final_loss"),
+    }
+    samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
+    return {"metrics": metrics, "samples": samples}
+
+
+@dataclasses.dataclass(frozen=True)
+class _LossCfg:
+    loss_chunk: int = 4096
+    z_loss: float = 0.0
+
+
+def _batch_loss(graphdef, cfg, eos_id, params, batch):
+    out = loop.forward_loss(graphdef, params, cfg, eos_id, batch)
+    count = batch.shape[0] * (batch.shape[1] - 1)
+    return out["loss"] * count, count
+
+
+def restore(train, summary):
+    """The trained model, rebuilt from the train summary's model config and its final checkpoint."""
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["model"].items()}
+    mcfg = model.ModelConfig(**fields)
+    abstract = nnx.eval_shape(lambda: model.Transformer(mcfg, rngs=nnx.Rngs(0)))
+    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    ckpt = checkpoint.Checkpointer(storage.join(train.path, "checkpoint"), keep=1, every=1, async_save=False)
+    state = ckpt.restore(ckpt.latest_step(), {"params": abstract_params}, partial=True)
+    params = state["params"]
+    ckpt.close()
+    return nnx.merge(graphdef, params), graphdef, params
+
+
+def unigram_entropy(files: list[str], vocab_size: int) -> float:
+    """Entropy (nats/token) of the training tokens' unigram distribution: the loss of a model that
+    predicts every token from its frequency alone."""
+    counts = np.zeros(vocab_size, np.int64)
+    for f in files:
+        counts += np.bincount(llmc.read(f), minlength=vocab_size)[:vocab_size]
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _utf8_bytes(sp, tokens: np.ndarray, eos_id: int) -> int:
+    """Bytes of text the tokens stand for: decode document by document (split at EOS)."""
+    cuts = np.flatnonzero(tokens == eos_id)
+    total, begin = 0, 0
+    for end in list(cuts) + [len(tokens)]:
+        doc = tokens[begin:end].tolist()
+        if doc:
+            total += len(sp.decode(doc).encode("utf-8"))
+        begin = end + 1
+    return total
+
+
+def sample(net, sp, prompt: str, config) -> dict:
+    """A greedy and a temperature continuation of `prompt`, decoded one token at a time with a KV cache."""
+    ids = sp.encode(prompt)
+    greedy = _generate(net, ids, config.max_new_tokens, temperature=0.0, top_k=0, seed=config.seed)
+    sampled = _generate(net, ids, config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
+                        seed=config.seed)
+    return {"prompt": prompt, "greedy": sp.decode(greedy), "sampled": sp.decode(sampled),
+            "temperature": config.temperature}
+
+
+def _generate(net, prompt_ids: list[int], n: int, *, temperature: float, top_k: int, seed: int) -> list[int]:
+    max_len = min(len(prompt_ids) + n, net.config.max_seq_len)
+    prompt_ids = prompt_ids[-(max_len - 1):] or [0]
+    step = _decoder(net)
+    cache = net.init_cache(1, max_len)
+    positions = jnp.arange(len(prompt_ids), dtype=jnp.int32)[None]              # (1, P)
+    logits, cache = step(jnp.asarray([prompt_ids], jnp.int32), positions, cache)  # prefill: (V,)
+    key = jax.random.PRNGKey(seed)
+    out = []
+    for i in range(max_len - len(prompt_ids)):
+        key, sub = jax.random.split(key)
+        token = int(_pick(logits, sub, temperature, top_k))
+        out.append(token)
+        if i + 1 == max_len - len(prompt_ids):
+            break
+        pos = jnp.asarray([[len(prompt_ids) + i]], jnp.int32)
+        logits, cache = step(jnp.asarray([[token]], jnp.int32), pos, cache)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _decoder(net):
+    """A jitted (tokens (1, t), positions (1, t), cache) -> (last logits (V,), cache): one compile for the
+    prefill of each prompt length and one for all single-token steps (eager NNX would re-dispatch every op
+    of every layer per token)."""
+    graphdef, state = nnx.split(net)
+
+    @jax.jit
+    def step(tokens, positions, cache):
+        m = nnx.merge(graphdef, state)
+        hidden, cache = m(tokens, positions=positions, cache=cache)
+        return m.logits(hidden[:, -1:])[0, -1], cache
+
+    return step
+
+
+def _pick(logits, key, temperature: float, top_k: int):
+    if temperature == 0.0:
+        return jnp.argmax(logits)
+    logits = logits / temperature
+    if top_k:
+        kth = jnp.sort(logits)[-top_k]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits)

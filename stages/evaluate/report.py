@@ -1,0 +1,95 @@
+"""report.md and its PNG plots, from eval.json's numbers, the samples and train's metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from pipeline import storage
+
+PLOTS = (  # file, title, y label, metrics.jsonl fields
+    ("loss.png", "Loss", "nats / token", ("loss", "eval_loss")),
+    ("learning_rate.png", "Learning rate", "learning rate", ("learning_rate",)),
+    ("tokens_per_s.png", "Throughput", "tokens / s", ("tokens_per_s",)),
+)
+
+
+def read_metrics(path: str) -> list[dict]:
+    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
+
+
+def plots(rows: list[dict], out_dir: str) -> list[str]:
+    """Writes one PNG per entry of PLOTS into out_dir; returns their file names."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, title, ylabel, fields in PLOTS:
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+        for field in fields:
+            pts = [(r["step"], r[field]) for r in rows if field in r and _finite(r[field])]
+            if pts:
+                ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, markersize=3,
+                        label=field.replace("_", " "))
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if len(fields) > 1:
+            ax.legend()
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        storage.write_bytes(storage.join(out_dir, name), buf.getvalue())
+        written.append(name)
+    return written
+
+
+def samples_text(samples: list[dict]) -> str:
+    out = []
+    for s in samples:
+        out.append(f"=== prompt: {s['prompt']!r}\n--- greedy:\n{s['prompt']}{s['greedy']}\n"
+                   f"--- temperature {s['temperature']}:\n{s['prompt']}{s['sampled']}\n")
+    return "\n".join(out)
+
+
+def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: str) -> str:
+    learned = m["loss"] < m["unigram_entropy"]
+    lines = [
+        "# Evaluation report",
+        "",
+        f"Model: `{train_path}`",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| val loss (nats/token) | {m['loss']:.4f} |",
+        f"| unigram entropy of the training tokens (nats/token) | {m['unigram_entropy']:.4f} |",
+        f"| perplexity | {m['perplexity']:.2f} |",
+        f"| bits per byte | {m['bits_per_byte']:.4f} |",
+        f"| val tokens evaluated | {m['tokens']:,} |",
+        f"| eval throughput (tokens/s) | {m['tokens_per_s']:,.0f} |",
+        "",
+        ("The model beats the unigram baseline by "
+         f"{m['unigram_entropy'] - m['loss']:.3f} nats/token: it uses context." if learned else
+         "The model does **not** beat the unigram baseline: it has not learned to use context."),
+        "",
+        "## Training curves",
+        "",
+    ]
+    lines += [f"![{f}]({f})" for f in plot_files]
+    lines += ["", "## Samples", ""]
+    for s in samples:
+        lines += [f"**{s['prompt']!r}**", "", f"- greedy: `{_one_line(s['prompt'] + s['greedy'])}`",
+                  f"- temperature {s['temperature']}: `{_one_line(s['prompt'] + s['sampled'])}`", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "⏎").replace("`", "'")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

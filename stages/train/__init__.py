@@ -1,0 +1,96 @@
+"""The training stage: a Llama-style decoder trained with JAX/Flax NNX on the shard stage's tokens.
+
+    make pipeline                                          (gin/tiny.gin: a tiny model, minutes on CPU)
+    make pipeline OVERRIDES='train.OptimizerConfig.learning_rate=1e-3'   (reruns train and evaluate)
+    make pipeline GIN=gin/124m.gin
+
+Writes into `out_dir`: `checkpoint/` (the final Orbax checkpoint: params, optimizer state, step),
+`metrics.jsonl`, `tensorboard/`, `summary.json`; the cache adds `config.gin`. Periodic checkpoints
+go to the key's resumable `work/` directory (`pipeline.cache.work_dir`), so a preempted run resumes
+from its last save with exactly the batches an uninterrupted run would have seen.
+
+Modules, one job each: `model.py` (the decoder), `attention.py` (the only place kernels are chosen),
+`sharding.py` (mesh and logical axes), `optimizer.py`, `loss.py` (chunked cross entropy),
+`data.py` (memory-mapped shards; the batch is a pure function of the step), `checkpoint.py`
+(Orbax), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training loop), `worker.py` (one
+process; launchers in `pipeline/launch.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+from pipeline import cache, storage
+from pipeline.launch import LaunchConfig
+from stages.train.model import ModelConfig
+from stages.train.optimizer import OptimizerConfig
+from stages.train.sharding import MeshConfig
+
+log = logging.getLogger(__name__)
+NAN_POLICIES = ("stop", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    steps: int = 200
+    global_batch: int = 16               # sequences per optimizer step, over all processes
+    seq_len: int = 256                   # tokens per sequence (<= model.max_seq_len)
+    seed: int = 0                        # parameter init and data order
+    z_loss: float = 0.0
+    loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
+    eval_every: int = 50                 # held-out loss on `eval_batches` val batches (metrics.jsonl)
+    eval_batches: int = 4
+    nan_policy: str = "stop"             # "stop": fail naming the step; "skip": drop that update
+    log_every: int = dataclasses.field(default=10, metadata={"key": False})
+    checkpoint_every: int = dataclasses.field(default=100, metadata={"key": False})
+    keep_checkpoints: int = dataclasses.field(default=2, metadata={"key": False})
+    launcher: LaunchConfig = dataclasses.field(default_factory=LaunchConfig, metadata={"key": False})
+    stop_after: int = dataclasses.field(default=0, metadata={"key": False})   # testing: exit at this step
+
+    def __post_init__(self):
+        for name in ("steps", "global_batch", "seq_len", "loss_chunk", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
+        if self.seq_len > self.model.max_seq_len:
+            raise ValueError(f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        if self.nan_policy not in NAN_POLICIES:
+            raise ValueError(f"nan_policy={self.nan_policy!r} is not one of {NAN_POLICIES}")
+        if self.global_batch % self.optimizer.grad_accum_steps:
+            raise ValueError(f"global_batch={self.global_batch} must be a multiple of "
+                             f"OptimizerConfig.grad_accum_steps={self.optimizer.grad_accum_steps} "
+                             "(each optimizer step is that many equal micro-batches)")
+        self.optimizer_for_run()   # the schedule's checks (warmup vs steps) against this run's length
+
+    def optimizer_for_run(self) -> OptimizerConfig:
+        """The optimizer config with total_steps = steps (the run length is stated once, here)."""
+        if self.optimizer.total_steps not in (0, self.steps):
+            raise ValueError(f"OptimizerConfig.total_steps={self.optimizer.total_steps} disagrees with "
+                             f"steps={self.steps}; leave total_steps unset (0): it is train.Config.steps")
+        return dataclasses.replace(self.optimizer, total_steps=self.steps)
+
+
+CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig)
+VERSION = "1"
+
+
+def run(config: Config, inputs: Mapping, out_dir: str) -> None:
+    from pipeline import launch
+    from stages.train import worker
+
+    work = cache.work_dir(out_dir)
+    spec_path = storage.join(work, "spec.pkl")
+    worker.write_spec(worker.WorkerSpec(config, inputs["shard"], out_dir, work), spec_path)
+    log.info("training %d steps with the %s launcher into %s", config.steps, config.launcher.kind, out_dir)
+    launch.launch(config.launcher, spec_path)
+
+
+def summary(out) -> str:
+    """One line for the run summary, from a committed training run (`pipeline.cache.Committed`)."""
+    s = storage.read_json(out.file("summary.json"))
+    return (f"{s['params']:,} params, {s['steps']} steps, final loss {s['final_loss']:.3f}, "
+            f"eval loss {s.get('eval_loss', float('nan')):.3f}, {s['tokens_per_s']:,.0f} tokens/s")

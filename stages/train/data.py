@@ -1,0 +1,212 @@
+"""Training data: memory-mapped llm.c shards cut into windows; the batch is a pure function of the step.
+
+    files = data.local_shards(shard.paths("train-*.bin"), "/tmp/refinery-shards/<key>")
+    batches = data.TokenData(files, manifest, seq_len=256, global_batch=16, seed=0,
+                             process_index=jax.process_index(), process_count=jax.process_count())
+    tokens = batches.batch(step)                          # (16 // process_count, 257) int32
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]       # (B, T) each
+    ids = data.segment_ids(inputs, manifest["eos_id"])    # (B, T): which packed document each token is in
+    for val in data.eval_batches(val_files, manifest, seq_len=256, batch_size=16): ...
+
+The shards are one token stream, cut into M = (total_tokens - 1) // seq_len windows of seq_len + 1
+tokens (window w starts at token w * seq_len, so consecutive windows overlap by the one token that is
+the last target of one and the first input of the next). Global example g = step * global_batch + i
+is window perm_e[g % M] of epoch e = g // M, where perm_e is a permutation seeded by (seed, e). No
+iterator state exists, so a resumed run needs nothing but the step to replay the same batches.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from pipeline import storage
+from stages.shard import llmc
+
+
+class TokenData:
+    """Shuffled training batches over memory-mapped shards; `batch(step)` depends only on (step, seed).
+
+    Each of `process_count` processes gets rows [process_index * B_local, (process_index + 1) * B_local)
+    of the global batch, B_local = global_batch // process_count; together they tile it.
+    """
+
+    def __init__(self, shard_paths: Sequence[str], manifest: Mapping, *, seq_len: int, global_batch: int,
+                 seed: int, process_index: int = 0, process_count: int = 1):
+        if seq_len < 1 or global_batch < 1:
+            raise ValueError(f"seq_len={seq_len} and global_batch={global_batch} must both be >= 1")
+        _check_processes(global_batch, process_index, process_count, "global_batch")
+        self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
+        self.local_batch = global_batch // process_count
+        self.row_start = process_index * self.local_batch
+        self.stream = TokenStream(shard_paths, manifest)
+        self.num_windows = self.stream.num_windows(seq_len)            # M
+        if self.num_windows < 1:
+            raise ValueError(f"the {len(shard_paths)} shards hold {self.stream.total_tokens} tokens, "
+                             f"fewer than seq_len + 1 = {seq_len + 1}: lower seq_len or shard more text")
+        self._perms: dict[int, np.ndarray] = {}                        # epoch -> permutation (at most 2)
+
+    def batch(self, step: int) -> np.ndarray:
+        """This process's rows of the global batch at `step`.
+
+        Returns (global_batch // process_count, seq_len + 1) int32.
+        """
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        g = step * self.global_batch + self.row_start + np.arange(self.local_batch, dtype=np.int64)  # (B,)
+        epochs, positions = g // self.num_windows, g % self.num_windows
+        windows = [int(self.permutation(int(e))[p]) for e, p in zip(epochs, positions)]
+        return np.stack([self.stream.window(w, self.seq_len) for w in windows])
+
+    def epoch(self, step: int) -> float:
+        """How many passes over the windows the batches before `step` make (for logging)."""
+        return step * self.global_batch / self.num_windows
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The window order of `epoch`: a permutation of range(M) seeded by (seed, epoch)."""
+        if epoch not in self._perms:
+            # A batch spans at most two epochs, so two cached permutations suffice.
+            for old in sorted(self._perms)[:-1]:
+                del self._perms[old]
+            index_dtype = np.int32 if self.num_windows < 2**31 else np.int64   # halves memory at scale
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perms[epoch] = rng.permutation(np.arange(self.num_windows, dtype=index_dtype))
+        return self._perms[epoch]
+
+
+def eval_batches(shard_paths: Sequence[str], manifest: Mapping, *, seq_len: int, batch_size: int,
+                 process_index: int = 0, process_count: int = 1,
+                 drop_remainder: bool = False) -> Iterator[np.ndarray]:
+    """Every window of the shards once, in order (no shuffling), for evaluation.
+
+    Yields this process's rows of each global batch of `batch_size` windows: arrays of shape
+    (batch_size // process_count, seq_len + 1) int32. The last batch is smaller when the windows do
+    not fill it; with several processes it is cut to a multiple of process_count so every process
+    yields the same shapes (at most process_count - 1 windows are left out). `drop_remainder=True`
+    leaves out the partial batch, for callers that need one static shape.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len={seq_len} must be >= 1")
+    _check_processes(batch_size, process_index, process_count, "batch_size")
+    stream = TokenStream(shard_paths, manifest)
+    num_windows = stream.num_windows(seq_len)
+    for start in range(0, num_windows, batch_size):
+        rows = min(batch_size, num_windows - start)
+        if rows < batch_size and drop_remainder:
+            return
+        local = rows // process_count
+        if local == 0:
+            return
+        first = start + process_index * local
+        yield np.stack([stream.window(w, seq_len) for w in range(first, first + local)])
+
+
+def segment_ids(tokens, eos_id: int):
+    """(B, T) -> (B, T) int32: the packed document each token belongs to, counted from 0 in each row.
+
+    A document ends with its EOS, so the EOS takes its document's id: id = number of EOS strictly before
+    the position. Works on numpy arrays and inside jit on jax arrays.
+    """
+    if isinstance(tokens, np.ndarray):
+        xp = np
+    else:
+        import jax.numpy as xp
+    is_eos = (tokens == eos_id).astype(np.int32)                                 # (B, T)
+    return (xp.cumsum(is_eos, axis=-1, dtype=np.int32) - is_eos).astype(np.int32)
+
+
+def local_shards(committed_or_paths, cache_dir: str, *, pattern: str = "*.bin") -> list[str]:
+    """Local filenames for shards, in the given order: memory mapping needs local files.
+
+    Takes a list of paths or a committed shard stage (`pipeline.cache.Committed`, its files matching
+    `pattern`). Local paths are returned as they are; remote ones (gs://) are copied once into
+    `cache_dir` (kept while their size matches, written under a temporary name and renamed, so
+    processes sharing the directory never see a partial file).
+    """
+    paths = committed_or_paths.paths(pattern) if hasattr(committed_or_paths, "paths") else committed_or_paths
+    paths = list(paths)
+    names = [os.path.basename(p.rstrip("/")) for p in paths if not storage.is_local(p)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"remote shards share file names, so they cannot share {cache_dir}: {sorted(names)}")
+    out = []
+    for path in paths:
+        if storage.is_local(path):
+            out.append(path[len("file://"):] if path.startswith("file://") else path)
+            continue
+        fs, remote = storage.filesystem(path)
+        local = os.path.join(cache_dir, os.path.basename(path.rstrip("/")))
+        size = fs.size(remote)
+        if not (os.path.exists(local) and os.path.getsize(local) == size):
+            os.makedirs(cache_dir, exist_ok=True)
+            tmp = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
+            fs.get_file(remote, tmp)
+            if os.path.getsize(tmp) != size:
+                os.remove(tmp)
+                raise OSError(f"copying {path} to {local} gave {os.path.getsize(tmp)} bytes, not {size}")
+            os.replace(tmp, local)
+        out.append(local)
+    return out
+
+
+class TokenStream:
+    """Shards memory-mapped and read as one stream of tokens (the manifest gives the dtype)."""
+
+    def __init__(self, shard_paths: Sequence[str], manifest: Mapping):
+        if not shard_paths:
+            raise ValueError("no shard files given: the shard stage's manifest lists none for this split")
+        self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+        header_bytes = int(manifest.get("header_bytes", llmc.HEADER_BYTES))
+        self.shards = [_memmap(p, self.dtype, header_bytes) for p in shard_paths]
+        self.starts = np.cumsum([0] + [len(s) for s in self.shards])                 # (num_shards + 1,)
+        self.total_tokens = int(self.starts[-1])
+
+    def num_windows(self, seq_len: int) -> int:
+        return max(0, (self.total_tokens - 1) // seq_len)
+
+    def window(self, w: int, seq_len: int) -> np.ndarray:
+        """Window w: tokens [w * seq_len, w * seq_len + seq_len + 1) as int32, across shard ends."""
+        return self.read(w * seq_len, seq_len + 1)
+
+    def read(self, begin: int, count: int) -> np.ndarray:
+        if begin < 0 or begin + count > self.total_tokens:
+            raise IndexError(f"tokens [{begin}, {begin + count}) are outside the stream of "
+                             f"{self.total_tokens}")
+        pieces, end = [], begin + count
+        i = int(np.searchsorted(self.starts, begin, side="right")) - 1
+        while begin < end:
+            lo, hi = begin - self.starts[i], min(end, self.starts[i + 1]) - self.starts[i]
+            pieces.append(self.shards[i][lo:hi])
+            begin = int(self.starts[i + 1])
+            i += 1
+        return np.concatenate(pieces).astype(np.int32)
+
+
+def _memmap(path: str, dtype: np.dtype, header_bytes: int) -> np.ndarray:
+    """The tokens of one local shard, memory-mapped after the header and checked against it."""
+    header = np.fromfile(path, dtype="<i4", count=llmc.HEADER_INTS)
+    fmt = llmc.FORMATS.get(int(header[0])) if len(header) == llmc.HEADER_INTS else None
+    if fmt is None or fmt[0] != int(header[1]):
+        raise ValueError(f"{path} is not an llm.c shard: header starts {header[:3].tolist()}")
+    if fmt[1] != dtype:
+        raise ValueError(f"{path} holds {fmt[1].name} tokens (magic {int(header[0])}) but the manifest says "
+                         f"dtype={dtype.name}")
+    count = int(header[2])
+    size = os.path.getsize(path)
+    if size != header_bytes + count * dtype.itemsize:
+        raise ValueError(f"{path} is {size} bytes; its header promises {count} {dtype.name} tokens after "
+                         f"{header_bytes} header bytes = {header_bytes + count * dtype.itemsize}")
+    if count == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=header_bytes, shape=(count,))
+
+
+def _check_processes(batch: int, process_index: int, process_count: int, name: str) -> None:
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+    if batch % process_count:
+        raise ValueError(f"{name}={batch} does not divide by process_count={process_count}: "
+                         f"use a multiple of {process_count}")
+

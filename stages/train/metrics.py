@@ -1,0 +1,188 @@
+"""Training metrics: metrics.jsonl, TensorBoard events, a console progress line, MFU and the NaN guard.
+
+    name, peak = metrics.device_peak_flops(jax.devices()[0])         # ("H100", 989e12)
+    writer = metrics.MetricsWriter(out_dir, every=10, total_steps=1000, enabled=jax.process_index() == 0)
+    ...
+    if writer.should_log(step + 1):
+        writer.write({"step": step + 1, "loss": 2.31, "learning_rate": 3e-4, "tokens_per_s": tps,
+                      "mfu": metrics.mfu(flops_per_token, tps, jax.device_count(), peak), ...})
+    writer.close()
+
+metrics.jsonl holds one JSON object per logged step (written and flushed at once, so a crash keeps
+every line logged before it); non-finite numbers appear as NaN/Infinity, which Python's json reads.
+TensorBoard events go to `out_dir/tensorboard/`. Everything is written locally; the training stage
+copies the files to gs:// at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+# Peak dense bf16 matmul FLOP/s per device (vendor figures, no sparsity). "cpu" is a rough estimate
+# for the whole host that JAX exposes as one CPU device: a few cores with AVX2/AVX-512 FMA units
+# reach ~50 GFLOP/s each in fp32 (bf16 is not faster on most CPUs), so 1e11 for a small VM. It only
+# keeps MFU finite in CPU tests and runs; read CPU MFU as an order of magnitude.
+PEAK_FLOPS = {
+    "cpu": 1e11,
+    "H100": 989e12,      # H100 SXM
+    "H200": 989e12,
+    "TPU v4": 275e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6e": 918e12,
+}
+
+# device.device_kind spellings -> PEAK_FLOPS names, most specific first ("TPU v5 lite" before "TPU v5").
+_KINDS = (
+    ("h100", "H100"), ("h200", "H200"),
+    ("tpu v5 lite", "TPU v5e"), ("tpu v5e", "TPU v5e"), ("tpu v5p", "TPU v5p"), ("tpu v5", "TPU v5p"),
+    ("tpu v6 lite", "TPU v6e"), ("tpu v6e", "TPU v6e"), ("tpu v4", "TPU v4"),
+    ("cpu", "cpu"),
+)
+
+METRIC_FIELDS = ("step", "loss", "accuracy", "learning_rate", "grad_norm", "param_norm", "tokens_per_s",
+                 "step_time_s", "mfu")
+NAN_POLICIES = ("stop", "skip")
+
+
+def device_peak_flops(device) -> tuple[str, float]:
+    """(name, peak bf16 FLOP/s) for a jax device, from its `device_kind`; unknown kinds fall back to cpu."""
+    kind = str(getattr(device, "device_kind", device)).lower()
+    for needle, name in _KINDS:
+        if needle in kind:
+            return name, PEAK_FLOPS[name]
+    log.warning("no peak FLOP/s known for device kind %r (known: %s); MFU uses the cpu estimate",
+                kind, sorted(PEAK_FLOPS))
+    return "cpu", PEAK_FLOPS["cpu"]
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, num_devices: int, peak: float) -> float:
+    """Model FLOPs utilization: achieved model FLOP/s over the peak of all devices.
+
+    flops_per_token: training FLOPs per token (forward + backward, e.g. 6 * params + attention);
+    tokens_per_s: tokens processed per second by the whole job; peak: one device's FLOP/s.
+    """
+    if num_devices < 1 or peak <= 0:
+        raise ValueError(f"num_devices={num_devices} must be >= 1 and peak={peak} > 0")
+    return flops_per_token * tokens_per_s / (num_devices * peak)
+
+
+def check_finite(step: int, loss: float, policy: str) -> bool:
+    """True when `loss` is finite; otherwise "stop" raises FloatingPointError, "skip" returns False.
+
+    How the loop uses it: the host sees a step's loss only after the jitted step has run, so with
+    "skip" the train step itself keeps the old params and optimizer state when its loss is not finite
+    (`jnp.where(isfinite(loss), new, old)`), and a False here tells the loop to log that the update was
+    dropped. With "stop" the run fails naming the step, and the last checkpoint is the place to resume.
+    """
+    if policy not in NAN_POLICIES:
+        raise ValueError(f"nan policy {policy!r} is not one of {NAN_POLICIES}")
+    if math.isfinite(loss):
+        return True
+    if policy == "stop":
+        raise FloatingPointError(f"step {step}: the loss is {loss}; stopping (nan_policy='stop'; "
+                                 "nan_policy='skip' drops such updates instead)")
+    return False
+
+
+class MetricsWriter:
+    """Appends logged steps to `out_dir/metrics.jsonl`, TensorBoard (`out_dir/tensorboard/`) and the console.
+
+    every / total_steps: the logging interval (see `should_log`) and the run length (for the ETA).
+    enabled: False on every process but the first, which then writes nothing.
+    """
+
+    def __init__(self, out_dir: str, *, every: int, total_steps: int, enabled: bool = True,
+                 stream=None):
+        if every < 1 or total_steps < 1:
+            raise ValueError(f"every={every} and total_steps={total_steps} must both be >= 1")
+        self.out_dir, self.every, self.total_steps, self.enabled = out_dir, every, total_steps, enabled
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        self._stream = stream if stream is not None else sys.stderr
+        self._start: tuple[float, int] | None = None      # (time, step) of the first write, for the ETA
+        self._file = self._tb = None
+        if enabled:
+            from tensorboardX import SummaryWriter
+
+            os.makedirs(out_dir, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, closed in close()
+            self._tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
+
+    def should_log(self, step: int) -> bool:
+        """Whether `step` (counted from 1) is a logging step: every `every` steps and the last one."""
+        return step % self.every == 0 or step == self.total_steps
+
+    def write(self, row: Mapping[str, float]) -> None:
+        """Logs one step: `row` needs "step"; its other numbers (loss, mfu, eval_loss, ...) are recorded."""
+        if "step" not in row:
+            raise ValueError(f"a metrics row needs a 'step'; got fields {sorted(row)}")
+        if not self.enabled:
+            return
+        step = int(row["step"])
+        now = time.time()
+        record = {"step": step, "time": now, **{k: _number(v) for k, v in row.items() if k != "step"}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for key, value in record.items():
+            if key not in ("step", "time") and isinstance(value, (int, float)):
+                tag = f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
+                self._tb.add_scalar(tag, value, step)
+        self._tb.flush()
+        self._progress(step, record, now)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._tb.close()
+            self._file = self._tb = None
+            if self._stream.isatty():
+                self._stream.write("\n")
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _progress(self, step: int, record: Mapping, now: float) -> None:
+        if self._start is None:
+            self._start = (now, step)
+        t0, s0 = self._start
+        per_step = (now - t0) / (step - s0) if step > s0 else record.get("step_time_s", float("nan"))
+        eta = per_step * max(0, self.total_steps - step)
+        parts = [f"step {step}/{self.total_steps}"]
+        parts += [f"{k} {record[k]:.4g}" for k in ("loss", "eval_loss", "learning_rate") if k in record]
+        if "tokens_per_s" in record:
+            parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
+        if "mfu" in record:
+            parts.append(f"mfu {100 * record['mfu']:.1f}%")
+        parts.append(f"eta {_duration(eta)}")
+        line = " | ".join(parts)
+        if self._stream.isatty():   # one line rewritten in place
+            self._stream.write("\r\033[K" + line)
+            self._stream.flush()
+        else:                       # log files get one line per logged step
+            log.info("%s", line)
+
+
+def _number(value):
+    """Python numbers from numpy/jax scalars, so json and TensorBoard take them."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"

@@ -1,0 +1,56 @@
+"""One training process: `python -m stages.train.worker SPEC`.
+
+The launchers in `pipeline/launch.py` start one of these per process (or call `main` in-process).
+SPEC is a pickled `WorkerSpec` written by the training stage: resolved configs travel by value,
+because gin bindings never reach other processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+from typing import Any
+
+from pipeline import storage
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    config: Any        # stages.train.Config
+    shard: Any         # pipeline.cache.Committed of the shard stage
+    out_dir: str       # the attempt directory (what the cache commits)
+    work_dir: str      # resumable scratch: periodic checkpoints
+
+
+def write_spec(spec: WorkerSpec, path: str) -> None:
+    storage.write_bytes(path, pickle.dumps(spec))
+
+
+def main(spec_path: str) -> dict:
+    spec: WorkerSpec = pickle.loads(storage.read_bytes(spec_path))
+    process_index, process_count = init_distributed()
+    from stages.train import loop
+
+    return loop.train(spec.config, spec.shard, spec.out_dir, spec.work_dir,
+                      process_index=process_index, process_count=process_count)
+
+
+def init_distributed() -> tuple[int, int]:
+    """Joins the multi-process job when a launcher asked for one; returns (process index, count)."""
+    import jax
+
+    if os.environ.get("REFINERY_COORDINATOR"):
+        # Local multi-process runs (and the tests): CPU collectives over gloo.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(os.environ["REFINERY_COORDINATOR"],
+                                   num_processes=int(os.environ["REFINERY_NUM_PROCESSES"]),
+                                   process_id=int(os.environ["REFINERY_PROCESS_ID"]))
+    elif os.environ.get("REFINERY_DISTRIBUTED") == "auto":
+        jax.distributed.initialize()   # TPU VM slices: the runtime knows the topology
+    return jax.process_index(), jax.process_count()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,116 @@
+import glob
+import io
+import json
+import math
+import os
+import struct
+import types
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from stages.train import metrics
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _rows():
+    return [{"step": s, "loss": np.float32(4.0 - s / 10), "accuracy": 0.1 * s, "learning_rate": 1e-3,
+             "grad_norm": 1.5, "param_norm": 20.0, "tokens_per_s": 1000.0 + s, "step_time_s": 0.5,
+             "mfu": 0.01} for s in (10, 20, 30)]
+
+
+def test_jsonl_lines_parse_and_are_flushed_per_write(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path), every=10, total_steps=30, stream=io.StringIO())
+    writer.write(_rows()[0])
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()      # before close: already on disk
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 10
+    for row in _rows()[1:]:
+        writer.write(row)
+    writer.write({"step": 30, "eval_loss": float("nan")})
+    writer.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [10, 20, 30, 30]
+    for r in records[:3]:
+        assert set(metrics.METRIC_FIELDS) <= set(r)
+    assert records[1]["loss"] == pytest.approx(2.0) and records[2]["tokens_per_s"] == 1030.0
+    assert math.isnan(records[3]["eval_loss"])
+
+
+def _scalars(event_file):
+    """(tag, step, value) of every scalar in a TensorBoard event file (TFRecord framing)."""
+    from tensorboardX.proto import event_pb2
+
+    out, raw = [], Path(event_file).read_bytes()
+    pos = 0
+    while pos < len(raw):
+        (length,) = struct.unpack("<Q", raw[pos:pos + 8])
+        event = event_pb2.Event.FromString(raw[pos + 12:pos + 12 + length])
+        pos += 12 + length + 4
+        for v in event.summary.value:
+            out.append((v.tag, event.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_events_are_written(tmp_path):
+    with metrics.MetricsWriter(str(tmp_path), every=10, total_steps=30, stream=io.StringIO()) as writer:
+        for row in _rows():
+            writer.write(row)
+        writer.write({"step": 30, "eval_loss": 2.5})
+    files = glob.glob(os.path.join(tmp_path, "tensorboard", "events.out.tfevents.*"))
+    assert len(files) == 1
+    scalars = _scalars(files[0])
+    assert ("train/loss", 20, pytest.approx(2.0)) in scalars
+    assert ("train/mfu", 30, pytest.approx(0.01)) in scalars
+    assert ("eval/loss", 30, 2.5) in scalars
+
+
+def test_progress_line_and_disabled_writer(tmp_path):
+    tty = _Tty()
+    writer = metrics.MetricsWriter(str(tmp_path / "a"), every=10, total_steps=30, stream=tty)
+    writer.write(_rows()[0])
+    writer.close()
+    assert tty.getvalue().startswith("\r") and "step 10/30" in tty.getvalue() and "eta" in tty.getvalue()
+    off = metrics.MetricsWriter(str(tmp_path / "b"), every=10, total_steps=30, enabled=False)
+    off.write(_rows()[0])
+    off.close()
+    assert not os.path.exists(tmp_path / "b")
+    assert [s for s in range(1, 26) if off.should_log(s)] == [10, 20]
+    assert off.should_log(30) and metrics.MetricsWriter(str(tmp_path), every=10, total_steps=25,
+                                                        enabled=False).should_log(25)
+
+
+def test_mfu_arithmetic():
+    # 6 GFLOP/token * 100k tokens/s = 6e14 FLOP/s over 8 devices of 989 TFLOP/s.
+    assert metrics.mfu(6e9, 1e5, 8, 989e12) == pytest.approx(6e14 / (8 * 989e12))
+    assert metrics.mfu(1.0, 2.0, 1, 4.0) == 0.5
+    with pytest.raises(ValueError):
+        metrics.mfu(1.0, 1.0, 0, 1.0)
+
+
+@pytest.mark.parametrize("kind, name, flops", [
+    ("NVIDIA H100 80GB HBM3", "H100", 989e12), ("NVIDIA H200", "H200", 989e12), ("TPU v4", "TPU v4", 275e12),
+    ("TPU v5 lite", "TPU v5e", 197e12), ("TPU v5", "TPU v5p", 459e12), ("TPU v5p", "TPU v5p", 459e12),
+    ("TPU v6 lite", "TPU v6e", 918e12), ("cpu", "cpu", metrics.PEAK_FLOPS["cpu"]),
+    ("Some Future Chip", "cpu", metrics.PEAK_FLOPS["cpu"]),
+])
+def test_peak_lookup(kind, name, flops):
+    assert metrics.device_peak_flops(types.SimpleNamespace(device_kind=kind)) == (name, flops)
+
+
+def test_peak_of_this_machine():
+    assert metrics.device_peak_flops(jax.devices("cpu")[0])[0] == "cpu"
+
+
+def test_nan_policy():
+    assert metrics.check_finite(3, 2.5, "stop") and metrics.check_finite(3, 2.5, "skip")
+    with pytest.raises(FloatingPointError, match="step 7: the loss is nan"):
+        metrics.check_finite(7, float("nan"), "stop")
+    assert metrics.check_finite(7, float("inf"), "skip") is False
+    with pytest.raises(ValueError, match="'halt' is not one of"):
+        metrics.check_finite(7, 1.0, "halt")
