@@ -13,7 +13,7 @@ import platform
 import sys
 import tempfile
 
-BENCHMARKS = ("tokenize_throughput", "cached_rerun")
+BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 

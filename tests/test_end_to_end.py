@@ -94,3 +94,23 @@ def test_data_half_with_the_cache_on_gcs(gcs_bucket, capsys):
     assert plan.cache_root == root
     assert cli.main(["run", *_argv(root)]) == 0
     assert _ran(capsys) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, capsys):
+    sweep = tmp_path / "lrs.gin"
+    sweep.write_text(f"include '{REPO}/gin/tiny.gin'\n"
+                     "sweep.variants = {'slow': ['train.OptimizerConfig.learning_rate = 1e-4'],\n"
+                     "                  'fast': ['train.OptimizerConfig.learning_rate = 1e-2']}\n")
+    root = str(tmp_path / "cache")
+    argv = ["sweep", "--gin", str(sweep), "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
+            *[a for p in SMALL for a in ("--gin-param", p)]]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| slow |" in out and "| fast |" in out
+    for stage, runs in [("download", 1), ("shard", 1), ("train", 2), ("evaluate", 2)]:
+        assert len(storage.listdir(f"{root}/{stage}")) == runs, stage
+    rows = storage.read_json(f"{root}/sweeps/lrs/comparison.json")
+    assert set(rows) == {"slow", "fast"} and all(r["loss"] > 0 for r in rows.values())
+    assert rows["fast"]["loss"] < rows["slow"]["loss"]          # 12 steps at 1e-4 barely move
+    assert storage.read_bytes(f"{root}/sweeps/lrs/comparison.png")[:4] == b"\x89PNG"

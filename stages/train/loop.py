@@ -50,7 +50,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
                                                      process_count=process_count))]
 
     # Model and optimizer, placed on the mesh.
-    with mesh:
+    with jax.set_mesh(mesh):
         net = model.Transformer(mcfg, rngs=nnx.Rngs(cfg.seed))
         sharding.shard_model(net, mesh)
     graphdef, params = nnx.split(net, nnx.Param)
