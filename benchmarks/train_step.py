@@ -58,7 +58,8 @@ def measure(work_dir: str, repeats: int = 5) -> dict:
             result[f"{remat}_mfu"] = round(metrics.mfu(model.flops_per_token(c.model, cfg.seq_len), tps,
                                                        jax.device_count(), peak), 4)
     for remat in model.REMAT_NAMES[1:]:
-        result[f"{remat}_temp_ratio"] = round(result[f"{remat}_temp_mib"] / max(result["none_temp_mib"], 1e-9), 4)
+        ratio = result[f"{remat}_temp_mib"] / max(result["none_temp_mib"], 1e-9)
+        result[f"{remat}_temp_ratio"] = round(ratio, 4)
     result["full_time_ratio"] = round(result["full_step_s"] / result["none_step_s"], 3)
     return result
 

@@ -244,7 +244,8 @@ def _explain(e: Exception, registry: dict[str, type], files: tuple, params: tupl
             close = difflib.get_close_matches(param, valid, n=3, cutoff=0.5)
             # The parameter may belong to a sibling config (train.Config.learning_rate is
             # train.OptimizerConfig.learning_rate): name it.
-            owners = [n for n, c in registry.items() if c is not cls and n.split(".")[0] == owner.split(".")[0]
+            stage = owner.split(".")[0]
+            owners = [n for n, c in registry.items() if c is not cls and n.split(".")[0] == stage
                       and param in {f.name for f in dataclasses.fields(c)}]
             close += [f"{n}.{param}" for n in owners]
             hint = f" Did you mean {' or '.join(close)}?" if close else ""

@@ -28,7 +28,8 @@ def gcs_server():
     port = _free_port()
     # The emulator, plus the download headers TensorStore needs (see tests/gcs_emulator.py).
     launcher = os.path.join(REPO, "tests", "gcs_emulator.py")
-    proc = subprocess.Popen([sys.executable, launcher, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+    proc = subprocess.Popen([sys.executable, launcher, "start", "--host=127.0.0.1", f"--port={port}",
+                             "--in-memory"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while True:

@@ -115,8 +115,8 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
                 throughput = last
         ckpt.save(step + 1, {"params": params, "opt_state": opt_state, "step": _step_array(step + 1, mesh)})
         if stop.is_set() or (cfg.stop_after and step + 1 >= cfg.stop_after):
-            ckpt.save(step + 1, {"params": params, "opt_state": opt_state, "step": _step_array(step + 1, mesh)},
-                      force=True)
+            state = {"params": params, "opt_state": opt_state, "step": _step_array(step + 1, mesh)}
+            ckpt.save(step + 1, state, force=True)
             ckpt.wait()
             writer.close()
             raise SystemExit(f"stopped at step {step + 1} ({'SIGTERM' if stop.is_set() else 'stop_after'}); "

@@ -24,6 +24,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optax
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +184,8 @@ def muon_dimension_numbers(params):
 
 def make_optimizer(cfg: OptimizerConfig, params) -> optax.GradientTransformation:
     """Global-norm clipping, then `cfg.name` with the schedule and decoupled, masked weight decay (one update
-    per optimizer step; accumulation is the training step's job). `params` (any of the forms `decay_mask` takes) is
-    only inspected: the masks are callables, evaluated on whatever tree init/update receive."""
+    per optimizer step; accumulation is the training step's job). `params` (any of the forms `decay_mask`
+    takes) is only inspected: the masks are callables, evaluated on whatever tree init/update receive."""
     import jax
     import optax
     from optax.contrib import MuonDimensionNumbers

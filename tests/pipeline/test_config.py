@@ -39,7 +39,8 @@ def test_how_a_run_is_launched_or_logged_is_not_part_of_any_key():
 
 def test_a_clean_override_changes_everything_from_clean_on():
     before, after = _keys(), _keys("clean.Config.min_chars = 50")
-    assert [s for s in before if before[s] != after[s]] == ["clean", "tokenizer", "shard", "train", "evaluate"]
+    changed = [s for s in before if before[s] != after[s]]
+    assert changed == ["clean", "tokenizer", "shard", "train", "evaluate"]
 
 
 def test_the_beam_runner_is_not_part_of_any_key():

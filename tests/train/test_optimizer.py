@@ -168,7 +168,8 @@ def test_make_optimizer_decays_only_masked_params():
     params = model_params()
     zeros = jax.tree.map(jnp.zeros_like, params)
     for name in ("adamw", "lion", "muon"):
-        cfg = OptimizerConfig(name=name, learning_rate=0.5, warmup_steps=0, total_steps=100, schedule="constant",
+        cfg = OptimizerConfig(name=name, learning_rate=0.5, warmup_steps=0, total_steps=100,
+                              schedule="constant",
                               weight_decay=0.1)
         tx = optimizer.make_optimizer(cfg, params)
         updates, _ = tx.update(zeros, tx.init(params), params)
@@ -199,7 +200,8 @@ def test_muon_orthogonalizes_each_layer_separately():
     g0 = jax.random.normal(jax.random.key(3), (D, D))
     grads = {"layers": {"mlp": {"kernel": jnp.stack([g0, 100.0 * g0])}}}
     params = jax.tree.map(jnp.zeros_like, grads)
-    cfg = OptimizerConfig(name="muon", learning_rate=1.0, warmup_steps=0, total_steps=100, schedule="constant", clip_norm=0.0)
+    cfg = OptimizerConfig(name="muon", learning_rate=1.0, warmup_steps=0, total_steps=100,
+                          schedule="constant", clip_norm=0.0)
     tx = optimizer.make_optimizer(cfg, params)
     updates, _ = tx.update(grads, tx.init(params), params)
     u = np.asarray(updates["layers"]["mlp"]["kernel"])                         # (L, D, D)
@@ -225,7 +227,8 @@ def test_clipping_bounds_the_update():
     clipped gradient: its norm is at most lr * clip_norm, and without clipping it is far larger."""
     params = model_params()
     grads = jax.tree.map(lambda p: 1000.0 * jnp.ones_like(p), params)
-    base = OptimizerConfig(learning_rate=0.1, warmup_steps=0, total_steps=100, schedule="constant", eps=1.0, weight_decay=0.0)
+    base = OptimizerConfig(learning_rate=0.1, warmup_steps=0, total_steps=100, schedule="constant", eps=1.0,
+                           weight_decay=0.0)
     norms = {}
     for clip in (1.0, 0.0):
         cfg = dataclasses.replace(base, clip_norm=clip)
