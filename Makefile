@@ -20,7 +20,7 @@ pipeline: .venv/installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
 
 stage: .venv/installed
-	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard> [FORCE=1]"; exit 2; }
+	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard|train|evaluate> [FORCE=1]"; exit 2; }
 	$(RUN) run --gin $(GIN) --stage $(STAGE) $(if $(FORCE),--force) --overrides "$$OVERRIDES"
 
 sweep: .venv/installed

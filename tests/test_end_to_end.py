@@ -7,6 +7,7 @@ import pytest
 from pipeline import __main__ as cli
 from pipeline import cache, config, storage
 from stages.shard import llmc
+from stages.train import model
 from tests.conftest import REPO
 
 SMALL = [
@@ -114,3 +115,29 @@ def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, caps
     assert set(rows) == {"slow", "fast"} and all(r["loss"] > 0 for r in rows.values())
     assert rows["fast"]["loss"] < rows["slow"]["loss"]          # 12 steps at 1e-4 barely move
     assert storage.read_bytes(f"{root}/sweeps/lrs/comparison.png")[:4] == b"\x89PNG"
+
+
+def test_the_flagship_config_resolves_and_targets_a_tpu_slice():
+    from pipeline import launch
+
+    plan = config.load([f"{REPO}/gin/600b.gin"])
+    train = plan.stages["train"].config
+    assert 590e9 < model.num_params(train.model) < 610e9
+    assert (train.mesh.fsdp, train.mesh.tensor) == (128, 8) and train.mesh.shape(1024) == (1, 128, 8)
+    cmd = launch.tpu_vm_command(train.launcher, f"{plan.cache_root}/train/k/work/spec.pkl")
+    assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "YOUR_TPU_SLICE"]
+    assert "--worker=all" in cmd
+
+
+@pytest.mark.slow
+def test_the_flagship_tiny_twin_runs_the_whole_dag(tmp_path, capsys):
+    root = str(tmp_path / "cache")
+    argv = ["run", "--gin", f"{REPO}/gin/twins/600b.gin",
+            "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
+            *[a for p in SMALL for a in ("--gin-param", p)]]
+    assert cli.main(argv) == 0
+    assert _ran(capsys) == ALL
+    plan = config.load([f"{REPO}/gin/twins/600b.gin"], [f'pipeline.Settings.cache_root = "{root}"', *SMALL])
+    assert plan.stages["train"].config.model.remat == "full"
+    done = cache.load(plan.cache_root, "evaluate", plan.stages["evaluate"].key)
+    assert storage.read_json(done.file("eval.json"))["loss"] > 0
