@@ -18,6 +18,10 @@ from pipeline import storage
 from stages.shard import llmc
 from stages.train import checkpoint, data, loop, model
 
+# The unigram baseline is estimated on the first 50M training tokens: exact for small corpora, and a
+# real run's evaluation does not read the whole training set for one reference number.
+UNIGRAM_TOKENS = 50_000_000
+
 
 def evaluate(config, train, shard, tokenizer) -> dict:
     import sentencepiece as spm
@@ -43,7 +47,8 @@ def evaluate(config, train, shard, tokenizer) -> dict:
         tokens += int(count)
     seconds = time.perf_counter() - start
     loss = sum(losses) / max(tokens, 1)
-    val_tokens = np.concatenate([llmc.read(f) for f in val_files]) if val_files else np.zeros(0, np.int32)
+    # Bytes per token from the tokens the loss covered (the windows are read from the start, in order).
+    val_tokens = _first_tokens(val_files, tokens + 1)
     val_bytes = _utf8_bytes(sp, val_tokens, manifest["eos_id"])
     metrics = {
         "loss": loss,
@@ -51,7 +56,8 @@ def evaluate(config, train, shard, tokenizer) -> dict:
         "bits_per_byte": loss / math.log(2) * len(val_tokens) / max(val_bytes, 1),
         "tokens": tokens,
         "tokens_per_s": tokens / max(seconds, 1e-9),
-        "unigram_entropy": unigram_entropy(train_files, manifest["vocab_size"]),
+        "unigram_entropy": unigram_entropy(_first_tokens(train_files, UNIGRAM_TOKENS),
+                                           manifest["vocab_size"]),
         "val_bytes": val_bytes,
         "train_final_loss": summary.get("final_loss"),
     }
@@ -84,14 +90,23 @@ def restore(train, summary):
     return nnx.merge(graphdef, params), graphdef, params
 
 
-def unigram_entropy(files: list[str], vocab_size: int) -> float:
-    """Entropy (nats/token) of the training tokens' unigram distribution: the loss of a model that
-    predicts every token from its frequency alone."""
-    counts = np.zeros(vocab_size, np.int64)
-    for f in files:
-        counts += np.bincount(llmc.read(f), minlength=vocab_size)[:vocab_size]
+def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
+    """Entropy (nats/token) of the tokens' unigram distribution: the loss of a model that predicts every
+    token from its frequency alone."""
+    counts = np.bincount(tokens, minlength=vocab_size)[:vocab_size]
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
+
+
+def _first_tokens(files: list[str], n: int) -> np.ndarray:
+    """The first n tokens of the stream the shards form (memory-mapped: only those pages are read)."""
+    pieces, left = [], n
+    for f in files:
+        if left <= 0:
+            break
+        pieces.append(np.asarray(llmc.read(f, mmap=True)[:left]))
+        left -= len(pieces[-1])
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
 
 
 def _utf8_bytes(sp, tokens: np.ndarray, eos_id: int) -> int:

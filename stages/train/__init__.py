@@ -2,7 +2,7 @@
 
     make pipeline                                          (gin/tiny.gin: a tiny model, minutes on CPU)
     make pipeline OVERRIDES='train.OptimizerConfig.learning_rate=1e-3'   (reruns train and evaluate)
-    make pipeline GIN=gin/124m.gin
+    make pipeline GIN=gin/600b.gin                         (the flagship; gin/twins/600b.gin on a CPU)
 
 Writes into `out_dir`: `checkpoint/` (the final Orbax checkpoint: params, optimizer state, step),
 `metrics.jsonl`, `tensorboard/`, `summary.json`; the cache adds `config.gin`. Periodic checkpoints

@@ -65,8 +65,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
                                    every=cfg.checkpoint_every)
     start = 0
     if ckpt.latest_step() is not None:
-        restored = ckpt.restore(ckpt.latest_step(), {"params": params, "opt_state": opt_state,
-                                                     "step": _step_array(0, mesh)})
+        restored = ckpt.restore(ckpt.latest_step(), _state(params, opt_state, 0, mesh))
         params, opt_state, start = restored["params"], restored["opt_state"], int(restored["step"])
         log.info("resumed from step %d", start)
     stop = ckpt.install_sigterm_handler()
@@ -113,10 +112,11 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
             writer.write(last)
             if "tokens_per_s" in last:
                 throughput = last
-        ckpt.save(step + 1, {"params": params, "opt_state": opt_state, "step": _step_array(step + 1, mesh)})
-        if stop.is_set() or (cfg.stop_after and step + 1 >= cfg.stop_after):
-            state = {"params": params, "opt_state": opt_state, "step": _step_array(step + 1, mesh)}
-            ckpt.save(step + 1, state, force=True)
+        # A stop request at the last step just finishes: the final checkpoint follows anyway.
+        stopping = step + 1 < cfg.steps and (stop.is_set() or 0 < cfg.stop_after <= step + 1)
+        if stopping or (step + 1) % cfg.checkpoint_every == 0:
+            ckpt.save(step + 1, _state(params, opt_state, step + 1, mesh), force=stopping)
+        if stopping:
             ckpt.wait()
             writer.close()
             raise SystemExit(f"stopped at step {step + 1} ({'SIGTERM' if stop.is_set() else 'stop_after'}); "
@@ -126,8 +126,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
     writer.close()
 
     final = checkpoint.Checkpointer(storage.join(out_dir, "checkpoint"), keep=1, every=1, async_save=False)
-    final.save(cfg.steps, {"params": params, "opt_state": opt_state, "step": _step_array(cfg.steps, mesh)},
-               force=True)
+    final.save(cfg.steps, _state(params, opt_state, cfg.steps, mesh), force=True)
     final.close()
     summary = {"params": num_params, "steps": cfg.steps, "final_loss": last.get("loss"),
                "eval_loss": eval_loss, "tokens_per_s": throughput.get("tokens_per_s"),
@@ -203,10 +202,11 @@ def evaluate(eval_fn, params, batches, mesh) -> float:
     return float(np.mean(losses)) if losses else float("nan")
 
 
-def _step_array(step: int, mesh):
-    """The step as a scalar replicated over the mesh: a global array, which Orbax can save from many hosts
-    (a host-local scalar it refuses in a multi-process job)."""
-    return jax.device_put(np.int32(step), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+def _state(params, opt_state, step: int, mesh) -> dict:
+    """What a checkpoint holds. The step is a scalar replicated over the mesh: a global array, which Orbax
+    can save from many hosts (a host-local scalar it refuses in a multi-process job)."""
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return {"params": params, "opt_state": opt_state, "step": jax.device_put(np.int32(step), replicated)}
 
 
 def _publish(local_out: str, out_dir: str, summary: dict) -> None:
