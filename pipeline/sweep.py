@@ -19,7 +19,6 @@ Luigi tasks, so they run once. The report goes to `<cache_root>/sweeps/<sweep na
 
 from __future__ import annotations
 
-import io
 import os
 
 import gin
@@ -75,21 +74,14 @@ def sweep_name(gin_files: list[str]) -> str:
 
 
 def _plot(rows: dict[str, dict]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from stages.evaluate import report
 
     names = list(rows)
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5), dpi=110)
+    fig, ax = report.figure(width=max(4, 1.2 * len(names)))
     ax.bar(names, [rows[n].get("loss", float("nan")) for n in names], color="#4477aa")
     ax.set(title="Validation loss by variant", ylabel="nats / token")
     ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return report.png(fig)
 
 
 def _fmt(x) -> str:
