@@ -39,8 +39,9 @@ test: .venv/installed
 bench: .venv/installed
 	$(PY) -m benchmarks
 
+# lint-imports checks the import contracts in setup.cfg ([importlinter]); it reads setup.cfg from here.
 lint: .venv/installed
-	.venv/bin/ruff check .
+	.venv/bin/ruff check . && .venv/bin/lint-imports
 
 install: .venv/installed
 

@@ -16,8 +16,9 @@ import random
 import sys
 import time
 
-from pipeline import cache, storage
-from stages import beam_runner, docs_io, shard, tokenizer
+from pipeline import cache
+from stages import beam_runner, shard, tokenizer
+from stages.io import documents, storage
 
 DOC_CHARS = 3000          # documents are built to about the size of a web page (FineWeb's mean is ~3 kB)
 SHARDS = 4
@@ -34,9 +35,9 @@ def measure(work_dir: str, target_mb: float = 30.0, vocab_size: int = 8192) -> d
     docs = [{"id": f"copy{c}-{i}", "text": t} for c in range(copies) for i, t in enumerate(texts)]
     per_shard = -(-len(docs) // SHARDS)
 
-    def write_clean(config, inputs, out_dir):
+    def write_clean(config, inputs, out_dir, work_dir):
         for s in range(SHARDS):
-            docs_io.write(storage.join(out_dir, docs_io.shard_name(s, SHARDS)),
+            documents.write(storage.join(out_dir, documents.shard_name(s, SHARDS)),
                           docs[s * per_shard:(s + 1) * per_shard])
 
     clean = cache.run_stage(cache_root=cache_root, stage="clean", key="bench", config={}, upstream={},

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from pipeline import storage
+from stages.io import storage
 
 MANIFEST = "_SUCCESS.json"
 LIBRARIES = ("apache-beam", "sentencepiece", "pyarrow", "numpy", "jax", "flax", "optax",
@@ -73,15 +73,7 @@ def stage_dir(cache_root: str, stage: str, key: str) -> str:
     return storage.join(cache_root, stage, key)
 
 
-def work_dir(out_dir: str) -> str:
-    """Resumable scratch space for the attempt `out_dir`: `<key>/work/`, shared by every attempt
-    of the same key and deleted by the commit.
-
-    The one deliberate exception to "a crashed attempt's leftovers are never read": training keeps
-    its periodic checkpoints here so a preempted run resumes where it stopped instead of starting
-    over. Everything a downstream stage reads still lives in the committed attempt.
-    """
-    return storage.join(storage.parent(out_dir), "work")
+WORK = "work"   # <key>/work/: resumable scratch shared by every attempt of a key, deleted by the commit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +124,12 @@ def load(cache_root: str, stage: str, key: str) -> Committed | None:
 def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
               upstream: Mapping[str, Committed], fn: Callable[[Any, Mapping[str, Committed], str], Any],
               extra_files: Mapping[str, str] = (), run_id: str = "") -> Committed:
-    """Runs `fn(config, upstream, attempt_dir)` in a fresh attempt and commits it.
+    """Runs `fn(config, upstream, attempt_dir, work_dir)` in a fresh attempt and commits it.
+
+    `work_dir` (`<key>/work/`) is scratch space that survives a failed attempt of the same key and is
+    deleted by the commit: the one deliberate exception to "a crashed attempt's leftovers are never
+    read". Training keeps its periodic checkpoints there, so a preempted run resumes where it stopped
+    instead of starting over; everything a downstream stage reads lives in the committed attempt.
 
     `extra_files` (name -> text) are written into the attempt before the commit, for example the
     operative gin config. `run_id` is recorded so `--force` can tell this invocation's commit
@@ -145,7 +142,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     for name, text in dict(extra_files).items():
         storage.write_text(storage.join(out_dir, name), text)
     start = time.time()
-    fn(config, upstream, out_dir)
+    fn(config, upstream, out_dir, storage.join(root, WORK))
     wall = time.time() - start
     files = storage.sizes(out_dir)
     if not files:
@@ -174,7 +171,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
 
 def remove_stale_attempts(root: str, keep: str) -> None:
     for name in storage.listdir(root):
-        if (name.startswith("attempt-") or name == "work") and name != keep:
+        if (name.startswith("attempt-") or name == WORK) and name != keep:
             storage.remove(storage.join(root, name))
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import gin
 from pipeline import cache, dag
 from stages import beam_runner
+from stages.io import storage
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
@@ -87,9 +88,7 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
         ups = dag.upstream(name)
         key = cache.stage_key(name, module.VERSION, config, {u: stages[u].key for u in ups})
         stages[name] = StagePlan(name, config, ups, key, module.VERSION)
-    cache_root = settings.cache_root
-    if "://" not in cache_root:
-        cache_root = os.path.abspath(cache_root)
+    cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
 
 

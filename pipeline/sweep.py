@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 
 import gin
-from pipeline import cache, config, dag, storage
+from pipeline import cache, config, dag
+from stages.io import storage
 
 METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")
 

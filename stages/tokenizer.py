@@ -8,7 +8,7 @@ decode(encode(x)) == x rate on held-out documents, training seconds).
 
 The sample: shards are visited in an order fixed by `seed`, and each gives its share of the
 remaining `sample_chars` from its first rows, so the sample spans the whole corpus while reading
-only about `sample_chars` of it. A document whose `doc_fraction(id) < heldout_fraction` is never
+only about `sample_chars` of it. A document whose `split_rule.fraction(id) < heldout_fraction` is never
 trained on; those met while sampling measure bytes per token. The shard stage splits off its
 validation documents with the same number, so when `val_fraction <= heldout_fraction` the
 tokenizer never saw a validation document.
@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from pipeline import storage
+from stages.io import documents, split_rule, storage
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ CONFIGURABLES = (Config,)
 VERSION = "1"
 
 
-def run(config: Config, inputs, out_dir: str) -> None:
+def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 
     shards = inputs["clean"].paths("docs-*.parquet")
@@ -145,7 +145,6 @@ def vocab_text(sp) -> str:
 
 def sample(shards: list[str], config: Config) -> tuple[list[str], list[str], dict]:
     """(training sentences, held-out document texts, counts) from `shards`, deterministically."""
-    from stages import docs_io
 
     order = sorted(shards, key=lambda path: hashlib.sha256(f"{config.seed}:{os.path.basename(path)}".encode())
                    .digest())
@@ -157,12 +156,12 @@ def sample(shards: list[str], config: Config) -> tuple[list[str], list[str], dic
         budget = (config.sample_chars - counts["sampled_chars"]) / (len(order) - i)
         taken = 0
         counts["shards_read"] += 1
-        for doc in docs_io.read(path, columns=("id", "text")):
+        for doc in documents.read(path, columns=("id", "text")):
             if taken >= budget:
                 break
             if doc["text"] is None:
                 continue
-            if doc_fraction(doc["id"], path) < config.heldout_fraction:
+            if split_rule.fraction(doc["id"], path) < config.heldout_fraction:
                 heldout.append(doc["text"])
                 continue
             for line in lines(doc["text"], config.max_sentence_length, counts):
@@ -220,17 +219,6 @@ def heldout_stats(sp, texts: list[str], num_threads: int) -> dict:
     return {"heldout_docs": len(texts), "heldout_bytes": num_bytes, "heldout_tokens": num_tokens,
             "bytes_per_token": round(num_bytes / max(num_tokens, 1), 4),
             "round_trip_rate": sum(d == t for d, t in zip(decoded, texts)) / len(texts)}
-
-
-def doc_fraction(doc_id: str | None, where: str) -> float:
-    """A number in [0, 1), uniform over documents, fixed by the id: sha256(id) as a fraction.
-
-    The held-out rule here and the train/val split in the shard stage both compare it with a fraction.
-    `where` (the shard path) names the culprit when a document has no id.
-    """
-    if doc_id is None:
-        raise ValueError(f"a document in {where} has no id; clean must give every document one")
-    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
 
 def _reserved_pieces(byte_fallback: bool) -> int:

@@ -58,7 +58,7 @@ def gcs_server():
 @pytest.fixture
 def gcs_bucket(gcs_server):
     """A fresh bucket on the emulator: yields `gs://<bucket>`."""
-    from pipeline import storage
+    from stages.io import storage
 
     name = f"test-{uuid.uuid4().hex[:10]}"
     fs, _ = storage.filesystem(f"gs://{name}")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline import cache, config, storage
-from stages.shard import llmc
+from pipeline import cache, config
+from stages.io import llmc, storage
 from stages.train import model
 from tests.conftest import REPO
 
@@ -49,7 +49,7 @@ def _check_outputs(root, extra=()):
     manifest = storage.read_json(done["shard"].file("manifest.json"))
     train = done["shard"].paths("train-*.bin")
     assert train and done["shard"].paths("val-*.bin")
-    with storage.local_copy(train[0]) as local:
+    with storage.local_files(train[:1]) as (local,):
         tokens = llmc.read(local)
     assert tokens.dtype == np.uint16 and len(tokens) > 0
     assert int(tokens.max()) < manifest["vocab_size"]
@@ -120,7 +120,7 @@ def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, caps
 
 
 def test_the_flagship_config_resolves_and_targets_a_tpu_slice():
-    from pipeline import launch
+    from stages.train import launch
 
     plan = config.load([f"{REPO}/gin/600b.gin"])
     train = plan.stages["train"].config

@@ -1,13 +1,11 @@
 """The clean stage: normalize download's documents, filter them, and drop exact duplicates.
 
-    from pipeline import cache
-    from stages import clean
-    cache.run_stage(cache_root="/tmp/c", stage="clean", key="k", config=clean.Config(min_chars=100),
-                    upstream={"download": downloaded}, fn=clean.run)
+    make stage STAGE=clean OVERRIDES='clean.Config.min_chars=100'
+    clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)   # on its own
 
 Reads `inputs["download"].paths("docs-*.parquet")` and writes into `out_dir`:
 
-    docs-XXXXX-of-YYYYY.parquet  kept documents (`stages.docs_io` schema, `error` null), sorted by id;
+    docs-XXXXX-of-YYYYY.parquet  kept documents (`stages.io.documents` schema, `error` null), sorted by id;
                                  shard b holds the texts whose hash % num_shards == b
     stats.json                   {docs_in, chars_in, docs_kept, chars_kept, dropped: {reason: docs},
                                   dropped_chars: {reason: chars}, shards}
@@ -39,9 +37,9 @@ import logging
 import time
 from collections.abc import Mapping
 
-from pipeline import storage
 from stages import beam_runner
 from stages.clean import filters, normalize
+from stages.io import storage
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ CONFIGURABLES = (Config,)
 VERSION = "1"
 
 
-def run(config: Config, inputs: Mapping, out_dir: str) -> None:
+def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.clean import graph  # Beam loads only when the stage actually runs
 
     paths = inputs["download"].paths("docs-*.parquet")

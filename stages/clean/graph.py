@@ -21,9 +21,9 @@ import time
 
 import apache_beam as beam
 
-from pipeline import storage
-from stages import beam_runner, clean, docs_io
+from stages import beam_runner, clean
 from stages.clean import tally as tally_lib
+from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class CleanShard(beam.DoFn):
         tally = tally_lib.Tally(config.samples_per_reason)
         buffers: dict[int, list] = {}
         buffered = 0
-        for doc in docs_io.read(path):
+        for doc in documents.read(path):
             raw = doc["text"]
             chars = len(raw) if isinstance(raw, str) else 0
             tally.docs_in += 1
@@ -116,7 +116,8 @@ class WriteShard(beam.DoFn):
         kept.sort(key=clean.doc_order)
         for doc in kept:
             tally.keep(len(doc["text"]))
-        docs_io.write(storage.join(self.out_dir, docs_io.shard_name(bucket, self.config.num_shards)), kept)
+        path = storage.join(self.out_dir, documents.shard_name(bucket, self.config.num_shards))
+        documents.write(path, kept)
         yield tally
 
 

@@ -12,8 +12,8 @@ import bisect
 import dataclasses
 import json
 
-from pipeline import storage
 from stages.clean import doc_order
+from stages.io import storage
 
 SAMPLE_CHARS = 500
 

@@ -4,7 +4,7 @@
     python -m pipeline run --gin gin/data/fineweb.gin
 
 Writes into `out_dir`:
-    docs-00000-of-0000N.parquet   columns id, text, url, source, error (see `stages.docs_io`)
+    docs-00000-of-0000N.parquet   columns id, text, url, source, error (see `stages.io.documents`)
     stats.json                    {"docs", "bytes" (UTF-8 bytes of text), "shards", "units",
                                    "errors": {reason: docs}, "by_source": {source: docs}}
 
@@ -48,7 +48,7 @@ CONFIGURABLES = (Config, *SOURCES)
 VERSION = "1"
 
 
-def run(config: Config, inputs: Mapping[str, Any], out_dir: str) -> None:
+def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) -> None:
     from stages.download import beam_graph
 
     units = config.source.units()
@@ -61,7 +61,7 @@ def run(config: Config, inputs: Mapping[str, Any], out_dir: str) -> None:
 
 def summary(out) -> str:
     """One line for the run summary, from a committed download (`pipeline.cache.Committed`)."""
-    from pipeline import storage
+    from stages.io import storage
 
     s = storage.read_json(out.file("stats.json"))
     errors = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"

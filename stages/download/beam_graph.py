@@ -13,8 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipeline import storage
-from stages import docs_io
+from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
 MB = 1e6
@@ -51,7 +50,7 @@ def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shard
                      index, num_shards, done, len(units), counts["docs"], counts["bytes"] / MB,
                      counts["docs"] / secs, counts["bytes"] / MB / secs)
 
-    docs_io.write(storage.join(out_dir, docs_io.shard_name(index, num_shards)), docs())
+    documents.write(storage.join(out_dir, documents.shard_name(index, num_shards)), docs())
     return counts
 
 

@@ -1,6 +1,6 @@
 """How a record becomes a document: stable ids, and the reasons a record has no usable text.
 
-Every source yields dicts with the `stages.docs_io` columns. A record that cannot be used still
+Every source yields dicts with the `stages.io.documents` columns. A record that cannot be used still
 becomes a document, with `text=None` and `error` set to one of the reasons below, so a bad
 record is counted (by this stage's stats and by clean) instead of crashing the run:
 

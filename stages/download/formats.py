@@ -1,4 +1,4 @@
-"""Documents out of files: jsonl and txt (optionally gzipped) and parquet, through `pipeline.storage`.
+"""Documents out of files: jsonl and txt (optionally gzipped) and parquet, through `stages.io.storage`.
 
 A unit of work is `(path, part)`: `part` is a parquet row group, or 0 for a file read whole
 (gzip cannot be split). Ids and URLs fall back to the position in the file when a record
@@ -17,11 +17,11 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import IO
 
-from pipeline import storage
 from stages.download.document import doc_id, plain_str, text_or_error
+from stages.io import documents, storage
 
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".txt": "txt", ".txt.gz": "txt", ".parquet": "parquet"}
-BATCH_ROWS = 1024       # parquet rows decoded at a time
+BATCH_ROWS = 1024       # records read at a time
 FOOTER_READERS = 16     # parquet footers are small, remote reads are latency-bound: read them in parallel
 
 
@@ -124,7 +124,7 @@ def paragraphs(text: str) -> Iterator[tuple[int, str]]:
 
 def _parquet(path: str, row_group: int, fields: Fields) -> Iterator[dict]:
     columns = [c for c in (fields.text, fields.id, fields.url) if c]
-    for row, record in parquet_rows(path, row_group, columns):
+    for row, record in documents.rows(path, columns, row_group):
         doc = {"id": doc_id(fields.source, path, row), "text": None, "url": f"{path}:{row}",
                "source": fields.source, "error": None}
         yield _from_record(doc, record, fields)
@@ -139,7 +139,7 @@ def _from_record(doc: dict, record: dict, fields: Fields) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Parquet, shared with the FineWeb source
+# Parquet footers, shared with the FineWeb source
 
 def parquet_row_groups(paths: Sequence[str], required_column: str, hint: str = "") -> list[int]:
     """The row-group count of each file; a file without `required_column` is a ValueError."""
@@ -155,18 +155,3 @@ def parquet_row_groups(paths: Sequence[str], required_column: str, hint: str = "
 
     with concurrent.futures.ThreadPoolExecutor(FOOTER_READERS) as pool:
         return list(pool.map(footer, paths))
-
-
-def parquet_rows(path: str, row_group: int, columns: Sequence[str]) -> Iterator[tuple[int, dict]]:
-    """(row index in the file, {column: value}) for one row group; absent columns read as None."""
-    import pyarrow.parquet as pq
-
-    with storage.open(path, "rb") as f:
-        pf = pq.ParquetFile(f)
-        have = [c for c in dict.fromkeys(columns) if c in pf.schema_arrow.names]
-        row = sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[row_group], columns=have):
-            values = {c: batch.column(c).to_pylist() for c in have}
-            for i in range(batch.num_rows):
-                yield row, {c: values[c][i] if c in values else None for c in columns}
-                row += 1

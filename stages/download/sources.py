@@ -7,7 +7,7 @@ A source has two methods:
 
     units() -> list         cheap, deterministic, sorted, picklable pieces of work (on the driver)
     read(unit) -> Iterator  the documents of one unit, in order (on a Beam worker), as dicts with
-                            the `stages.docs_io` columns; bad records become documents with an
+                            the `stages.io.documents` columns; bad records become documents with an
                             `error` (see `document.py`) rather than exceptions
 
 Add a source: a dataclass here with those two methods, appended to `SOURCES`.
@@ -19,9 +19,9 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 
-from pipeline import storage
 from stages.download import embedded, formats
 from stages.download.document import doc_id, plain_str, text_or_error
+from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class Files:
         if isinstance(self.paths, list):
             object.__setattr__(self, "paths", tuple(self.paths))
         if self.paths == ():
-            raise ValueError("Files.paths is empty; set it to a list of globs, "
-                             'e.g. ["gs://bucket/data/*.jsonl.gz"]')
+            raise ValueError("Files.paths is empty; set it to a list of local or Cloud Storage globs, "
+                             'e.g. ["data/*.jsonl.gz"]')
         if self.text_field == "":
             raise ValueError("Files.text_field is empty; "
                              "set it to the JSON key or parquet column holding the text")
@@ -145,7 +145,7 @@ class FineWeb:
     filesystem; set HF_TOKEN for higher rate limits), a gs:// mirror, or a local copy.
     """
 
-    root: str = "hf://datasets/HuggingFaceFW/fineweb"
+    root: str = storage.hub_url("datasets/HuggingFaceFW/fineweb")
     pattern: str = "sample/10BT/*.parquet"   # or "data/CC-MAIN-2024-10/*.parquet", "sample/100BT/*.parquet"
     max_files: int = 0                       # 0 = every matching file; N = the first N in sorted order
 
@@ -168,7 +168,7 @@ class FineWeb:
 
     def read(self, unit: tuple[str, int]) -> Iterator[dict]:
         path, row_group = unit
-        for row, record in formats.parquet_rows(path, row_group, self.COLUMNS):
+        for row, record in documents.rows(path, self.COLUMNS, row_group):
             source = f"fineweb/{plain_str(record['dump']) or 'unknown'}"
             text, error = text_or_error(record["text"])
             yield {"id": plain_str(record["id"]) or doc_id("fineweb", path, row), "text": text,

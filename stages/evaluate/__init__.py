@@ -7,7 +7,7 @@ Reads train's final checkpoint and metrics, shard's val split, and the tokenizer
 
     eval.json     loss (nats/token), perplexity, bits per byte, tokens/s, the corpus's unigram
                   entropy (what a model that ignores context would score), token counts
-    samples.txt   greedy and temperature samples for each prompt, decoded with a KV cache
+    samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
 """
@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from pipeline import storage
+from stages.io import storage
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,11 @@ class Config:
 
 
 CONFIGURABLES = (Config,)
-VERSION = "1"
+# 2: samples decode prompt and continuation together (version 1 lost the space between them).
+VERSION = "2"
 
 
-def run(config: Config, inputs: Mapping, out_dir: str) -> None:
+def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.evaluate import measure, report
 
     result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"])

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-import os
-import tempfile
 import time
 
 import jax
@@ -14,13 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pipeline import storage
-from stages.shard import llmc
+from stages.io import llmc, storage
 from stages.train import checkpoint, data, loop, model
+from stages.train.configs import ModelConfig
 
 # The unigram baseline is estimated on the first 50M training tokens: exact for small corpora, and a
 # real run's evaluation does not read the whole training set for one reference number.
 UNIGRAM_TOKENS = 50_000_000
+LOSS_CHUNK = 4096            # tokens per cross-entropy chunk (bounds the logits' memory)
 
 
 def evaluate(config, train, shard, tokenizer) -> dict:
@@ -32,32 +30,31 @@ def evaluate(config, train, shard, tokenizer) -> dict:
     sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(tokenizer.file("tokenizer.model")))
     seq_len = summary["seq_len"]
 
-    shard_dir = os.path.join(tempfile.gettempdir(), "refinery-shards", shard.key)
-    val_files = data.local_shards(shard.paths("val-*.bin"), shard_dir)
-    train_files = data.local_shards(shard.paths("train-*.bin"), shard_dir)
-    loss_cfg = _LossCfg()
-    eval_fn = jax.jit(functools.partial(_batch_loss, graphdef, loss_cfg, manifest["eos_id"]))
-    losses, tokens, start = [], 0, time.perf_counter()
-    for i, batch in enumerate(data.eval_batches(val_files, manifest, seq_len=seq_len,
-                                                batch_size=config.batch_size)):
-        if config.max_eval_batches and i >= config.max_eval_batches:
-            break
-        loss_sum, count = eval_fn(params, jnp.asarray(batch))
-        losses.append(float(loss_sum))
-        tokens += int(count)
-    seconds = time.perf_counter() - start
-    loss = sum(losses) / max(tokens, 1)
-    # Bytes per token from the tokens the loss covered (the windows are read from the start, in order).
-    val_tokens = _first_tokens(val_files, tokens + 1)
-    val_bytes = _utf8_bytes(sp, val_tokens, manifest["eos_id"])
+    with storage.local_files(shard.paths("val-*.bin")) as val_files, \
+            storage.local_files(shard.paths("train-*.bin")) as train_files:
+        options = {"eos_id": manifest["eos_id"], "loss_chunk": LOSS_CHUNK, "z_loss": 0.0}
+        eval_fn = jax.jit(functools.partial(_batch_loss, graphdef, **options))
+        losses, tokens, start = [], 0, time.perf_counter()
+        for i, batch in enumerate(data.eval_batches(val_files, manifest, seq_len=seq_len,
+                                                    batch_size=config.batch_size)):
+            if config.max_eval_batches and i >= config.max_eval_batches:
+                break
+            loss_sum, count = eval_fn(params, jnp.asarray(batch))
+            losses.append(float(loss_sum))
+            tokens += int(count)
+        seconds = time.perf_counter() - start
+        loss = sum(losses) / max(tokens, 1)
+        # Bytes per token from the tokens the loss covered (the windows are read from the start, in order).
+        val_tokens = _first_tokens(val_files, tokens + 1)
+        val_bytes = _utf8_bytes(sp, val_tokens, manifest["eos_id"])
+        unigram = unigram_entropy(_first_tokens(train_files, UNIGRAM_TOKENS), manifest["vocab_size"])
     metrics = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 50.0)),
         "bits_per_byte": loss / math.log(2) * len(val_tokens) / max(val_bytes, 1),
         "tokens": tokens,
         "tokens_per_s": tokens / max(seconds, 1e-9),
-        "unigram_entropy": unigram_entropy(_first_tokens(train_files, UNIGRAM_TOKENS),
-                                           manifest["vocab_size"]),
+        "unigram_entropy": unigram,
         "val_bytes": val_bytes,
         "train_final_loss": summary.get("final_loss"),
     }
@@ -65,14 +62,9 @@ def evaluate(config, train, shard, tokenizer) -> dict:
     return {"metrics": metrics, "samples": samples}
 
 
-@dataclasses.dataclass(frozen=True)
-class _LossCfg:
-    loss_chunk: int = 4096
-    z_loss: float = 0.0
-
-
-def _batch_loss(graphdef, cfg, eos_id, params, batch):
-    out = loop.forward_loss(graphdef, params, cfg, eos_id, batch)
+def _batch_loss(graphdef, params, batch, **options):
+    """(summed loss, target count) of one (B, T + 1) batch."""
+    out = loop.forward_loss(graphdef, params, batch, **options)
     count = batch.shape[0] * (batch.shape[1] - 1)
     return out["loss"] * count, count
 
@@ -80,7 +72,7 @@ def _batch_loss(graphdef, cfg, eos_id, params, batch):
 def restore(train, summary):
     """The trained model, rebuilt from the train summary's model config and its final checkpoint."""
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["model"].items()}
-    mcfg = model.ModelConfig(**fields)
+    mcfg = ModelConfig(**fields)
     abstract = nnx.eval_shape(lambda: model.Transformer(mcfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     ckpt = checkpoint.Checkpointer(storage.join(train.path, "checkpoint"), keep=1, every=1, async_save=False)
@@ -122,12 +114,18 @@ def _utf8_bytes(sp, tokens: np.ndarray, eos_id: int) -> int:
 
 
 def sample(net, sp, prompt: str, config) -> dict:
-    """A greedy and a temperature continuation of `prompt`, decoded one token at a time with a KV cache."""
+    """A greedy and a temperature continuation of `prompt`, decoded one token at a time with a KV cache.
+
+    "greedy" and "sampled" are whole texts, prompt included: the prompt's and the continuation's tokens are
+    decoded together. Sentencepiece writes the space before a word into that word's first piece
+    ("▁current") and decoding drops a text's leading space, so a continuation decoded on its own loses the
+    space after the prompt ("Return thecurrent ...").
+    """
     ids = sp.encode(prompt)
     greedy = _generate(net, ids, config.max_new_tokens, temperature=0.0, top_k=0, seed=config.seed)
     sampled = _generate(net, ids, config.max_new_tokens, temperature=config.temperature, top_k=config.top_k,
                         seed=config.seed)
-    return {"prompt": prompt, "greedy": sp.decode(greedy), "sampled": sp.decode(sampled),
+    return {"prompt": prompt, "greedy": sp.decode(ids + greedy), "sampled": sp.decode(ids + sampled),
             "temperature": config.temperature}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from pipeline import storage
+from stages.io import storage
 
 PLOTS = (  # file, title, y label, metrics.jsonl fields
     ("loss.png", "Loss", "nats / token", ("loss", "eval_loss")),
@@ -63,8 +63,8 @@ def plots(rows: list[dict], out_dir: str) -> list[str]:
 def samples_text(samples: list[dict]) -> str:
     out = []
     for s in samples:
-        out.append(f"=== prompt: {s['prompt']!r}\n--- greedy:\n{s['prompt']}{s['greedy']}\n"
-                   f"--- temperature {s['temperature']}:\n{s['prompt']}{s['sampled']}\n")
+        out.append(f"=== prompt: {s['prompt']!r}\n--- greedy:\n{s['greedy']}\n"
+                   f"--- temperature {s['temperature']}:\n{s['sampled']}\n")
     return "\n".join(out)
 
 
@@ -94,8 +94,8 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
     lines += [f"![{f}]({f})" for f in plot_files]
     lines += ["", "## Samples", ""]
     for s in samples:
-        lines += [f"**{s['prompt']!r}**", "", f"- greedy: `{_one_line(s['prompt'] + s['greedy'])}`",
-                  f"- temperature {s['temperature']}: `{_one_line(s['prompt'] + s['sampled'])}`", ""]
+        lines += [f"**{s['prompt']!r}**", "", f"- greedy: `{_one_line(s['greedy'])}`",
+                  f"- temperature {s['temperature']}: `{_one_line(s['sampled'])}`", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ Reads clean's `docs-*.parquet` and tokenizer's `tokenizer.model`; writes `train-
 `train-00001.bin`, …, `val-00000.bin`, … (format in `llmc.py`) and `manifest.json`.
 
 Every document becomes `[bos] tokens eos` (bos only with `add_bos`) and goes to `val` when
-`tokenizer.doc_fraction(id) < val_fraction`, else to `train`. Within a split, documents follow the
+`split_rule.fraction(id) < val_fraction`, else to `train`. Within a split, documents follow the
 order of clean's shards and then their rows, and the stream is cut into shards of exactly
 `tokens_per_shard` tokens (the last one holds the rest), so the bytes depend only on the inputs
 and the config. The graph is in `beam_graph.py`.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from pipeline import storage
 from stages import beam_runner
+from stages.io import split_rule, storage
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,13 @@ CONFIGURABLES = (Config,)
 VERSION = "1"
 
 
-def run(config: Config, inputs, out_dir: str) -> None:
+def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     import hashlib
 
     import sentencepiece as spm
 
-    from stages.shard import beam_graph, llmc
+    from stages.io import llmc
+    from stages.shard import beam_graph
 
     doc_shards = inputs["clean"].paths("docs-*.parquet")
     if not doc_shards:
@@ -75,7 +76,7 @@ def run(config: Config, inputs, out_dir: str) -> None:
         "eos_id": sp.eos_id(),
         "add_bos": config.add_bos,
         "tokens_per_shard": config.tokens_per_shard,
-        "split": {"rule": "val when int.from_bytes(sha256(id.utf8)[:8], 'big') / 2**64 < val_fraction",
+        "split": {"rule": split_rule.RULE,
                   "val_fraction": config.val_fraction},
         "tokenizer_sha256": hashlib.sha256(model).hexdigest(),
         "document_order": "clean shard, then row",

@@ -21,9 +21,8 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 
-from pipeline import storage
-from stages import docs_io, tokenizer
-from stages.shard import SPLITS, Config, llmc
+from stages.io import documents, llmc, split_rule, storage
+from stages.shard import SPLITS, Config
 
 CHUNK_TOKENS = 1 << 22      # tokens a Tokenize chunk gathers before it is emitted (8 MiB as uint16)
 
@@ -73,13 +72,13 @@ class Tokenize(beam.DoFn):
             pending[split], pending_tokens[split], emitted[split] = [], 0, offset + len(tokens)
             return split, index, offset, len(docs), tokens
 
-        for batch in _batches(docs_io.read(path, columns=("id", "text")), self.config.docs_per_batch):
+        for batch in _batches(documents.read(path, columns=("id", "text")), self.config.docs_per_batch):
             batch = [d for d in batch if d["text"] is not None]   # unusable records carry no text
             # One call per batch: sentencepiece's C++ loop, not Python, walks the documents.
             encoded = self.sp.encode([d["text"] for d in batch], add_bos=self.config.add_bos, add_eos=True,
                                      num_threads=1)   # Beam runs one worker per core
             for doc, ids in zip(batch, encoded):
-                val = tokenizer.doc_fraction(doc["id"], path) < self.config.val_fraction
+                val = split_rule.fraction(doc["id"], path) < self.config.val_fraction
                 split = "val" if val else "train"
                 pending[split].append(ids)
                 pending_tokens[split] += len(ids)

@@ -6,14 +6,15 @@
 
 Writes into `out_dir`: `checkpoint/` (the final Orbax checkpoint: params, optimizer state, step),
 `metrics.jsonl`, `tensorboard/`, `summary.json`; the cache adds `config.gin`. Periodic checkpoints
-go to the key's resumable `work/` directory (`pipeline.cache.work_dir`), so a preempted run resumes
-from its last save with exactly the batches an uninterrupted run would have seen.
+go to `work_dir`, the scratch directory the cache hands every stage and keeps across failed attempts of
+a key, so a preempted run resumes from its last save with exactly the batches an uninterrupted run would
+have seen.
 
 Modules, one job each: `model.py` (the decoder), `attention.py` (the only place kernels are chosen),
 `sharding.py` (mesh and logical axes), `optimizer.py`, `loss.py` (chunked cross entropy),
 `data.py` (memory-mapped shards; the batch is a pure function of the step), `checkpoint.py`
 (Orbax), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training loop), `worker.py` (one
-process; launchers in `pipeline/launch.py`).
+process; launchers in `stages/train/launch.py`).
 """
 
 from __future__ import annotations
@@ -22,14 +23,11 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from pipeline import cache, storage
-from pipeline.launch import LaunchConfig
-from stages.train.model import ModelConfig
-from stages.train.optimizer import OptimizerConfig
-from stages.train.sharding import MeshConfig
+from stages.io import storage
+from stages.train.configs import NAN_POLICIES, MeshConfig, ModelConfig, OptimizerConfig
+from stages.train.launch import LaunchConfig
 
 log = logging.getLogger(__name__)
-NAN_POLICIES = ("stop", "skip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +76,11 @@ CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig)
 VERSION = "1"
 
 
-def run(config: Config, inputs: Mapping, out_dir: str) -> None:
-    from pipeline import launch
-    from stages.train import worker
+def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
+    from stages.train import launch, worker
 
-    work = cache.work_dir(out_dir)
-    spec_path = storage.join(work, "spec.pkl")
-    worker.write_spec(worker.WorkerSpec(config, inputs["shard"], out_dir, work), spec_path)
+    spec_path = storage.join(work_dir, "spec.pkl")
+    worker.write_spec(worker.WorkerSpec(config, inputs["shard"], out_dir, work_dir), spec_path)
     log.info("training %d steps with the %s launcher into %s", config.steps, config.launcher.kind, out_dir)
     launch.launch(config.launcher, spec_path)
 

@@ -18,14 +18,13 @@
 Orbax item (`<directory>/<step>/<name>/`), so a reader can restore some of them (`partial=True`).
 Inside an item the pytree is stored as nested dicts keyed by its key path (nnx.State, optax
 namedtuples and tuples all work); restore rebuilds the structure of the abstract state it is given.
-Directories may be local or gs:// (TensorStore writes the arrays; with the GCS emulator set
-`TENSORSTORE_GCS_HTTP_URL`, which `Checkpointer` derives from `STORAGE_EMULATOR_HOST`).
+Directories may be local or gs:// (TensorStore writes the arrays; `storage.for_tensorstore` points it at
+the GCS emulator when one is set).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Mapping
@@ -34,7 +33,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from pipeline import storage
+from stages.io import storage
+from stages.train import pytree
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,10 @@ class Checkpointer:
             raise ValueError(f"keep={keep} must be >= 1 (the number of newest checkpoints kept)")
         if every < 1:
             raise ValueError(f"every={every} must be >= 1 (save when step % every == 0)")
-        _point_tensorstore_at_emulator(directory)
         self.directory, self.every = directory, every
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1, create=True,
                                                enable_async_checkpointing=async_save)
-        self._manager = ocp.CheckpointManager(_orbax_path(directory), options=options)
+        self._manager = ocp.CheckpointManager(storage.for_tensorstore(directory), options=options)
         self._previous_handler: Any = None
         self._handler_installed = False
         self._closed = False
@@ -165,18 +164,11 @@ def _items(state: Mapping[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
-def _key_name(entry) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(entry, attr):
-            return str(getattr(entry, attr))
-    return str(entry)
-
-
 def _to_nested(tree) -> dict:
     """A pytree as nested dicts keyed by its key path: {"0": {"mu": {"kernel": {"value": leaf}}}}."""
     nested: dict = {}
     for path, leaf in jax.tree.flatten_with_path(tree)[0]:
-        keys = [_key_name(e) for e in path] or ["value"]   # a bare array becomes {"value": leaf}
+        keys = pytree.names(path) or ["value"]   # a bare array becomes {"value": leaf}
         node = nested
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -192,7 +184,7 @@ def _from_nested(nested: Mapping, like):
     leaves = []
     for path, _ in paths:
         node = nested
-        for k in [_key_name(e) for e in path] or ["value"]:
+        for k in pytree.names(path) or ["value"]:
             node = node[k]
         leaves.append(node)
     return jax.tree.unflatten(treedef, leaves)
@@ -204,17 +196,3 @@ def _abstract_leaf(x) -> jax.ShapeDtypeStruct:
     if sharding is None:
         sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-
-def _orbax_path(directory: str) -> str:
-    if storage.is_local(directory):
-        return os.path.abspath(directory[len("file://"):] if directory.startswith("file://") else directory)
-    return directory
-
-
-def _point_tensorstore_at_emulator(directory: str) -> None:
-    # TensorStore ignores STORAGE_EMULATOR_HOST (gcsfs honours it); without this it would go to the real GCS.
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-    if directory.startswith("gs://") and emulator:
-        url = emulator if "://" in emulator else f"http://{emulator}"
-        os.environ["TENSORSTORE_GCS_HTTP_URL"] = url

@@ -1,12 +1,12 @@
 """Training data: memory-mapped llm.c shards cut into windows; the batch is a pure function of the step.
 
-    files = data.local_shards(shard.paths("train-*.bin"), "/tmp/refinery-shards/<key>")
-    batches = data.TokenData(files, manifest, seq_len=256, global_batch=16, seed=0,
-                             process_index=jax.process_index(), process_count=jax.process_count())
-    tokens = batches.batch(step)                          # (16 // process_count, 257) int32
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]       # (B, T) each
-    ids = data.segment_ids(inputs, manifest["eos_id"])    # (B, T): which packed document each token is in
-    for val in data.eval_batches(val_files, manifest, seq_len=256, batch_size=16): ...
+    with storage.local_files(shard.paths("train-*.bin")) as files:     # memory mapping needs local files
+        batches = data.TokenData(files, manifest, seq_len=256, global_batch=16, seed=0,
+                                 process_index=jax.process_index(), process_count=jax.process_count())
+        tokens = batches.batch(step)                         # (16 // process_count, 257) int32
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]      # (B, T) each
+        ids = data.segment_ids(inputs, manifest["eos_id"])   # (B, T): which packed document each token is in
+        for val in data.eval_batches(files, manifest, seq_len=256, batch_size=16): ...
 
 The shards are one token stream, cut into M = (total_tokens - 1) // seq_len windows of seq_len + 1
 tokens (window w starts at token w * seq_len, so consecutive windows overlap by the one token that is
@@ -17,14 +17,11 @@ iterator state exists, so a resumed run needs nothing but the step to replay the
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pipeline import storage
-from stages.shard import llmc
+from stages.io import llmc
 
 
 class TokenData:
@@ -60,10 +57,6 @@ class TokenData:
         epochs, positions = g // self.num_windows, g % self.num_windows
         windows = [int(self.permutation(int(e))[p]) for e, p in zip(epochs, positions)]
         return np.stack([self.stream.window(w, self.seq_len) for w in windows])
-
-    def epoch(self, step: int) -> float:
-        """How many passes over the windows the batches before `step` make (for logging)."""
-        return step * self.global_batch / self.num_windows
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The window order of `epoch`: a permutation of range(M) seeded by (seed, epoch)."""
@@ -118,48 +111,13 @@ def segment_ids(tokens, eos_id: int):
     return (xp.cumsum(is_eos, axis=-1, dtype=np.int32) - is_eos).astype(np.int32)
 
 
-def local_shards(committed_or_paths, cache_dir: str, *, pattern: str = "*.bin") -> list[str]:
-    """Local filenames for shards, in the given order: memory mapping needs local files.
-
-    Takes a list of paths or a committed shard stage (`pipeline.cache.Committed`, its files matching
-    `pattern`). Local paths are returned as they are; remote ones (gs://) are copied once into
-    `cache_dir` (kept while their size matches, written under a temporary name and renamed, so
-    processes sharing the directory never see a partial file).
-    """
-    paths = committed_or_paths.paths(pattern) if hasattr(committed_or_paths, "paths") else committed_or_paths
-    paths = list(paths)
-    names = [os.path.basename(p.rstrip("/")) for p in paths if not storage.is_local(p)]
-    if len(set(names)) != len(names):
-        raise ValueError(f"remote shards share file names, so they cannot share {cache_dir}: {sorted(names)}")
-    out = []
-    for path in paths:
-        if storage.is_local(path):
-            out.append(path[len("file://"):] if path.startswith("file://") else path)
-            continue
-        fs, remote = storage.filesystem(path)
-        local = os.path.join(cache_dir, os.path.basename(path.rstrip("/")))
-        size = fs.size(remote)
-        if not (os.path.exists(local) and os.path.getsize(local) == size):
-            os.makedirs(cache_dir, exist_ok=True)
-            tmp = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
-            fs.get_file(remote, tmp)
-            if os.path.getsize(tmp) != size:
-                os.remove(tmp)
-                raise OSError(f"copying {path} to {local} gave {os.path.getsize(tmp)} bytes, not {size}")
-            os.replace(tmp, local)
-        out.append(local)
-    return out
-
-
 class TokenStream:
     """Shards memory-mapped and read as one stream of tokens (the manifest gives the dtype)."""
 
     def __init__(self, shard_paths: Sequence[str], manifest: Mapping):
         if not shard_paths:
             raise ValueError("no shard files given: the shard stage's manifest lists none for this split")
-        self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
-        header_bytes = int(manifest.get("header_bytes", llmc.HEADER_BYTES))
-        self.shards = [_memmap(p, self.dtype, header_bytes) for p in shard_paths]
+        self.shards = [llmc.read(p, mmap=True, dtype=manifest["dtype"]) for p in shard_paths]
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])                 # (num_shards + 1,)
         self.total_tokens = int(self.starts[-1])
 
@@ -182,25 +140,6 @@ class TokenStream:
             begin = int(self.starts[i + 1])
             i += 1
         return np.concatenate(pieces).astype(np.int32)
-
-
-def _memmap(path: str, dtype: np.dtype, header_bytes: int) -> np.ndarray:
-    """The tokens of one local shard, memory-mapped after the header and checked against it."""
-    header = np.fromfile(path, dtype="<i4", count=llmc.HEADER_INTS)
-    fmt = llmc.FORMATS.get(int(header[0])) if len(header) == llmc.HEADER_INTS else None
-    if fmt is None or fmt[0] != int(header[1]):
-        raise ValueError(f"{path} is not an llm.c shard: header starts {header[:3].tolist()}")
-    if fmt[1] != dtype:
-        raise ValueError(f"{path} holds {fmt[1].name} tokens (magic {int(header[0])}) but the manifest says "
-                         f"dtype={dtype.name}")
-    count = int(header[2])
-    size = os.path.getsize(path)
-    if size != header_bytes + count * dtype.itemsize:
-        raise ValueError(f"{path} is {size} bytes; its header promises {count} {dtype.name} tokens after "
-                         f"{header_bytes} header bytes = {header_bytes + count * dtype.itemsize}")
-    if count == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=header_bytes, shape=(count,))
 
 
 def _check_processes(batch: int, process_index: int, process_count: int, name: str) -> None:

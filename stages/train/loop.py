@@ -1,11 +1,18 @@
-"""The training loop: one readable function, `train`, around a jitted pure `train_step`.
+"""The training loop, in named steps around a jitted pure `train_step`.
 
     from stages.train import loop
     loop.train(config, shard_committed, out_dir, work_dir)     # what worker.main calls
 
+    train      set_up -> resume -> one_interval, repeated until the last step -> finish
+    set_up     the mesh, the data, the model and optimizer on the mesh, the jitted steps
+    resume     the newest periodic checkpoint of this key, if an earlier attempt left one
+    one_interval   the steps up to the next logging step: one device sync, one metrics row
+    finish     the final checkpoint and summary.json into the committed attempt
+
 State is (params, opt_state, step). The batch at step s is `data.batch(s)`, a pure function of s
 and the seed, so resuming from a checkpoint at step s replays exactly the batches an
-uninterrupted run would see (bitwise on CPU).
+uninterrupted run would see (bitwise on CPU). A stop request (SIGTERM, or `stop_after` in tests)
+saves a checkpoint and raises `TrainingStopped`; rerunning the stage resumes from it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,10 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,132 +34,199 @@ import numpy as np
 import optax
 from flax import nnx
 
-from pipeline import storage
+from stages.io import storage
 from stages.train import checkpoint, data, loss, metrics, model, optimizer, sharding
+from stages.train.configs import flops_per_token
+from stages.train.launch import TrainingStopped
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, process_count: int = 1) -> dict:
+    """Trains `cfg` (a `stages.train.Config`) on a committed shard stage; returns the summary.
+
+    Periodic checkpoints go to `work_dir`, the final one, the metrics and summary.json to `out_dir`.
+    Raises `TrainingStopped` after saving when asked to stop before the last step.
+    """
     manifest = storage.read_json(shard.file("manifest.json"))
+    local_out = out_dir if storage.is_local(out_dir) else tempfile.mkdtemp(prefix="refinery-train-")
+    with storage.local_files(shard.paths("train-*.bin")) as train_files, \
+            storage.local_files(shard.paths("val-*.bin")) as val_files:
+        run, params, opt_state = set_up(cfg, manifest, train_files, val_files, process_index, process_count)
+        ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
+                                       every=cfg.checkpoint_every)
+        writer = metrics.MetricsWriter(local_out, every=cfg.log_every, total_steps=cfg.steps,
+                                       enabled=process_index == 0)
+        try:
+            params, opt_state, start = resume(run, ckpt, params, opt_state)
+            stop = ckpt.install_sigterm_handler()
+            last, throughput = {}, {}
+            for begin, end in intervals(start, cfg.steps, cfg.log_every):
+                params, opt_state, last = one_interval(run, params, opt_state, begin, end, ckpt, stop,
+                                                       first=begin == start)
+                writer.write(last)
+                if "tokens_per_s" in last:
+                    throughput = last
+        finally:
+            writer.close()
+            ckpt.close()
+    return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Everything `set_up` builds for one training run; the later steps read it, never change it."""
+
+    cfg: Any                          # stages.train.Config
+    model_config: Any                 # ModelConfig with the tokenizer's vocab size
+    mesh: jax.sharding.Mesh
+    batches: data.TokenData
+    eval_data: list[np.ndarray]       # the held-out batches of every evaluation, (B_local, T + 1) each
+    graphdef: nnx.GraphDef
+    step_fn: Callable                 # (params, opt_state, batch) -> (params, opt_state, outputs)
+    eval_fn: Callable                 # (params, batch) -> mean loss
+    lr_at: Callable                   # step -> learning rate, for the logs
+    flops_per_token: float
+    peak: tuple[str, float]           # (device name, its peak FLOP/s), for MFU
+
+
+def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], process_index: int,
+           process_count: int) -> tuple[Run, nnx.State, Any]:
+    """The run, and freshly initialized params and optimizer state placed on the mesh."""
     mcfg = dataclasses.replace(cfg.model, vocab_size=manifest["vocab_size"])
     ocfg = cfg.optimizer_for_run()
     mesh = sharding.make_mesh(cfg.mesh)
-    local_out = out_dir if storage.is_local(out_dir) else tempfile.mkdtemp(prefix="refinery-train-")
-
-    # Data: memory-mapped shards (copied locally once when they live on gs://).
-    shard_dir = os.path.join(tempfile.gettempdir(), "refinery-shards", shard.key)
-    train_files = data.local_shards(shard.paths("train-*.bin"), shard_dir)
-    val_files = data.local_shards(shard.paths("val-*.bin"), shard_dir)
     batches = data.TokenData(train_files, manifest, seq_len=cfg.seq_len, global_batch=cfg.global_batch,
                              seed=cfg.seed, process_index=process_index, process_count=process_count)
-    eval_data = [b for _, b in zip(range(cfg.eval_batches),
-                                   data.eval_batches(val_files or train_files, manifest, seq_len=cfg.seq_len,
-                                                     batch_size=cfg.global_batch,
-                                                     process_index=process_index,
-                                                     process_count=process_count))]
+    held_out = data.eval_batches(val_files or train_files, manifest, seq_len=cfg.seq_len,
+                                 batch_size=cfg.global_batch, process_index=process_index,
+                                 process_count=process_count)
+    eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
 
-    # Model and optimizer, placed on the mesh.
     with jax.set_mesh(mesh):
         net = model.Transformer(mcfg, rngs=nnx.Rngs(cfg.seed))
         sharding.shard_model(net, mesh)
     graphdef, params = nnx.split(net, nnx.Param)
     tx = optimizer.make_optimizer(ocfg, params)
-    opt_state = tx.init(params)
-    lr_at = optimizer.schedule(ocfg)
-    num_params = model.num_params(mcfg)
-    flops_per_token = model.flops_per_token(mcfg, cfg.seq_len)
+    options = step_options(cfg, manifest["eos_id"])
+    step_fn = jax.jit(functools.partial(train_step, graphdef, tx, **options), donate_argnums=(0, 1))
+    eval_fn = jax.jit(functools.partial(eval_step, graphdef, **loss_options(options)))
+    run = Run(cfg, mcfg, mesh, batches, eval_data, graphdef, step_fn, eval_fn, optimizer.schedule(ocfg),
+              flops_per_token(mcfg, cfg.seq_len), metrics.device_peak_flops(jax.devices()[0]))
+    return run, params, tx.init(params)
 
-    # Resume from the last periodic checkpoint of this key, if a previous attempt left one.
-    ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
-                                   every=cfg.checkpoint_every)
-    start = 0
-    if ckpt.latest_step() is not None:
-        restored = ckpt.restore(ckpt.latest_step(), _state(params, opt_state, 0, mesh))
-        params, opt_state, start = restored["params"], restored["opt_state"], int(restored["step"])
-        log.info("resumed from step %d", start)
-    stop = ckpt.install_sigterm_handler()
 
-    step_fn = jax.jit(functools.partial(train_step, graphdef, tx, cfg, manifest["eos_id"]),
-                      donate_argnums=(0, 1))
-    eval_fn = jax.jit(functools.partial(eval_step, graphdef, cfg, manifest["eos_id"]))
-    peak_name, peak = metrics.device_peak_flops(jax.devices()[0])
-    writer = metrics.MetricsWriter(local_out, every=cfg.log_every, total_steps=cfg.steps,
-                                   enabled=process_index == 0)
-    last, throughput, eval_loss = {}, {}, float("nan")
-    tokens_per_step = cfg.global_batch * cfg.seq_len
-    pending: list = []                  # (step, device outputs) since the last log: fetched together
-    timer = (time.perf_counter(), start)
-    for step in range(start, cfg.steps):
-        batch = sharding.global_batch(batches.batch(step), mesh)
-        params, opt_state, out = step_fn(params, opt_state, batch)
+def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[Any, Any, int]:
+    """(params, opt_state, first step): the newest checkpoint's, restored into the shardings of the fresh
+    `params` and `opt_state`, or those themselves at step 0 when there is no checkpoint."""
+    latest = ckpt.latest_step()
+    if latest is None:
+        return params, opt_state, 0
+    restored = ckpt.restore(latest, _state(params, opt_state, 0, run.mesh))
+    log.info("resumed from step %d", int(restored["step"]))
+    return restored["params"], restored["opt_state"], int(restored["step"])
+
+
+def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
+    """The logging intervals [begin, end) from `start` to `steps`: the first step alone (it is mostly
+    compilation, so it is timed on its own and gives no rate), then up to each multiple of `every`."""
+    begin = start
+    while begin < steps:
+        end = begin + 1 if begin == start else min(steps, (begin // every + 1) * every)
+        yield begin, end
+        begin = end
+
+
+def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkpoint.Checkpointer,
+                 stop: threading.Event, *, first: bool) -> tuple[Any, Any, dict]:
+    """Steps [begin, end), periodic checkpoints among them, then one device sync for the whole interval:
+    every step's loss is checked, the numbers averaged into one metrics row (and the held-out loss added
+    on evaluation steps). `first`: the run's first interval, timed but not a rate. Raises
+    `TrainingStopped` after saving when a stop was requested."""
+    cfg = run.cfg
+    started = time.perf_counter()
+    pending = []                                          # (step, device outputs), fetched together
+    for step in range(begin, end):
+        batch = sharding.global_batch(run.batches.batch(step), run.mesh)
+        params, opt_state, out = run.step_fn(params, opt_state, batch)
         pending.append((step, out))
-        if step == start or writer.should_log(step + 1):
-            # One device sync per logging interval: every step's loss is checked, the numbers averaged.
-            fetched = [(s, jax.device_get(o)) for s, o in pending]
-            pending = []
-            for s, o in fetched:
-                if not metrics.check_finite(s, float(o["loss"]), cfg.nan_policy):
-                    log.warning("step %d: non-finite loss %s, update skipped", s, o["loss"])
-            now = time.perf_counter()
-            # The first step's time is mostly compilation: it gets its own interval and is not a rate.
-            dt = (now - timer[0]) / (step + 1 - timer[1])
-            timer = (now, step + 1)
-            tps = tokens_per_step / dt
-            o = fetched[-1][1]
-            last = {"step": step + 1, "loss": float(np.mean([f[1]["loss"] for f in fetched])),
-                    "accuracy": float(np.mean([f[1]["accuracy"] for f in fetched])),
-                    "learning_rate": float(lr_at(step)), "grad_norm": float(o["grad_norm"]),
-                    "param_norm": float(o["param_norm"]), "tokens_per_s": tps, "step_time_s": dt,
-                    "mfu": metrics.mfu(flops_per_token, tps, jax.device_count(), peak)}
-            if step == start:
-                last["compile_and_first_step_s"] = last.pop("step_time_s")
-                del last["tokens_per_s"], last["mfu"]
-            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-                eval_loss = evaluate(eval_fn, params, eval_data, mesh)
-                last["eval_loss"] = eval_loss
-                timer = (time.perf_counter(), step + 1)          # evaluation time is not training time
-            writer.write(last)
-            if "tokens_per_s" in last:
-                throughput = last
         # A stop request at the last step just finishes: the final checkpoint follows anyway.
         stopping = step + 1 < cfg.steps and (stop.is_set() or 0 < cfg.stop_after <= step + 1)
         if stopping or (step + 1) % cfg.checkpoint_every == 0:
-            ckpt.save(step + 1, _state(params, opt_state, step + 1, mesh), force=stopping)
+            ckpt.save(step + 1, _state(params, opt_state, step + 1, run.mesh), force=stopping)
         if stopping:
             ckpt.wait()
-            writer.close()
-            raise SystemExit(f"stopped at step {step + 1} ({'SIGTERM' if stop.is_set() else 'stop_after'}); "
-                             "rerun to resume from the checkpoint")
-    ckpt.wait()
-    ckpt.close()
-    writer.close()
+            reason = "SIGTERM" if stop.is_set() else f"stop_after={cfg.stop_after}"
+            raise TrainingStopped(f"stopped at step {step + 1} ({reason}); the checkpoint is saved: "
+                                  "rerun the stage to resume from it")
 
+    fetched = [(s, jax.device_get(o)) for s, o in pending]
+    for s, o in fetched:
+        if not metrics.check_finite(s, float(o["loss"]), cfg.nan_policy):
+            log.warning("step %d: non-finite loss %s, update skipped", s, o["loss"])
+    dt = (time.perf_counter() - started) / (end - begin)
+    tps = cfg.global_batch * cfg.seq_len / dt
+    o = fetched[-1][1]
+    row = {"step": end, "loss": float(np.mean([f[1]["loss"] for f in fetched])),
+           "accuracy": float(np.mean([f[1]["accuracy"] for f in fetched])),
+           "learning_rate": float(run.lr_at(end - 1)), "grad_norm": float(o["grad_norm"]),
+           "param_norm": float(o["param_norm"])}
+    if first:
+        row["compile_and_first_step_s"] = dt              # mostly compilation: not a rate
+    else:
+        row |= {"tokens_per_s": tps, "step_time_s": dt,
+                "mfu": metrics.mfu(run.flops_per_token, tps, jax.device_count(), run.peak[1])}
+    if cfg.eval_every and (end % cfg.eval_every == 0 or end == cfg.steps):
+        row["eval_loss"] = evaluate(run.eval_fn, params, run.eval_data, run.mesh)
+    return params, opt_state, row
+
+
+def finish(run: Run, params, opt_state, out_dir: str, local_out: str, last: dict, throughput: dict,
+           process_index: int) -> dict:
+    """Saves the final checkpoint into `out_dir` and, on the first process, summary.json (copying the
+    locally written metrics up when `out_dir` is remote). Returns the summary."""
+    cfg = run.cfg
     final = checkpoint.Checkpointer(storage.join(out_dir, "checkpoint"), keep=1, every=1, async_save=False)
-    final.save(cfg.steps, _state(params, opt_state, cfg.steps, mesh), force=True)
+    final.save(cfg.steps, _state(params, opt_state, cfg.steps, run.mesh), force=True)
     final.close()
-    summary = {"params": num_params, "steps": cfg.steps, "final_loss": last.get("loss"),
-               "eval_loss": eval_loss, "tokens_per_s": throughput.get("tokens_per_s"),
-               "mfu": throughput.get("mfu"),
-               "device": peak_name, "devices": jax.device_count(), "processes": process_count,
-               "model": dataclasses.asdict(mcfg), "seq_len": cfg.seq_len, "global_batch": cfg.global_batch}
+    summary = {"params": model.num_params(run.model_config), "steps": cfg.steps,
+               "final_loss": last.get("loss"), "eval_loss": last.get("eval_loss", float("nan")),
+               "tokens_per_s": throughput.get("tokens_per_s"), "mfu": throughput.get("mfu"),
+               "device": run.peak[0], "devices": jax.device_count(), "processes": jax.process_count(),
+               "model": dataclasses.asdict(run.model_config), "seq_len": cfg.seq_len,
+               "global_batch": cfg.global_batch}
     if process_index == 0:
         _publish(local_out, out_dir, summary)
     return summary
 
 
-def train_step(graphdef, tx, cfg, eos_id, params, opt_state, batch):
+# --------------------------------------------------------------------------------------- the jitted steps
+
+def step_options(cfg, eos_id: int) -> dict:
+    """The numbers `train_step` takes from a `stages.train.Config` (bound with functools.partial)."""
+    return {"eos_id": eos_id, "loss_chunk": cfg.loss_chunk, "z_loss": cfg.z_loss,
+            "grad_accum_steps": cfg.optimizer.grad_accum_steps, "skip_nonfinite": cfg.nan_policy == "skip"}
+
+
+def loss_options(options: dict) -> dict:
+    """The part of `step_options` that `forward_loss` takes."""
+    return {k: options[k] for k in ("eos_id", "loss_chunk", "z_loss")}
+
+
+def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chunk: int, z_loss: float,
+               grad_accum_steps: int, skip_nonfinite: bool):
     """One optimizer step; a pure function of (params, opt_state, batch). batch: (B, T + 1) int32.
 
-    With OptimizerConfig.grad_accum_steps = k the batch is k micro-batches of B / k rows, run one after
-    another under `lax.scan` (the activation memory of one micro-batch); their mean gradient makes one
-    update, the one a single big batch would make (every micro-batch has B / k * T targets).
+    With grad_accum_steps = k the batch is k micro-batches of B / k rows, run one after another under
+    `lax.scan` (the activation memory of one micro-batch); their mean gradient makes one update, the one a
+    single big batch would make (every micro-batch has B / k * T targets). With skip_nonfinite a step whose
+    loss is not finite keeps the old params and optimizer state.
     """
-    k = cfg.optimizer.grad_accum_steps
+    k = grad_accum_steps
 
     def grads_of(mb):
         def loss_fn(p):
-            out = forward_loss(graphdef, p, cfg, eos_id, mb)
+            out = forward_loss(graphdef, p, mb, eos_id=eos_id, loss_chunk=loss_chunk, z_loss=z_loss)
             return out["loss_with_z"], out
 
         (_, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -171,30 +248,34 @@ def train_step(graphdef, tx, cfg, eos_id, params, opt_state, batch):
         out = jax.tree.map(lambda x: x.mean(0), outs)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
-    finite = jnp.isfinite(out["loss"])
-    if cfg.nan_policy == "skip":   # keep the old state when the loss is not finite
+    if skip_nonfinite:
+        finite = jnp.isfinite(out["loss"])
         new_params = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_params, params)
         new_opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_opt_state, opt_state)
     out = dict(out, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(new_params))
     return new_params, new_opt_state, out
 
 
-def forward_loss(graphdef, params, cfg, eos_id, batch) -> dict:
-    """Mean next-token loss (+ z-loss) and accuracy over the batch. batch: (B, T + 1)."""
+def forward_loss(graphdef, params, batch, *, eos_id: int, loss_chunk: int, z_loss: float) -> dict:
+    """Mean next-token loss (+ z-loss) and accuracy over the batch. batch: (B, T + 1).
+
+    Documents packed into a row are separated by `eos_id` and never attend to each other; the logits are
+    computed `loss_chunk` tokens at a time (`loss.cross_entropy`).
+    """
     net = nnx.merge(graphdef, params)
     inputs, targets = batch[:, :-1], batch[:, 1:]                            # (B, T)
     segment_ids = data.segment_ids(inputs, eos_id)
     hidden, _ = net(inputs, segment_ids=segment_ids)                         # (B, T, D)
     b, t, d = hidden.shape
     out = loss.cross_entropy(hidden.reshape(b * t, d), net.unembed(), targets.reshape(-1),
-                             jnp.ones((b * t,), jnp.float32), chunk_size=cfg.loss_chunk, z_loss=cfg.z_loss)
+                             jnp.ones((b * t,), jnp.float32), chunk_size=loss_chunk, z_loss=z_loss)
     count = jnp.maximum(out["count"], 1.0)
     return {"loss": out["loss_sum"] / count, "z_loss": out["z_loss_sum"] / count,
             "loss_with_z": (out["loss_sum"] + out["z_loss_sum"]) / count, "accuracy": out["correct"] / count}
 
 
-def eval_step(graphdef, cfg, eos_id, params, batch):
-    return forward_loss(graphdef, params, cfg, eos_id, batch)["loss"]
+def eval_step(graphdef, params, batch, **options):
+    return forward_loss(graphdef, params, batch, **options)["loss"]
 
 
 def evaluate(eval_fn, params, batches, mesh) -> float:

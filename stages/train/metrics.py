@@ -24,6 +24,8 @@ import sys
 import time
 from collections.abc import Mapping
 
+from stages.train.configs import NAN_POLICIES
+
 log = logging.getLogger(__name__)
 
 # Peak dense bf16 matmul FLOP/s per device (vendor figures, no sparsity). "cpu" is a rough estimate
@@ -48,9 +50,6 @@ _KINDS = (
     ("cpu", "cpu"),
 )
 
-METRIC_FIELDS = ("step", "loss", "accuracy", "learning_rate", "grad_norm", "param_norm", "tokens_per_s",
-                 "step_time_s", "mfu")
-NAN_POLICIES = ("stop", "skip")
 
 
 def device_peak_flops(device) -> tuple[str, float]:

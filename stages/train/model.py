@@ -2,7 +2,8 @@
 SwiGLU, optional tied embeddings; the layers are stacked and applied with `jax.lax.scan`.
 
     from flax import nnx
-    from stages.train.model import ModelConfig, Transformer
+    from stages.train.configs import ModelConfig
+    from stages.train.model import Transformer
     cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4)
     net = Transformer(cfg, rngs=nnx.Rngs(0))
     hidden, _ = net(tokens)                                   # tokens (B, T) int32 -> (B, T, D) in cfg.dtype
@@ -13,9 +14,7 @@ SwiGLU, optional tied embeddings; the layers are stacked and applied with `jax.l
     hidden, cache = net(prompt, cache=cache)                  # prefill (P tokens)
     hidden, cache = net(next_token, cache=cache)              # then one (or a few) tokens at a time
 
-Importing this module does not import JAX (the pipeline imports `ModelConfig` to bind gin without loading
-JAX): the NNX modules are defined on first use of `Transformer`, `Block`, `REMAT_POLICIES`, ... through the
-module `__getattr__` at the bottom. `ModelConfig`, `KVCache` and `flops_per_token` are plain Python.
+The config, parameter counts and FLOPs live in `configs.py`, which imports no JAX; this module does.
 
 Remat policies (`ModelConfig.remat`, see `REMAT_POLICIES`), applied to each scanned layer:
     none            no rematerialization: every activation is kept (fastest, most memory)
@@ -30,87 +29,32 @@ Remat policies (`ModelConfig.remat`, see `REMAT_POLICIES`), applied to each scan
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
-ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
-REMAT_NAMES = ("none", "full", "minimal", "save_qkv_proj", "dots_no_batch", "save_dots")
-DTYPES = ("float32", "bfloat16", "float16")
-# The same names as stages.train.attention.IMPLS (a test checks); written here so the config imports no JAX.
-ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "splash", "auto")
+from stages.train.attention import attention
+from stages.train.configs import REMAT_NAMES, ModelConfig
+from stages.train.sharding import with_logical_constraint
+
 EMPTY_SLOT = -1          # the segment id of a KV-cache slot not yet written: no query has it
 
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The decoder's shape and numerics. Gin binds it as `train.ModelConfig.<field>` (gin/model/*.gin)."""
-
-    vocab_size: int = 4096
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 4
-    head_dim: int = 0                    # 0: d_model // n_heads
-    mlp_dim: int = 0                     # 0: Llama's rule, 8/3 * d_model rounded up to a multiple of 256
-    max_seq_len: int = 256
-    rope_theta: float = 10000.0
-    rope_scaling: str = "none"           # one of ROPE_SCALINGS
-    rope_factor: float = 1.0             # context extension factor for the scalings
-    rope_original_max_len: int = 0       # the pre-extension context (yarn, llama3); 0: max_seq_len / factor
-    tie_embeddings: bool = False
-    norm_eps: float = 1e-5
-    dtype: str = "bfloat16"              # activations and matmul inputs
-    param_dtype: str = "float32"
-    attention_impl: str = "auto"         # stages.train.attention.IMPLS
-    remat: str = "none"                  # one of REMAT_NAMES
-    scan_layers: bool = True             # False: a Python loop over the layers (debugging)
-    init_std: float = 0.02
-
-    def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 1")
-        for name in ("head_dim", "mlp_dim", "rope_original_max_len"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = derived)")
-        if self.head_dim == 0 and self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig: n_heads={self.n_heads} does not divide d_model={self.d_model}; "
-                             f"pick n_heads dividing d_model or set head_dim explicitly")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"ModelConfig: n_kv_heads={self.n_kv_heads} does not divide "
-                             f"n_heads={self.n_heads} (grouped-query attention shares each kv head among "
-                             f"n_heads / n_kv_heads query heads)")
-        if self.effective_head_dim % 2:
-            raise ValueError(f"ModelConfig: head dim {self.effective_head_dim} must be even for RoPE "
-                             f"(head_dim={self.head_dim}, d_model={self.d_model}, n_heads={self.n_heads})")
-        choices = {"rope_scaling": ROPE_SCALINGS, "remat": REMAT_NAMES, "dtype": DTYPES,
-                   "param_dtype": DTYPES, "attention_impl": ATTENTION_IMPLS}
-        for name, valid in choices.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not one of {valid}")
-        if self.rope_factor < 1.0:
-            raise ValueError(f"ModelConfig.rope_factor={self.rope_factor!r} must be >= 1.0")
-        for name in ("rope_theta", "norm_eps", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
-
-    @property
-    def effective_head_dim(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
-
-    @property
-    def effective_mlp_dim(self) -> int:
-        """mlp_dim, or Llama's rule: SwiGLU's three matrices at 8/3 * D cost what a 4 * D two-matrix MLP
-        does; rounded up to a multiple of 256 so the matmuls tile well."""
-        return self.mlp_dim or 256 * math.ceil(int(8 * self.d_model / 3) / 256)
-
-    @property
-    def original_max_len(self) -> int:
-        """The context length the RoPE frequencies were made for, before the scaling stretched them."""
-        return self.rope_original_max_len or max(1, int(self.max_seq_len / self.rope_factor))
+_cp = jax.checkpoint_policies
+# ModelConfig.remat -> the policy each scanned layer is checkpointed with (None: no remat).
+REMAT_POLICIES = {
+    "none": None,
+    "full": _cp.nothing_saveable,
+    "minimal": _cp.save_only_these_names("query_proj", "key_proj", "value_proj", "out_proj"),
+    "save_qkv_proj": _cp.save_only_these_names("query_proj", "key_proj", "value_proj"),
+    "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,
+    "save_dots": _cp.checkpoint_dots,
+}
+assert tuple(REMAT_POLICIES) == REMAT_NAMES
 
 
 class KVCache(NamedTuple):
@@ -129,36 +73,175 @@ class KVCache(NamedTuple):
     length: Any
 
 
-def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters by part, in closed form (no JAX): embed, unembed (0 when tied), layers, final_norm."""
-    D, H, F, L = cfg.d_model, cfg.effective_head_dim, cfg.effective_mlp_dim, cfg.n_layers
-    attn = D * cfg.n_heads * H * 2 + D * cfg.n_kv_heads * H * 2          # q, o and k, v
-    layer = attn + 3 * D * F + 2 * D                                     # + SwiGLU, + two norm scales
-    return {"embed": cfg.vocab_size * D, "unembed": 0 if cfg.tie_embeddings else D * cfg.vocab_size,
-            "layers": L * layer, "final_norm": D}
+class Transformer(nnx.Module):
+    """The decoder. See the module docstring for use; every parameter carries logical axis names."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        D, V, pd = cfg.d_model, cfg.vocab_size, jnp.dtype(cfg.param_dtype)
+        self.embed = param(rngs.params(), (V, D), ("vocab", "embed"), cfg.init_std, pd)
+        self.layers = Block(cfg, cfg.n_layers, rngs=rngs)
+        self.final_norm = param(None, (D,), ("embed",), None, pd)
+        if not cfg.tie_embeddings:
+            self.unembedding = param(rngs.params(), (D, V), ("embed", "vocab"), cfg.init_std, pd)
+
+    def __call__(self, tokens, *, segment_ids=None, positions=None, cache: KVCache | None = None):
+        """tokens (B, T) int -> (hidden (B, T, D) in cfg.dtype after the final norm, cache).
+
+        segment_ids (B, T): packed documents (a token attends only within its id; ids >= 0); positions
+        (B, T): RoPE positions, by default restarting at each segment, or continuing from cache.length.
+        With a cache, returns the cache with this chunk written; else returns None.
+        """
+        cfg = self.config
+        B, T = tokens.shape
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)          # (B, T, D)
+        x = with_logical_constraint(x, ("batch", "length", "embed"))
+        q_seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+        if positions is None:
+            if cache is not None:
+                positions = cache.length + jnp.arange(T, dtype=jnp.int32)[None].repeat(B, 0)
+            elif segment_ids is not None:
+                positions = segment_positions(q_seg)
+            else:
+                positions = jnp.arange(T, dtype=jnp.int32)[None].repeat(B, 0)
+        inv_freq, scale = rope_inv_freq(cfg)
+        angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+        # angles (B, T, H/2); sin and cos are computed once and shared by all layers.
+        sin, cos = jnp.sin(angles) * scale, jnp.cos(angles) * scale
+
+        if cache is None:
+            kv_seg, layer_cache = q_seg, None
+        else:
+            kv_seg = jnp.concatenate([cache.segment_ids, q_seg], axis=1)               # (B, S + T)
+            layer_cache = (cache.k, cache.v)
+        x, new_kv = self._layers(x, sin, cos, q_seg, kv_seg, layer_cache)
+        x = rms_norm(x, self.final_norm[...], cfg.norm_eps)
+        if cache is not None:
+            S = cache.k.shape[2]
+            cache = KVCache(new_kv[0], new_kv[1], kv_seg[:, -S:], cache.length + T)
+        return x, cache
+
+    def _layers(self, x, sin, cos, q_seg, kv_seg, layer_cache):
+        """Applies the L stacked layers: a scan over the Block's parameters (and the cache's layer axis)
+        or, with scan_layers=False, a Python loop over the same per-layer function."""
+        cfg = self.config
+        graphdef, stacked = nnx.split(self.layers)
+
+        def one_layer(x, layer_state, kv):
+            return nnx.merge(graphdef, layer_state)(cfg, x, sin, cos, q_seg, kv_seg, kv)
+
+        policy = REMAT_POLICIES[cfg.remat]
+        if cfg.remat != "none":
+            one_layer = jax.checkpoint(one_layer, policy=policy, prevent_cse=not cfg.scan_layers)
+
+        if cfg.scan_layers:
+            def body(x, xs):
+                return one_layer(x, *xs)
+            return jax.lax.scan(body, x, (stacked, layer_cache))
+        outs = []
+        for i in range(cfg.n_layers):
+            take = lambda a, i=i: a[i]                                             # noqa: E731
+            x, kv = one_layer(x, jax.tree.map(take, stacked), jax.tree.map(take, layer_cache))
+            outs.append(kv)
+        if layer_cache is None:
+            return x, None
+        return x, tuple(jnp.stack([kv[j] for kv in outs]) for j in range(2))
+
+    def unembed(self):
+        """The (D, V) output matrix in cfg.dtype (the embedding transposed when tied), for a loss that
+        computes logits chunk by chunk: logits = hidden @ unembed(), accumulated in float32."""
+        w = self.embed[...].T if self.config.tie_embeddings else self.unembedding[...]
+        return w.astype(self.config.dtype)
+
+    def logits(self, hidden):
+        """hidden (B, T, D) -> (B, T, V) float32."""
+        out = jnp.einsum("btd,dv->btv", hidden.astype(self.config.dtype), self.unembed(),
+                         preferred_element_type=jnp.float32)
+        return with_logical_constraint(out, ("batch", "length", "vocab"))
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty cache for `batch` sequences of up to `max_len` tokens (see KVCache)."""
+        cfg = self.config
+        shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.effective_head_dim)
+        return KVCache(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype),
+                       jnp.full((batch, max_len), EMPTY_SLOT, jnp.int32), jnp.zeros((), jnp.int32))
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward) for MFU, PaLM's convention (Chowdhery et al. 2022,
-    appendix B): 6 * N_matmul + 12 * L * n_heads * head_dim * seq_len.
+class Block(nnx.Module):
+    """`n` decoder layers' parameters stacked on a leading "layers" axis; `__call__` applies ONE layer
+    (its parameters sliced by the scan, see Transformer._layers)."""
 
-    N_matmul counts the parameters that take part in matmuls: everything but the embedding lookup table
-    (kept when tied, since it is then the unembedding) and the norm scales. The attention term counts the
-    full T x T score and value matmuls, as PaLM does, though a causal kernel skips about half of them.
-    """
-    c = param_counts(cfg)
-    n_matmul = c["layers"] - cfg.n_layers * 2 * cfg.d_model + (c["unembed"] or c["embed"])
-    return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.effective_head_dim * seq_len
+    def __init__(self, cfg: ModelConfig, n: int, *, rngs: nnx.Rngs):
+        D, N, K, H, F = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim,
+                         cfg.effective_mlp_dim)
+        pd, std = jnp.dtype(cfg.param_dtype), cfg.init_std
+        out_std = std / math.sqrt(2 * cfg.n_layers)   # GPT-2: residual branches sum over 2L additions
+        L = ("layers",)
+        self.attn_norm = param(None, (n, D), L + ("embed",), None, pd)
+        self.wq = param(rngs.params(), (n, D, N, H), L + ("embed", "heads", "head_dim"), std, pd)
+        self.wk = param(rngs.params(), (n, D, K, H), L + ("embed", "kv_heads", "head_dim"), std, pd)
+        self.wv = param(rngs.params(), (n, D, K, H), L + ("embed", "kv_heads", "head_dim"), std, pd)
+        self.wo = param(rngs.params(), (n, N, H, D), L + ("heads", "head_dim", "embed"), out_std, pd)
+        self.mlp_norm = param(None, (n, D), L + ("embed",), None, pd)
+        self.w_gate = param(rngs.params(), (n, D, F), L + ("embed", "mlp"), std, pd)
+        self.w_up = param(rngs.params(), (n, D, F), L + ("embed", "mlp"), std, pd)
+        self.w_down = param(rngs.params(), (n, F, D), L + ("mlp", "embed"), out_std, pd)
+
+    def __call__(self, cfg: ModelConfig, x, sin, cos, q_seg, kv_seg, cache_kv=None):
+        """x (B, T, D); q_seg (B, T); kv_seg (B, S + T) with a cache, else (B, T); cache_kv: this layer's
+        (k, v), each (B, S, K, H). Returns (x, new (k, v) or None)."""
+        dt = jnp.dtype(cfg.dtype)
+        w = lambda p: p[...].astype(dt)                                    # noqa: E731
+        h = rms_norm(x, self.attn_norm[...], cfg.norm_eps)
+        q = checkpoint_name(jnp.einsum("btd,dnh->btnh", h, w(self.wq)), "query_proj")   # (B, T, N, H)
+        k = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wk)), "key_proj")     # (B, T, K, H)
+        v = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wv)), "value_proj")   # (B, T, K, H)
+        q = with_logical_constraint(apply_rope(q, sin, cos), ("batch", "length", "heads", "head_dim"))
+        k = with_logical_constraint(apply_rope(k, sin, cos), ("batch", "length", "kv_heads", "head_dim"))
+        new_kv = None
+        if cache_kv is not None:       # attend over the cache then this chunk; keep the last S slots
+            S = cache_kv[0].shape[1]
+            k = jnp.concatenate([cache_kv[0], k.astype(cache_kv[0].dtype)], axis=1)   # (B, S + T, K, H)
+            v = jnp.concatenate([cache_kv[1], v.astype(cache_kv[1].dtype)], axis=1)
+            new_kv = (k[:, -S:], v[:, -S:])
+        o = attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg), impl=cfg.attention_impl)  # (B,T,N,H)
+        o = checkpoint_name(o, "attention")
+        o = checkpoint_name(jnp.einsum("btnh,nhd->btd", o, w(self.wo)), "out_proj")      # (B, T, D)
+        x = x + o
+        h = rms_norm(x, self.mlp_norm[...], cfg.norm_eps)
+        gate = checkpoint_name(jnp.einsum("btd,df->btf", h, w(self.w_gate)), "mlp_gate")  # (B, T, F)
+        up = checkpoint_name(jnp.einsum("btd,df->btf", h, w(self.w_up)), "mlp_up")
+        act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+        down = checkpoint_name(jnp.einsum("btf,fd->btd", act, w(self.w_down)), "mlp_out")
+        x = with_logical_constraint(x + down, ("batch", "length", "embed"))
+        return x, new_kv
 
 
 def num_params(cfg: ModelConfig) -> int:
     """Parameters of `Transformer(cfg)`, counted from abstract shapes (`jax.eval_shape`: no allocation)."""
-    import jax
-    from flax import nnx
-
-    transformer = __getattr__("Transformer")
-    abstract = nnx.eval_shape(lambda: transformer(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def param(key, shape, names, std, dtype):
+    """A Param with its logical axis names. Placement is sharding.shard_model's job, so no eager
+    sharding: building the model needs no mesh."""
+    value = jnp.ones(shape, dtype) if std is None else std * jax.random.normal(key, shape, dtype)
+    return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+def rms_norm(x, scale, eps):
+    """x (..., D) in any dtype; normalized in float32, returned in x.dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def apply_rope(x, sin, cos):
+    """x (B, T, heads, H); sin, cos (B, T, H/2) float32. Rotates pairs (i, i + H/2) in float32."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    s, c = sin[:, :, None, :], cos[:, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
@@ -194,211 +277,8 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
 
 def segment_positions(segment_ids):
     """(B, T) segment ids -> (B, T) int32 positions that restart at 0 where the segment id changes."""
-    import jax
-    import jax.numpy as jnp
-
     T = segment_ids.shape[1]
     idx = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), segment_ids.shape)
     changes = segment_ids[:, 1:] != segment_ids[:, :-1]                                # (B, T - 1)
     starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), changes], axis=1)
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
-
-
-# ------------------------------------------------------------------------------------------ NNX modules
-def _define_nnx_modules() -> dict[str, Any]:
-    """Defines the JAX/NNX half of this module; run once, on first use (see the module docstring)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax.ad_checkpoint import checkpoint_name
-
-    from stages.train import attention as attention_lib
-    from stages.train.sharding import with_logical_constraint
-
-    cp = jax.checkpoint_policies
-    remat_policies = {
-        "none": None,
-        "full": cp.nothing_saveable,
-        "minimal": cp.save_only_these_names("query_proj", "key_proj", "value_proj", "out_proj"),
-        "save_qkv_proj": cp.save_only_these_names("query_proj", "key_proj", "value_proj"),
-        "dots_no_batch": cp.dots_with_no_batch_dims_saveable,
-        "save_dots": cp.checkpoint_dots,
-    }
-    assert tuple(remat_policies) == REMAT_NAMES
-
-    def param(key, shape, names, std, dtype):
-        """A Param with its logical axis names. Placement is sharding.shard_model's job, so no eager
-        sharding: building the model needs no mesh."""
-        value = jnp.ones(shape, dtype) if std is None else std * jax.random.normal(key, shape, dtype)
-        return nnx.Param(value, out_sharding=names, eager_sharding=False)
-
-    def rms_norm(x, scale, eps):
-        """x (..., D) in any dtype; normalized in float32, returned in x.dtype."""
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-        return (y * scale.astype(jnp.float32)).astype(x.dtype)
-
-    def apply_rope(x, sin, cos):
-        """x (B, T, heads, H); sin, cos (B, T, H/2) float32. Rotates pairs (i, i + H/2) in float32."""
-        x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-        s, c = sin[:, :, None, :], cos[:, :, None, :]
-        return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
-
-    class Block(nnx.Module):
-        """`n` decoder layers' parameters stacked on a leading "layers" axis; `__call__` applies ONE layer
-        (its parameters sliced by the scan, see Transformer._layers)."""
-
-        def __init__(self, cfg: ModelConfig, n: int, *, rngs: nnx.Rngs):
-            D, N, K, H, F = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim,
-                             cfg.effective_mlp_dim)
-            pd, std = jnp.dtype(cfg.param_dtype), cfg.init_std
-            out_std = std / math.sqrt(2 * cfg.n_layers)   # GPT-2: residual branches sum over 2L additions
-            L = ("layers",)
-            self.attn_norm = param(None, (n, D), L + ("embed",), None, pd)
-            self.wq = param(rngs.params(), (n, D, N, H), L + ("embed", "heads", "head_dim"), std, pd)
-            self.wk = param(rngs.params(), (n, D, K, H), L + ("embed", "kv_heads", "head_dim"), std, pd)
-            self.wv = param(rngs.params(), (n, D, K, H), L + ("embed", "kv_heads", "head_dim"), std, pd)
-            self.wo = param(rngs.params(), (n, N, H, D), L + ("heads", "head_dim", "embed"), out_std, pd)
-            self.mlp_norm = param(None, (n, D), L + ("embed",), None, pd)
-            self.w_gate = param(rngs.params(), (n, D, F), L + ("embed", "mlp"), std, pd)
-            self.w_up = param(rngs.params(), (n, D, F), L + ("embed", "mlp"), std, pd)
-            self.w_down = param(rngs.params(), (n, F, D), L + ("mlp", "embed"), out_std, pd)
-
-        def __call__(self, cfg: ModelConfig, x, sin, cos, q_seg, kv_seg, cache_kv=None):
-            """x (B, T, D); q_seg (B, T); kv_seg (B, S + T) with a cache, else (B, T); cache_kv: this layer's
-            (k, v), each (B, S, K, H). Returns (x, new (k, v) or None)."""
-            dt = jnp.dtype(cfg.dtype)
-            w = lambda p: p[...].astype(dt)                                    # noqa: E731
-            h = rms_norm(x, self.attn_norm[...], cfg.norm_eps)
-            q = checkpoint_name(jnp.einsum("btd,dnh->btnh", h, w(self.wq)), "query_proj")   # (B, T, N, H)
-            k = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wk)), "key_proj")     # (B, T, K, H)
-            v = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wv)), "value_proj")   # (B, T, K, H)
-            q = with_logical_constraint(apply_rope(q, sin, cos), ("batch", "length", "heads", "head_dim"))
-            k = with_logical_constraint(apply_rope(k, sin, cos), ("batch", "length", "kv_heads", "head_dim"))
-            new_kv = None
-            if cache_kv is not None:       # attend over the cache then this chunk; keep the last S slots
-                S = cache_kv[0].shape[1]
-                k = jnp.concatenate([cache_kv[0], k.astype(cache_kv[0].dtype)], axis=1)   # (B, S + T, K, H)
-                v = jnp.concatenate([cache_kv[1], v.astype(cache_kv[1].dtype)], axis=1)
-                new_kv = (k[:, -S:], v[:, -S:])
-            o = attention_lib.attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg),
-                                        impl=cfg.attention_impl)                            # (B, T, N, H)
-            o = checkpoint_name(o, "attention")
-            o = checkpoint_name(jnp.einsum("btnh,nhd->btd", o, w(self.wo)), "out_proj")      # (B, T, D)
-            x = x + o
-            h = rms_norm(x, self.mlp_norm[...], cfg.norm_eps)
-            gate = checkpoint_name(jnp.einsum("btd,df->btf", h, w(self.w_gate)), "mlp_gate")  # (B, T, F)
-            up = checkpoint_name(jnp.einsum("btd,df->btf", h, w(self.w_up)), "mlp_up")
-            act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-            down = checkpoint_name(jnp.einsum("btf,fd->btd", act, w(self.w_down)), "mlp_out")
-            x = with_logical_constraint(x + down, ("batch", "length", "embed"))
-            return x, new_kv
-
-    class Transformer(nnx.Module):
-        """The decoder. See the module docstring for use; every parameter carries logical axis names."""
-
-        def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-            self.config = cfg
-            D, V, pd = cfg.d_model, cfg.vocab_size, jnp.dtype(cfg.param_dtype)
-            self.embed = param(rngs.params(), (V, D), ("vocab", "embed"), cfg.init_std, pd)
-            self.layers = Block(cfg, cfg.n_layers, rngs=rngs)
-            self.final_norm = param(None, (D,), ("embed",), None, pd)
-            if not cfg.tie_embeddings:
-                self.unembedding = param(rngs.params(), (D, V), ("embed", "vocab"), cfg.init_std, pd)
-
-        def __call__(self, tokens, *, segment_ids=None, positions=None, cache: KVCache | None = None):
-            """tokens (B, T) int -> (hidden (B, T, D) in cfg.dtype after the final norm, cache).
-
-            segment_ids (B, T): packed documents (a token attends only within its id; ids >= 0); positions
-            (B, T): RoPE positions, by default restarting at each segment, or continuing from cache.length.
-            With a cache, returns the cache with this chunk written; else returns None.
-            """
-            cfg = self.config
-            B, T = tokens.shape
-            x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)          # (B, T, D)
-            x = with_logical_constraint(x, ("batch", "length", "embed"))
-            q_seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
-            if positions is None:
-                if cache is not None:
-                    positions = cache.length + jnp.arange(T, dtype=jnp.int32)[None].repeat(B, 0)
-                elif segment_ids is not None:
-                    positions = segment_positions(q_seg)
-                else:
-                    positions = jnp.arange(T, dtype=jnp.int32)[None].repeat(B, 0)
-            inv_freq, scale = rope_inv_freq(cfg)
-            angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-            # angles (B, T, H/2); sin and cos are computed once and shared by all layers.
-            sin, cos = jnp.sin(angles) * scale, jnp.cos(angles) * scale
-
-            if cache is None:
-                kv_seg, layer_cache = q_seg, None
-            else:
-                kv_seg = jnp.concatenate([cache.segment_ids, q_seg], axis=1)               # (B, S + T)
-                layer_cache = (cache.k, cache.v)
-            x, new_kv = self._layers(x, sin, cos, q_seg, kv_seg, layer_cache)
-            x = rms_norm(x, self.final_norm[...], cfg.norm_eps)
-            if cache is not None:
-                S = cache.k.shape[2]
-                cache = KVCache(new_kv[0], new_kv[1], kv_seg[:, -S:], cache.length + T)
-            return x, cache
-
-        def _layers(self, x, sin, cos, q_seg, kv_seg, layer_cache):
-            """Applies the L stacked layers: a scan over the Block's parameters (and the cache's layer axis)
-            or, with scan_layers=False, a Python loop over the same per-layer function."""
-            cfg = self.config
-            graphdef, stacked = nnx.split(self.layers)
-
-            def one_layer(x, layer_state, kv):
-                return nnx.merge(graphdef, layer_state)(cfg, x, sin, cos, q_seg, kv_seg, kv)
-
-            policy = remat_policies[cfg.remat]
-            if cfg.remat != "none":
-                one_layer = jax.checkpoint(one_layer, policy=policy, prevent_cse=not cfg.scan_layers)
-
-            if cfg.scan_layers:
-                def body(x, xs):
-                    return one_layer(x, *xs)
-                return jax.lax.scan(body, x, (stacked, layer_cache))
-            outs = []
-            for i in range(cfg.n_layers):
-                take = lambda a, i=i: a[i]                                             # noqa: E731
-                x, kv = one_layer(x, jax.tree.map(take, stacked), jax.tree.map(take, layer_cache))
-                outs.append(kv)
-            if layer_cache is None:
-                return x, None
-            return x, tuple(jnp.stack([kv[j] for kv in outs]) for j in range(2))
-
-        def unembed(self):
-            """The (D, V) output matrix in cfg.dtype (the embedding transposed when tied), for a loss that
-            computes logits chunk by chunk: logits = hidden @ unembed(), accumulated in float32."""
-            w = self.embed[...].T if self.config.tie_embeddings else self.unembedding[...]
-            return w.astype(self.config.dtype)
-
-        def logits(self, hidden):
-            """hidden (B, T, D) -> (B, T, V) float32."""
-            out = jnp.einsum("btd,dv->btv", hidden.astype(self.config.dtype), self.unembed(),
-                             preferred_element_type=jnp.float32)
-            return with_logical_constraint(out, ("batch", "length", "vocab"))
-
-        def init_cache(self, batch: int, max_len: int) -> KVCache:
-            """An empty cache for `batch` sequences of up to `max_len` tokens (see KVCache)."""
-            cfg = self.config
-            shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.effective_head_dim)
-            return KVCache(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype),
-                           jnp.full((batch, max_len), EMPTY_SLOT, jnp.int32), jnp.zeros((), jnp.int32))
-
-    for cls in (Block, Transformer):     # importable and picklable by name, like top-level classes
-        cls.__module__, cls.__qualname__ = __name__, cls.__name__
-    return {"Block": Block, "Transformer": Transformer, "REMAT_POLICIES": remat_policies,
-            "rms_norm": rms_norm, "apply_rope": apply_rope}
-
-
-_NNX_NAMES = ("Block", "Transformer", "REMAT_POLICIES", "rms_norm", "apply_rope")
-
-
-def __getattr__(name: str):
-    """PEP 562: the NNX half is defined on first access, so `import stages.train.model` stays JAX-free."""
-    if name in _NNX_NAMES:
-        globals().update(_define_nnx_modules())
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The optimizer: learning-rate schedule, weight-decay mask, global-norm clipping and gradient accumulation.
 
-    cfg = optimizer.OptimizerConfig(name="adamw", learning_rate=3e-4, total_steps=1000)
+    cfg = OptimizerConfig(name="adamw", learning_rate=3e-4, total_steps=1000)     # stages.train.configs
     tx = optimizer.make_optimizer(cfg, params)       # params: nnx.State, its to_pure_dict(), or a dict
     opt_state = tx.init(params)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -15,24 +15,22 @@ Weight decay is decoupled (multiplied by the scheduled learning rate, as in Adam
 biases and scalars, chosen by parameter path name (see `decay_mask`), because scan-stacked norm scales are
 2-D (L, D) and an ndim rule would decay them.
 
-Importing this module does not import JAX or optax (the pipeline imports `OptimizerConfig` to bind gin
-without loading JAX); the functions import them.
+`OptimizerConfig` (the name, schedule and hyperparameters; gin binds it) lives in `configs.py`, JAX-free.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import optax
+import jax
+import jax.numpy as jnp
+import optax
+from optax.contrib import MuonDimensionNumbers
+
+from stages.train import pytree
+from stages.train.configs import OptimizerConfig
 
 log = logging.getLogger(__name__)
-
-NAMES = ("adamw", "lion", "adafactor", "muon")
-SCHEDULES = ("cosine", "linear", "wsd", "constant")
 
 # A parameter whose path has one of these in a key (case-insensitive) gets no weight decay.
 NO_DECAY_KEYS = ("norm", "scale", "bias")
@@ -46,79 +44,15 @@ MUON_CONSISTENT_RMS = 0.2
 MUON_BETA = 0.95   # muon's momentum (Jordan et al.); b1 and b2 configure the AdamW fallback
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """name: adamw | lion (sign updates; usually wants a 3-10x smaller learning_rate and larger
-    weight_decay than adamw) | adafactor (factored second moments, no momentum, its own 1 - t^-0.8
-    second-moment decay; b1/b2 unused) | muon (orthogonalized momentum for hidden matrices, AdamW for
-    embeddings, norms and biases). learning_rate is the peak; schedule: cosine | linear | wsd (warmup,
-    stable, decay over the last wsd_decay_fraction of total_steps) | constant (after warmup); every
-    schedule warms up linearly from 0 over warmup_steps and decays to min_lr_ratio * learning_rate at
-    total_steps (counted in optimizer updates, see the module docstring). clip_norm: global-norm clipping
-    of the (accumulated) gradient, 0 = off."""
-
-    name: str = "adamw"
-    learning_rate: float = 3e-4
-    schedule: str = "cosine"
-    warmup_steps: int = 100
-    total_steps: int = 0                 # 0: the training stage sets it to train.Config.steps
-    min_lr_ratio: float = 0.1
-    wsd_decay_fraction: float = 0.2
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-    grad_accum_steps: int = 1
-
-    def __post_init__(self):
-        if self.name not in NAMES:
-            raise ValueError(f"OptimizerConfig: name={self.name!r} is not one of {NAMES}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"OptimizerConfig: schedule={self.schedule!r} is not one of {SCHEDULES}")
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ValueError(f"OptimizerConfig: learning_rate={self.learning_rate} must be finite and > 0")
-        if self.total_steps < 0:
-            raise ValueError(f"OptimizerConfig: total_steps={self.total_steps} must be >= 1 (or 0: "
-                             "train.Config.steps)")
-        if self.warmup_steps < 0 or (self.total_steps and self.warmup_steps > self.total_steps):
-            raise ValueError(f"OptimizerConfig: warmup_steps={self.warmup_steps} must be in "
-                             f"[0, total_steps={self.total_steps}]")
-        for field in ("min_lr_ratio", "wsd_decay_fraction"):
-            if not 0 <= getattr(self, field) <= 1:
-                raise ValueError(f"OptimizerConfig: {field}={getattr(self, field)} must be in [0, 1]")
-        if self.schedule == "wsd":
-            if self.wsd_decay_fraction <= 0:
-                raise ValueError(f"OptimizerConfig: wsd_decay_fraction={self.wsd_decay_fraction} must be > 0 "
-                                 "for schedule='wsd'")
-            if self.total_steps and self.warmup_steps + _wsd_decay_steps(self) > self.total_steps:
-                raise ValueError(f"OptimizerConfig: warmup_steps={self.warmup_steps} + WSD decay steps "
-                                 f"{_wsd_decay_steps(self)} (wsd_decay_fraction={self.wsd_decay_fraction} of "
-                                 f"total_steps={self.total_steps}) must be <= total_steps")
-        for field in ("b1", "b2"):
-            if not 0 <= getattr(self, field) < 1:
-                raise ValueError(f"OptimizerConfig: {field}={getattr(self, field)} must be in [0, 1)")
-        if not self.eps > 0:
-            raise ValueError(f"OptimizerConfig: eps={self.eps} must be > 0")
-        for field in ("weight_decay", "clip_norm"):
-            if not getattr(self, field) >= 0:
-                raise ValueError(f"OptimizerConfig: {field}={getattr(self, field)} must be >= 0 (0 = off)")
-        if self.grad_accum_steps < 1:
-            raise ValueError(f"OptimizerConfig: grad_accum_steps={self.grad_accum_steps} must be >= 1 "
-                             "(1 = no accumulation)")
-
-
 def schedule(cfg: OptimizerConfig) -> optax.Schedule:
     """The learning rate as a function of the optimizer step (a jnp scalar in, a float32 scalar out)."""
-    import jax.numpy as jnp
-
     if cfg.total_steps < 1:
         raise ValueError("OptimizerConfig.total_steps is 0 (unset): the schedule needs the run length; "
                          "the training stage sets it from train.Config.steps")
     peak, end = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
     warmup, total = cfg.warmup_steps, cfg.total_steps
     if cfg.schedule == "wsd":
-        decay_steps = _wsd_decay_steps(cfg)
+        decay_steps = cfg.wsd_decay_steps
         decay_start = total - decay_steps
     else:
         decay_start, decay_steps = warmup, total - warmup
@@ -144,8 +78,6 @@ def decay_mask(params):
     params: a nested dict of arrays, `nnx.State.to_pure_dict()`, or an `nnx.State` (its Variables then
     hold bools). No decay where a path key contains "norm", "scale" or "bias", or for scalars; embeddings
     and kernels decay. Decided by name, not ndim: scan-stacked norm scales are (L, D)."""
-    import jax
-
     return jax.tree_util.tree_map_with_path(
         lambda path, x: _ndim(x) > 0 and not any(k in name for name in _keys(path) for k in NO_DECAY_KEYS),
         params)
@@ -160,10 +92,6 @@ def muon_dimension_numbers(params):
     iteration over it, so each layer's matrix is orthogonalized on its own. Of the remaining axes, an
     output projection (key starting with "wo" or containing "out", e.g. (N, H, D)) reduces over all but
     the last axis; other kernels ((D, F), (D, N, H)) reduce over the first axis and output the rest."""
-    import jax
-    from optax.contrib import MuonDimensionNumbers
-
-
     def dims(path, x):
         names = _keys(path)
         batch = 1 if LAYERS_KEY in names else 0
@@ -186,10 +114,6 @@ def make_optimizer(cfg: OptimizerConfig, params) -> optax.GradientTransformation
     """Global-norm clipping, then `cfg.name` with the schedule and decoupled, masked weight decay (one update
     per optimizer step; accumulation is the training step's job). `params` (any of the forms `decay_mask`
     takes) is only inspected: the masks are callables, evaluated on whatever tree init/update receive."""
-    import jax
-    import optax
-    from optax.contrib import MuonDimensionNumbers
-
     mask = decay_mask(params)
     leaves = jax.tree.leaves(mask)
     if not leaves:
@@ -221,8 +145,6 @@ def _muon(cfg: OptimizerConfig, lr: optax.Schedule) -> optax.GradientTransformat
     every parameter. muon's own decay options cannot express our mask: `adam_weight_decay` would decay
     the norms it falls back on, so both of its decays are 0 and its learning rates -1 (a unit step with
     the descent sign undone), and the decay and the scheduled rate follow, as in optax.adamw."""
-    import optax
-
     direction = optax.contrib.muon(
         learning_rate=-1.0, adam_learning_rate=-1.0, beta=MUON_BETA, eps=cfg.eps, weight_decay=0.0,
         adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=0.0,
@@ -231,21 +153,10 @@ def _muon(cfg: OptimizerConfig, lr: optax.Schedule) -> optax.GradientTransformat
                        optax.scale_by_learning_rate(lr))
 
 
-def _wsd_decay_steps(cfg: OptimizerConfig) -> int:
-    return max(1, round(cfg.wsd_decay_fraction * cfg.total_steps))
-
-
 def _keys(path) -> list[str]:
     """Lower-cased names along a pytree path, without the `.value` that nnx Variables add."""
-    import jax
-
-    names = []
-    for entry in path:
-        name = getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", None)))
-        if isinstance(entry, jax.tree_util.GetAttrKey) and name == "value":
-            continue
-        names.append(str(name).lower())
-    return names
+    return [pytree.entry_name(e).lower() for e in path
+            if not (isinstance(e, jax.tree_util.GetAttrKey) and e.name == "value")]
 
 
 def _ndim(x) -> int:

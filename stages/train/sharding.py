@@ -2,7 +2,7 @@
 parameters and activations on it.
 
     from stages.train import sharding
-    mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=4))     # 8 devices; fails before compiling
+    mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=4))              # 8 devices; fails before compiling
     sharding.shard_model(net, mesh)                                    # params placed by their logical names
     batch = sharding.global_batch(local_tokens, mesh)                  # (B_local, T) numpy -> global Array
     with jax.set_mesh(mesh):                                           # activation constraints take effect
@@ -10,18 +10,21 @@ parameters and activations on it.
 
 `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
 (ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron).
-Importing this module does not import JAX (the pipeline imports `MeshConfig` to bind gin).
+`MeshConfig` (the axis sizes; gin binds it) lives in `configs.py`, JAX-free.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec
 
-AXES = ("data", "fsdp", "tensor")
+from stages.train.configs import AXES, MeshConfig
+
 BATCH_AXES = ("data", "fsdp")
 # Logical axis -> mesh axes (None: replicated). A mesh axis already used by an earlier dimension of the
 # same array is skipped, so ("batch", "length", "embed") shards batch over data x fsdp and leaves embed whole.
@@ -38,40 +41,8 @@ LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Mesh axis sizes; their product must be the device count. Gin: `train.MeshConfig.<field>`."""
-
-    data: int = -1         # -1: all devices that fsdp and tensor leave
-    fsdp: int = 1
-    tensor: int = 1
-
-    def __post_init__(self):
-        for name in AXES:
-            size = getattr(self, name)
-            if size == 0 or size < -1:
-                raise ValueError(f"MeshConfig.{name}={size} must be >= 1 (or -1 for data: the rest)")
-        if self.fsdp == -1 or self.tensor == -1:
-            raise ValueError(f"MeshConfig: only data may be -1 (fsdp={self.fsdp}, tensor={self.tensor})")
-
-    def shape(self, n_devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) for `n_devices`; ValueError naming the sizes when they do not fit."""
-        other = self.fsdp * self.tensor
-        data = self.data if self.data != -1 else n_devices // other
-        if self.data == -1 and n_devices % other:
-            data = 0
-        if data * other != n_devices:
-            raise ValueError(f"mesh data={self.data} x fsdp={self.fsdp} x tensor={self.tensor} does not "
-                             f"match the {n_devices} devices; the product must equal the device count "
-                             f"(data=-1 takes the rest, and needs fsdp x tensor = {other} to divide "
-                             f"{n_devices})")
-        return data, self.fsdp, self.tensor
-
-
 def make_mesh(cfg: MeshConfig, devices=None):
     """A `jax.sharding.Mesh` with axes ("data", "fsdp", "tensor") over `devices` (default: all)."""
-    import jax
-
     devices = list(jax.devices() if devices is None else devices)
     shape = cfg.shape(len(devices))
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
@@ -81,8 +52,6 @@ def make_mesh(cfg: MeshConfig, devices=None):
 def logical_to_spec(names, shape=None, mesh=None, rules=None):
     """Logical axis names -> `PartitionSpec`. With `shape` and `mesh`, a mesh axis that does not divide its
     dimension is dropped (that dimension stays replicated over it) rather than failing at placement."""
-    from jax.sharding import PartitionSpec
-
     rules = LOGICAL_RULES if rules is None else rules
     used: set[str] = set()
     spec = []
@@ -107,9 +76,6 @@ def logical_to_spec(names, shape=None, mesh=None, rules=None):
 def param_shardings(model_state, mesh):
     """`NamedSharding`s for an `nnx.State` (or a module's `nnx.state(...)`), from each Variable's logical
     names (`out_sharding` metadata); the same tree structure, ready for `jax.device_put` or jit."""
-    import jax
-    from flax import nnx
-
     def one(var):
         shape = tuple(np.shape(var.get_value()))            # arrays or ShapeDtypeStructs (abstract state)
         names = var.get_metadata().get("out_sharding") or (None,) * len(shape)
@@ -124,31 +90,14 @@ def shard_model(model, mesh):
     """Places every variable of `model` (an nnx.Module) on `mesh` by its logical names, in place.
 
     Returns the model."""
-    import jax
-    from flax import nnx
-
     state = nnx.state(model)
     nnx.update(model, jax.device_put(state, param_shardings(state, mesh)))
     return model
 
 
-def init_sharded(make_model, mesh):
-    """Builds `make_model()` directly sharded on `mesh` (each device computes only its slices; no full copy
-    of the parameters ever exists on one device): for models too big for one device."""
-    import jax
-    from flax import nnx
-
-    graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
-    shardings = param_shardings(abstract, mesh)
-    state = jax.jit(lambda: nnx.state(make_model()), out_shardings=shardings)()
-    return nnx.merge(graphdef, state)
-
-
 def with_logical_constraint(x, names):
     """`jax.lax.with_sharding_constraint` by logical names under a mesh context (`jax.set_mesh(mesh)`);
     a no-op without one, so the model runs unchanged on one device."""
-    import jax
-
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(AXES) <= set(mesh.axis_names):
         return x
@@ -157,16 +106,12 @@ def with_logical_constraint(x, names):
 
 def batch_sharding(mesh, ndim: int = 2):
     """The sharding of a batch: the leading axis over ("data", "fsdp"), the rest replicated."""
-    import jax
-
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(BATCH_AXES, *(None,) * (ndim - 1)))
 
 
 def global_batch(local_batch: np.ndarray, mesh) -> Any:
     """This process's rows (B_local, ...) -> the global `jax.Array` (B_local * processes, ...) sharded over
     ("data", "fsdp") on the batch axis. Every process passes its own, equally sized rows."""
-    import jax
-
     n = math.prod(mesh.shape[a] for a in BATCH_AXES)
     global_rows = local_batch.shape[0] * jax.process_count()
     if global_rows % n:

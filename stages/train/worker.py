@@ -1,6 +1,6 @@
 """One training process: `python -m stages.train.worker SPEC`.
 
-The launchers in `pipeline/launch.py` start one of these per process (or call `main` in-process).
+The launchers in `stages/train/launch.py` start one of these per process (or call `main` in-process).
 SPEC is a pickled `WorkerSpec` written by the training stage: resolved configs travel by value,
 because gin bindings never reach other processes.
 """
@@ -13,7 +13,7 @@ import pickle
 import sys
 from typing import Any
 
-from pipeline import storage
+from stages.io import storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,4 +53,10 @@ def init_distributed() -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from stages.train.launch import STOPPED_EXIT_CODE, TrainingStopped
+
+    try:
+        main(sys.argv[1])
+    except TrainingStopped as e:       # an expected end, not a crash: one line, no traceback
+        print(f"training worker: {e}", file=sys.stderr)
+        sys.exit(STOPPED_EXIT_CODE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline import storage
+from stages.io import storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +20,7 @@ CONFIGURABLES = (Config,)
 VERSION = "1"
 
 
-def run(config: Config, inputs, out_dir: str) -> None:
+def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     if config.log:
         with open(config.log, "a") as f:
             f.write(config.name + "\n")

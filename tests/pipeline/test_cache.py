@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from pipeline import cache, storage
+from pipeline import cache
+from stages.io import storage
 from tests.pipeline import fake_stage
 
 
@@ -84,8 +85,9 @@ def test_a_killed_stage_leaves_nothing_that_counts_as_done(tmp_path):
     root = str(tmp_path / "cache")
     script = textwrap.dedent(f"""
         import time
-        from pipeline import cache, storage
-        def slow(config, inputs, out_dir):
+        from pipeline import cache
+        from stages.io import storage
+        def slow(config, inputs, out_dir, work_dir):
             storage.write_text(storage.join(out_dir, "part-0.txt"), "half")
             print("wrote", flush=True)
             time.sleep(60)
@@ -103,10 +105,10 @@ def test_a_killed_stage_leaves_nothing_that_counts_as_done(tmp_path):
 
 
 def test_work_dir_survives_a_failed_attempt_and_is_removed_by_the_commit(root):
-    def resumable(config, inputs, out_dir):
-        work = cache.work_dir(out_dir)
-        seen = storage.exists(storage.join(work, "progress.txt"))
-        storage.write_text(storage.join(work, "progress.txt"), "step 60")
+    def resumable(config, inputs, out_dir, work_dir):
+        assert work_dir == storage.join(cache.stage_dir(root, "t", "k"), cache.WORK)
+        seen = storage.exists(storage.join(work_dir, "progress.txt"))
+        storage.write_text(storage.join(work_dir, "progress.txt"), "step 60")
         storage.write_text(storage.join(out_dir, "out.txt"), f"resumed={seen}")
         if config["fail"]:
             raise RuntimeError("preempted")

@@ -2,8 +2,6 @@
 early with the binding and the valid choices, the operative config is kept."""
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 
@@ -84,11 +82,3 @@ def test_bad_bindings_fail_with_a_message_that_names_them(param, message):
 def test_a_missing_gin_file_is_named():
     with pytest.raises(config.ConfigError, match="gin file 'nope.gin' does not exist"):
         config.load(["nope.gin"])
-
-
-def test_a_noop_cli_invocation_imports_neither_jax_nor_beam(tmp_path):
-    code = (f"import sys; from pipeline.__main__ import main; main(['plan', '--gin', {TINY!r}]); "
-            "print('HEAVY', sorted(m for m in ('jax', 'apache_beam', 'tensorflow') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         check=True, env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin"})
-    assert "HEAVY []" in out.stdout, out.stdout + out.stderr

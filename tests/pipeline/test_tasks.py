@@ -4,7 +4,8 @@ rerun only what they touch, forcing propagates downstream, failures exit non-zer
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline import cache, config, dag, storage, tasks
+from pipeline import cache, config, dag, tasks
+from stages.io import storage
 
 FAKE = "tests.pipeline.fake_stage"
 

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from pipeline import cache, storage
-from stages import clean, docs_io
+from pipeline import cache
+from stages import clean
+from stages.io import documents, storage
 from tests.conftest import REPO
 
 GOOD = "A plain sentence with plenty of letters in it, enough to pass. " * 5   # 320 chars
@@ -48,9 +49,9 @@ DROPPED = {"duplicate": ["dup-b", "dup-c"], "too_short": ["short-a", "short-b", 
 
 
 def _download(root, shards, key="d"):
-    def write(config, inputs, out_dir):
+    def write(config, inputs, out_dir, work_dir):
         for i, docs in enumerate(shards):
-            docs_io.write(storage.join(out_dir, docs_io.shard_name(i, len(shards))), docs)
+            documents.write(storage.join(out_dir, documents.shard_name(i, len(shards))), docs)
     return cache.run_stage(cache_root=root, stage="download", key=key, config=clean.Config(), upstream={},
                            fn=write)
 
@@ -61,7 +62,7 @@ def _clean(root, download, key="c", **kwargs):
 
 
 def _docs(done):
-    return {path.rsplit("/", 1)[1]: list(docs_io.read(path)) for path in done.paths("docs-*.parquet")}
+    return {path.rsplit("/", 1)[1]: list(documents.read(path)) for path in done.paths("docs-*.parquet")}
 
 
 def _rejected(done, reason):
@@ -78,7 +79,7 @@ def cleaned(tmp_path_factory):
 def test_kept_documents_are_normalized_sorted_and_in_their_bucket(cleaned):
     _, done = cleaned
     shards = _docs(done)
-    assert sorted(shards) == [docs_io.shard_name(i, 3) for i in range(3)]
+    assert sorted(shards) == [documents.shard_name(i, 3) for i in range(3)]
     got = {}
     for name, docs in shards.items():
         bucket = int(name.split("-")[1])
@@ -145,7 +146,7 @@ def test_empty_input_writes_every_shard_and_zero_stats(tmp_path):
     root = str(tmp_path)
     done = _clean(root, _download(root, [[]]), num_shards=4)
     sizes = {name: len(docs) for name, docs in _docs(done).items()}
-    assert sizes == {docs_io.shard_name(i, 4): 0 for i in range(4)}
+    assert sizes == {documents.shard_name(i, 4): 0 for i in range(4)}
     assert storage.read_json(done.file("stats.json")) == {
         "docs_in": 0, "chars_in": 0, "docs_kept": 0, "chars_kept": 0, "dropped": {}, "dropped_chars": {},
         "shards": 4}

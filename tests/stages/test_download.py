@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow_datasets as tfds
 
-from pipeline import cache, storage
-from stages import docs_io, download
+from pipeline import cache
+from stages import download
 from stages.download import Embedded, Files, FineWeb, Tfds, formats
+from stages.io import documents, storage
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.filterwarnings("ignore:label\\(\\) is deprecated:DeprecationWarning")   # inside TFDS
@@ -25,7 +26,7 @@ def _run(root, source, num_shards=2):
     committed = cache.run_stage(cache_root=str(root), stage="download", key="k1",
                                 config=download.Config(source=source, num_shards=num_shards),
                                 upstream={}, fn=download.run)
-    docs = [d for p in committed.paths("docs-*.parquet") for d in docs_io.read(p)]
+    docs = [d for p in committed.paths("docs-*.parquet") for d in documents.read(p)]
     return committed, docs, storage.read_json(committed.file("stats.json"))
 
 
@@ -97,7 +98,7 @@ def test_num_shards_is_respected_and_capped_by_the_number_of_units(tmp_path):
     source = Files(paths=(str(tmp_path / "in/*.jsonl"),))
 
     committed, docs, stats = _run(tmp_path / "three", source, num_shards=3)
-    assert committed.paths("docs-*") == [committed.file(docs_io.shard_name(i, 3)) for i in range(3)]
+    assert committed.paths("docs-*") == [committed.file(documents.shard_name(i, 3)) for i in range(3)]
     assert [d["text"] for d in docs] == ["doc 0", "doc 3", "doc 6", "doc 1", "doc 4", "doc 2", "doc 5"]
     assert stats["shards"] == 3 and stats["units"] == 7
 

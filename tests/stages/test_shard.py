@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from pipeline import cache, storage
-from stages import beam_runner, docs_io, shard, tokenizer
-from stages.shard import beam_graph, llmc
+from pipeline import cache
+from stages import beam_runner, shard
+from stages.io import documents, llmc, split_rule, storage
+from stages.shard import beam_graph
+from tests.io.test_llmc import numpy_read
 from tests.stages.test_tokenizer import english_docs, train, write_clean
 
 TOKENS_PER_SHARD = 5000
@@ -36,23 +38,13 @@ def sharded(upstream, tmp_path_factory):
     return run_shard(tmp_path_factory.mktemp("cache"), upstream)
 
 
-def numpy_read(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """An independent llm.c reader: (header (256,) int32, tokens)."""
-    data = storage.read_bytes(path)
-    header = np.frombuffer(data[:1024], dtype="<i4")
-    dtype = {20240520: "<u2", 20240801: "<u4"}[int(header[0])]
-    tokens = np.frombuffer(data[1024:], dtype=dtype)
-    assert header[2] == len(tokens)
-    return header, tokens
-
-
 def expected_streams(upstream, add_bos=False, val_fraction=0.1) -> dict[str, list[int]]:
     """The token streams the stage must write, computed the slow, obvious way."""
     sp = processor(upstream)
     streams = {"train": [], "val": []}
     for path in upstream["clean"].paths("docs-*.parquet"):
-        for doc in docs_io.read(path):
-            split = "val" if tokenizer.doc_fraction(doc["id"], path) < val_fraction else "train"
+        for doc in documents.read(path):
+            split = "val" if split_rule.fraction(doc["id"], path) < val_fraction else "train"
             streams[split] += [sp.bos_id()] * add_bos + sp.encode(doc["text"]) + [sp.eos_id()]
     return streams
 
@@ -69,7 +61,7 @@ def test_shards_hold_exactly_the_tokenized_documents_in_order(sharded, upstream)
         assert [len(t) for _, t in got[:-1]] == [TOKENS_PER_SHARD] * (len(got) - 1)
         assert 0 < len(got[-1][1]) <= TOKENS_PER_SHARD
         assert np.concatenate([t for _, t in got]).tolist() == want[split]
-        with storage.local_copy(paths[0]) as local:
+        with storage.local_files(paths[:1]) as (local,):
             assert llmc.read(local).tolist() == got[0][1].tolist()
             assert llmc.read(local, mmap=True).tolist() == got[0][1].tolist()
 
@@ -82,8 +74,8 @@ def test_split_is_by_document_and_eos_ends_every_document(sharded, upstream):
         assert tokens[-1] == sp.eos_id() and sp.bos_id() not in tokens
         ends = np.flatnonzero(tokens == sp.eos_id())
         texts[split] = [sp.decode(d.tolist()) for d in np.split(tokens, ends + 1)[:-1]]
-    docs = [d for p in upstream["clean"].paths("docs-*.parquet") for d in docs_io.read(p)]
-    val = [d["text"] for d in docs if tokenizer.doc_fraction(d["id"], "") < 0.1]
+    docs = [d for p in upstream["clean"].paths("docs-*.parquet") for d in documents.read(p)]
+    val = [d["text"] for d in docs if split_rule.fraction(d["id"], "") < 0.1]
     assert texts["val"] == val and 20 < len(val) < 60
     assert texts["train"] == [d["text"] for d in docs if d["text"] not in val]
     assert not set(texts["train"]) & set(texts["val"])
@@ -136,32 +128,6 @@ def test_writes_to_gcs(upstream, gcs_bucket):
         expected_streams(upstream)["train"]
 
 
-@pytest.mark.parametrize("vocab_size", [500, 2**16, 2**16 + 1, 100_000])
-def test_llmc_round_trip_for_16_and_32_bit_tokens(tmp_path, vocab_size):
-    rng = np.random.default_rng(0)
-    pieces = [rng.integers(0, vocab_size, n) for n in (0, 1000, 17)]
-    path = str(tmp_path / "x.bin")
-    assert llmc.write(path, pieces, vocab_size) == 1017
-    header, tokens = numpy_read(path)
-    wide = vocab_size > 2**16
-    assert header[:3].tolist() == ([20240801, 7, 1017] if wide else [20240520, 1, 1017])
-    assert tokens.dtype == (np.uint32 if wide else np.uint16)
-    assert tokens.tolist() == np.concatenate(pieces).tolist()
-    assert llmc.read(path).tolist() == tokens.tolist() == llmc.read(path, mmap=True).tolist()
-    assert storage.sizes(str(tmp_path))["x.bin"] == llmc.file_size(1017, vocab_size)
-
-
-def test_llmc_read_rejects_other_files(tmp_path):
-    bad = tmp_path / "bad.bin"
-    bad.write_bytes(b"\0" * 2048)
-    with pytest.raises(ValueError, match="bad.bin is not an llm.c shard: header starts \\[0, 0, 0\\]"):
-        llmc.read(str(bad))
-    short = tmp_path / "short.bin"
-    short.write_bytes(llmc.header(10, 500) + b"\1\0" * 9)
-    with pytest.raises(ValueError, match="short.bin: header says 10 tokens but the file holds 9"):
-        llmc.read(str(short))
-
-
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("tokens_per_shard", 0, r"tokens_per_shard=0 is not in \[1, 2\*\*31 - 1\]"),
     ("tokens_per_shard", 2**31, r"tokens_per_shard=2147483648 is not in"),
@@ -175,7 +141,7 @@ def test_config_validation(field, value, message):
 
 
 def test_a_corpus_of_validation_documents_only_is_an_error(upstream, tmp_path):
-    val_only = [d for d in english_docs(30) if tokenizer.doc_fraction(d["id"], "") < 0.5]
+    val_only = [d for d in english_docs(30) if split_rule.fraction(d["id"], "") < 0.5]
     clean = write_clean(str(tmp_path), [val_only])
     with pytest.raises(ValueError, match="no training documents in the 1 clean shards"):
         run_shard(tmp_path, upstream | {"clean": clean}, val_fraction=0.5)

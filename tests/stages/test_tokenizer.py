@@ -5,8 +5,9 @@ import random
 import pytest
 import sentencepiece as spm
 
-from pipeline import cache, storage
-from stages import docs_io, tokenizer
+from pipeline import cache
+from stages import tokenizer
+from stages.io import documents, storage
 
 WORDS = """the of and to in is was for that with as on by at from it this be are an or which his her their
 they have had were not but all one two three new first year time people city river music history water
@@ -37,9 +38,9 @@ def english_docs(n: int, seed: int = 0, prefix: str = "doc") -> list[dict]:
 
 def write_clean(cache_root: str, shards: list[list[dict]], key: str = "k") -> cache.Committed:
     """A committed clean stage holding `shards` (lists of documents) as docs-*.parquet."""
-    def fn(config, inputs, out_dir):
+    def fn(config, inputs, out_dir, work_dir):
         for i, docs in enumerate(shards):
-            docs_io.write(storage.join(out_dir, docs_io.shard_name(i, len(shards))), docs)
+            documents.write(storage.join(out_dir, documents.shard_name(i, len(shards))), docs)
 
     return cache.run_stage(cache_root=cache_root, stage="clean", key=key, config={}, upstream={}, fn=fn)
 
@@ -130,15 +131,6 @@ def test_long_lines_are_cut_not_dropped(tmp_path):
     assert all(len(p.encode()) <= 1000 for p in pieces)
     assert "".join(pieces) == long_line + no_spaces
     assert pieces[1].startswith(" extraordinarily")                 # cut at a space
-
-
-def test_doc_fraction_is_uniform_and_stable():
-    values = [tokenizer.doc_fraction(f"id-{i}", "x") for i in range(10_000)]
-    assert all(0 <= v < 1 for v in values)
-    assert 0.045 < sum(v < 0.05 for v in values) / len(values) < 0.055
-    assert tokenizer.doc_fraction("abc", "x") == 0xBA7816BF8F01CFEA / 2**64    # sha256("abc")[:8]
-    with pytest.raises(ValueError, match="a document in shard.parquet has no id"):
-        tokenizer.doc_fraction(None, "shard.parquet")
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [

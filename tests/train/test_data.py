@@ -1,9 +1,7 @@
-import os
-
 import numpy as np
 import pytest
 
-from stages.shard import llmc
+from stages.io import llmc
 from stages.train import data
 
 SEQ = 8
@@ -124,25 +122,3 @@ def test_eval_batches_read_every_window_in_order(tmp_path):
     assert [tuple(r) for r in joined] == _windows(stream)
 
 
-def test_local_shards_keep_local_paths(tmp_path):
-    paths, _, _ = _shards(tmp_path, [20, 20])
-    assert data.local_shards(paths, str(tmp_path / "cache")) == paths
-    assert data.local_shards(["file://" + paths[0]], str(tmp_path / "cache")) == [paths[0]]
-    assert not os.path.exists(tmp_path / "cache")
-
-
-def test_local_shards_copy_gcs_once(tmp_path, gcs_bucket):
-    paths, manifest, stream = _shards(tmp_path, [30, 25])
-    remote = [f"{gcs_bucket}/shard/{os.path.basename(p)}" for p in paths]
-    from pipeline import storage
-
-    for p, r in zip(paths, remote):
-        storage.upload(p, r)
-    cache = str(tmp_path / "cache")
-    local = data.local_shards(remote, cache)
-    assert local == [os.path.join(cache, os.path.basename(p)) for p in paths]
-    mtimes = [os.path.getmtime(p) for p in local]
-    assert data.local_shards(remote, cache) == local                  # second call: no new copy
-    assert [os.path.getmtime(p) for p in local] == mtimes
-    td = data.TokenData(local, manifest, seq_len=SEQ, global_batch=6, seed=0)     # M = 54 // 8 = 6
-    assert sorted(map(tuple, td.batch(0))) == sorted(_windows(stream))

@@ -9,12 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from pipeline import cache, storage
-from pipeline.launch import LaunchConfig
+from pipeline import cache
 from stages import train
-from stages.shard import llmc
-from stages.train.model import ModelConfig
-from stages.train.optimizer import OptimizerConfig
+from stages.io import llmc, storage
+from stages.train.configs import ModelConfig, OptimizerConfig
+from stages.train.launch import LaunchConfig, TrainingStopped
 
 VOCAB, EOS = 64, 1
 CONFIG = train.Config(
@@ -24,7 +23,7 @@ CONFIG = train.Config(
     steps=10, global_batch=4, seq_len=32, eval_every=5, eval_batches=1, log_every=1, checkpoint_every=3)
 
 
-def _write_shards(config, upstream, out_dir):
+def _write_shards(config, upstream, out_dir, work_dir):
     """Documents of a repeating pattern with some noise, separated by EOS: learnable in a few steps."""
     rng = np.random.default_rng(0)
     docs = [np.concatenate([(np.arange(rng.integers(5, 40)) * 3 + rng.integers(2, VOCAB)) % (VOCAB - 2) + 2,
@@ -59,7 +58,7 @@ def _losses(committed) -> dict[int, float]:
 def test_a_stopped_run_resumes_to_the_same_loss_at_every_step(tmp_path, shard):
     whole = _train(str(tmp_path / "a"), shard, CONFIG)
     root = str(tmp_path / "b")
-    with pytest.raises(SystemExit, match="stopped at step 6"):
+    with pytest.raises(TrainingStopped, match="stopped at step 6"):
         _train(root, shard, dataclasses.replace(CONFIG, stop_after=6))
     assert cache.load(root, "train", "k") is None                 # a stopped run is not done
     resumed = _train(root, shard, CONFIG)                         # same key: resumes from step 6
@@ -99,7 +98,7 @@ def test_gradient_accumulation_makes_the_update_of_one_big_batch():
     for k in (1, 4):
         c = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, grad_accum_steps=k))
         tx = optimizer.make_optimizer(c.optimizer, params)
-        step = jax.jit(functools.partial(loop.train_step, graphdef, tx, c, EOS))
+        step = jax.jit(functools.partial(loop.train_step, graphdef, tx, **loop.step_options(c, EOS)))
         results.append(step(params, tx.init(params), batch))
     (p1, _, o1), (p4, _, o4) = results
     np.testing.assert_allclose(float(o4["loss"]), float(o1["loss"]), rtol=1e-5)

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from stages.train import configs as C
 from stages.train import model as M
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = M.ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64,
+TINY = C.ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64,
                      max_seq_len=64, dtype="float32", attention_impl="xla")
 
 
@@ -65,29 +66,28 @@ def loss_and_grads(net, toks):
 ])
 def test_config_errors_name_the_field_and_the_valid_values(kwargs, message):
     with pytest.raises(ValueError) as e:
-        M.ModelConfig(**kwargs)
+        C.ModelConfig(**kwargs)
     assert message in str(e.value)
 
 
 def test_derived_dims_and_attention_impl_names():
     from stages.train import attention
 
-    assert M.ATTENTION_IMPLS == attention.IMPLS
-    assert M.ModelConfig(d_model=256).effective_mlp_dim == 768          # 8/3 * 256 = 682.7 -> 768
-    assert M.ModelConfig(d_model=768, n_heads=12).effective_mlp_dim == 2048
-    assert M.ModelConfig(d_model=256, n_heads=4).effective_head_dim == 64
-    assert tuple(M.REMAT_POLICIES) == M.REMAT_NAMES
+    assert C.ATTENTION_IMPLS == attention.IMPLS
+    assert C.ModelConfig(d_model=256).effective_mlp_dim == 768          # 8/3 * 256 = 682.7 -> 768
+    assert C.ModelConfig(d_model=768, n_heads=12).effective_mlp_dim == 2048
+    assert C.ModelConfig(d_model=256, n_heads=4).effective_head_dim == 64
+    assert tuple(M.REMAT_POLICIES) == C.REMAT_NAMES
 
 
-def test_importing_model_and_sharding_does_not_import_jax():
-    # Only these two modules are checked: the package's __init__ is replaced by a bare package, so its
-    # other imports (optimizer, ...) do not count here; pipeline's no-op CLI test covers the whole package.
-    code = ("import sys, types, stages; pkg = types.ModuleType('stages.train'); "
-            "pkg.__path__ = ['stages/train']; sys.modules['stages.train'] = pkg; "
-            "import stages.train.model, stages.train.sharding; print('JAX', 'jax' in sys.modules)")
+def test_the_training_configs_and_the_stage_import_no_jax():
+    # What planning imports: every training config, their parameter counts and FLOPs, the stage's Config.
+    code = ("import sys; import stages.train, stages.train.configs as c; "
+            "c.flops_per_token(c.ModelConfig(), 256); "
+            "print('HEAVY', sorted(m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=REPO))
-    assert "JAX False" in out.stdout, out.stdout + out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
 
 
 # ------------------------------------------------------------------------------------------------ forward
@@ -175,7 +175,7 @@ def test_rope_depends_only_on_relative_positions():
 
 
 def test_rope_inv_freq_scalings():
-    base = M.ModelConfig(d_model=256, n_heads=4, max_seq_len=4096)                 # H = 64
+    base = C.ModelConfig(d_model=256, n_heads=4, max_seq_len=4096)                 # H = 64
     none, _ = M.rope_inv_freq(base)
     np.testing.assert_allclose(none, 10000.0 ** (-np.arange(0, 64, 2) / 64))
     lin, _ = M.rope_inv_freq(dataclasses.replace(base, rope_scaling="linear", rope_factor=4.0))
@@ -194,7 +194,7 @@ def test_rope_inv_freq_scalings():
 def test_rope_scalings_run_and_differ_from_none_beyond_the_original_length():
     toks = tokens((1, 40))
     ref = forward(build(TINY), toks)                                              # max_seq_len 64
-    for kind in M.ROPE_SCALINGS[1:]:
+    for kind in C.ROPE_SCALINGS[1:]:
         cfg = dataclasses.replace(TINY, rope_scaling=kind, rope_factor=4.0)      # original length 16
         out = forward(build(cfg), toks)
         assert bool(jnp.isfinite(out).all()), kind
@@ -221,7 +221,7 @@ def test_prefill_then_decoding_with_the_cache_matches_one_full_forward_pass():
 
 
 # ------------------------------------------------------------------------------------ model sizes (gin)
-def load_gin_model(name: str) -> M.ModelConfig:
+def load_gin_model(name: str) -> C.ModelConfig:
     """A minimal reader of gin/model/<name>.gin: follows includes, binds `train.ModelConfig.<field>`."""
     values: dict = {}
 
@@ -238,7 +238,7 @@ def load_gin_model(name: str) -> M.ModelConfig:
                     raise AssertionError(f"{rel}: unexpected line {raw!r}")
 
     read(f"model/{name}.gin")
-    return M.ModelConfig(**values)
+    return C.ModelConfig(**values)
 
 
 # name -> the published size of the model each config imitates
@@ -249,7 +249,7 @@ NOMINAL = {"124m": 124.4e6, "1b": 1.236e9, "9b": 9.24e9, "600b": 600e9}
 def test_gin_model_sizes_have_their_nominal_parameter_count(name):
     cfg = load_gin_model(name)
     n = M.num_params(cfg)                                     # abstract shapes only: nothing allocated
-    assert n == sum(M.param_counts(cfg).values())
+    assert n == sum(C.param_counts(cfg).values())
     if name == "tiny":
         assert cfg.d_model == 128 and cfg.n_layers == 4 and cfg.max_seq_len == 256
         assert 1e6 < n < 3e6
@@ -259,7 +259,7 @@ def test_gin_model_sizes_have_their_nominal_parameter_count(name):
 
 def test_flops_per_token_is_6n_plus_attention():
     cfg = load_gin_model("124m")                              # tied: the embedding is the unembedding
-    counts = M.param_counts(cfg)
+    counts = C.param_counts(cfg)
     n_matmul = counts["layers"] - 12 * 2 * 768 + counts["embed"]
-    assert M.flops_per_token(cfg, 1024) == 6 * n_matmul + 12 * 12 * 768 * 1024
-    assert M.flops_per_token(cfg, 1024) == pytest.approx(6 * 123.5e6 + 113.2e6, rel=0.01)
+    assert C.flops_per_token(cfg, 1024) == 6 * n_matmul + 12 * 12 * 768 * 1024
+    assert C.flops_per_token(cfg, 1024) == pytest.approx(6 * 123.5e6 + 113.2e6, rel=0.01)

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from stages.train import optimizer
-from stages.train.optimizer import OptimizerConfig
+from stages.train.configs import OPTIMIZERS, SCHEDULES, OptimizerConfig
 
 L, D, V, B = 2, 8, 16, 32
 
@@ -86,7 +86,7 @@ def test_config_rejects_wsd_without_room_for_decay():
 
 # ---- schedule ----
 
-@pytest.mark.parametrize("name", optimizer.SCHEDULES)
+@pytest.mark.parametrize("name", SCHEDULES)
 def test_schedule_key_steps(name):
     cfg = OptimizerConfig(schedule=name, learning_rate=1e-3, warmup_steps=100, total_steps=1000,
                           min_lr_ratio=0.1, wsd_decay_fraction=0.2)
@@ -241,7 +241,7 @@ def test_clipping_bounds_the_update():
 
 def test_make_optimizer_on_nnx_state():
     state = nnx.state(_Model(), nnx.Param)
-    for name in optimizer.NAMES:
+    for name in OPTIMIZERS:
         tx = optimizer.make_optimizer(OptimizerConfig(name=name, warmup_steps=0, total_steps=100), state)
         grads = jax.tree.map(jnp.ones_like, state)
         updates, _ = tx.update(grads, tx.init(state), state)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline import launch
+from stages.train import launch
 
 
 def test_tpu_vm_command_runs_the_worker_on_every_host_with_the_same_spec():
@@ -17,7 +17,7 @@ def test_tpu_vm_command_runs_the_worker_on_every_host_with_the_same_spec():
 
 def test_tpu_vm_needs_a_spec_every_host_can_read():
     cfg = launch.LaunchConfig(kind="tpu_vm", tpu_name="t", zone="z")
-    with pytest.raises(ValueError, match="cache_root = \"gs://"):
+    with pytest.raises(ValueError, match="point pipeline.Settings.cache_root at a Cloud Storage bucket"):
         launch.tpu_vm_command(cfg, "/tmp/cache/train/abc/work/spec.pkl")
 
 

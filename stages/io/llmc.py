@@ -4,17 +4,21 @@
     uint16 tokens, magic 20240520, version 1  when every id fits (vocab_size <= 65536)
     uint32 tokens, magic 20240801, version 7  otherwise (llm.c's format for larger vocabularies)
 
-    tokens = llmc.read("train-00000.bin")                # np.ndarray (N,) uint16 or uint32
+    llmc.write("train-00000.bin", [tokens_a, tokens_b], vocab_size)   # one shard from pieces; any storage
+    tokens = llmc.read("train-00000.bin")                # np.ndarray (N,) uint16 or uint32; a local file
     tokens = llmc.read("train-00000.bin", mmap=True)     # the same, memory-mapped (training)
+
+The one writer and the one reader of the format: the shard stage writes, training and evaluation read.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
 
-from pipeline import storage
+from stages.io import storage
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -54,20 +58,30 @@ def write(path: str, pieces: Sequence[np.ndarray], vocab_size: int) -> int:
     return num_tokens
 
 
-def read(filename: str, *, mmap: bool = False) -> np.ndarray:
-    """The tokens of a local shard file, checked against its header and size."""
+def read(filename: str, *, mmap: bool = False, dtype: np.dtype | str | None = None) -> np.ndarray:
+    """The tokens of a local shard file, checked against its header and size.
+
+    mmap=True maps them instead of reading (training reads windows of shards larger than memory).
+    `dtype`, when given (the shard manifest's), must be the one the header's magic implies.
+    Returns (N,) uint16 or uint32.
+    """
     h = np.fromfile(filename, dtype="<i4", count=HEADER_INTS)
     if len(h) != HEADER_INTS or int(h[0]) not in FORMATS or FORMATS[int(h[0])][0] != h[1]:
         raise ValueError(f"{filename} is not an llm.c shard: header starts {h[:3].tolist()}, expected "
                          f"magic/version in {[(m, v) for m, (v, _) in FORMATS.items()]}")
-    dtype, count = FORMATS[int(h[0])][1], int(h[2])
+    stored, count = FORMATS[int(h[0])][1], int(h[2])
+    if dtype is not None and np.dtype(dtype).newbyteorder("<") != stored:
+        raise ValueError(f"{filename} holds {stored.name} tokens (magic {int(h[0])}) but the manifest says "
+                         f"dtype={np.dtype(dtype).name}")
+    size = os.path.getsize(filename)
+    if size != HEADER_BYTES + count * stored.itemsize:
+        raise ValueError(f"{filename} is {size} bytes; its header promises {count} {stored.name} tokens "
+                         f"after {HEADER_BYTES} header bytes = {HEADER_BYTES + count * stored.itemsize}")
+    if count == 0:
+        return np.zeros(0, stored)          # np.memmap refuses an empty map
     if mmap:
-        tokens = np.memmap(filename, dtype=dtype, mode="r", offset=HEADER_BYTES)
-    else:
-        tokens = np.fromfile(filename, dtype=dtype, offset=HEADER_BYTES)
-    if len(tokens) != count:
-        raise ValueError(f"{filename}: header says {count} tokens but the file holds {len(tokens)}")
-    return tokens
+        return np.memmap(filename, dtype=stored, mode="r", offset=HEADER_BYTES, shape=(count,))
+    return np.fromfile(filename, dtype=stored, offset=HEADER_BYTES)
 
 
 def file_size(num_tokens: int, vocab_size: int) -> int:

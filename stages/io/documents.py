@@ -10,14 +10,14 @@ Schema (every column a nullable string):
             `non_string_text`, …); clean counts these as rejections under that reason
 
 Shards are named `docs-00003-of-00016.parquet` and written with a streaming `ParquetWriter`
-through `pipeline.storage`, so a shard larger than memory is fine and `gs://` works unchanged.
+through `stages.io.storage`, so a shard larger than memory is fine and `gs://` works unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from pipeline import storage
+from stages.io import storage
 
 COLUMNS = ("id", "text", "url", "source", "error")
 ROWS_PER_GROUP = 2048
@@ -64,13 +64,29 @@ def read(path: str, columns: Iterable[str] = COLUMNS) -> Iterator[dict]:
 
     Columns absent from the file (a shard written by an older layout) come back as None.
     """
+    for _, row in rows(path, columns):
+        yield row
+
+
+def rows(path: str, columns: Iterable[str], row_group: int | None = None) -> Iterator[tuple[int, dict]]:
+    """(row index in the file, {column: value}) for every row of any parquet file, or of one row group.
+
+    The one parquet row reader: shards here, and the parquet sources download reads (FineWeb, files).
+    Rows are decoded a batch at a time (bounded memory); columns the file lacks read as None.
+    """
     import pyarrow.parquet as pq
 
-    wanted = list(columns)
+    wanted = list(dict.fromkeys(columns))
     with storage.open(path, "rb") as f:
         pf = pq.ParquetFile(f)
         have = [c for c in wanted if c in pf.schema_arrow.names]
-        for batch in pf.iter_batches(columns=have, batch_size=ROWS_PER_GROUP):
-            cols = {c: batch.column(c).to_pylist() for c in have}
+        selection = {}
+        row = 0
+        if row_group is not None:
+            selection = {"row_groups": [row_group]}
+            row = sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
+        for batch in pf.iter_batches(columns=have, batch_size=ROWS_PER_GROUP, **selection):
+            values = {c: batch.column(c).to_pylist() for c in have}
             for i in range(batch.num_rows):
-                yield {c: (cols[c][i] if c in cols else None) for c in wanted}
+                yield row, {c: values[c][i] if c in values else None for c in wanted}
+                row += 1

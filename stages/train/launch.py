@@ -23,7 +23,15 @@ import subprocess
 import sys
 import time
 
+from stages.io import storage
+
 KINDS = ("inprocess", "local", "tpu_vm")
+STOPPED_EXIT_CODE = 75   # a worker that stopped at a checkpoint on request (EX_TEMPFAIL: rerun to resume)
+
+
+class TrainingStopped(Exception):
+    """Training stopped before its last step on request (SIGTERM, `train.Config.stop_after`) after saving
+    a checkpoint: the attempt does not commit, and rerunning the stage resumes from that checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +63,12 @@ def launch(cfg: LaunchConfig, spec_path: str) -> None:
     elif cfg.kind == "local":
         run_local(cfg.num_processes, spec_path, timeout_s=cfg.timeout_s)
     else:
-        subprocess.run(tpu_vm_command(cfg, spec_path), check=True)
+        cmd = tpu_vm_command(cfg, spec_path)
+        code = subprocess.run(cmd).returncode
+        if code == STOPPED_EXIT_CODE:     # gcloud ssh passes the workers' exit status through
+            raise TrainingStopped("the TPU workers stopped at a checkpoint; rerun the stage to resume")
+        if code:
+            raise subprocess.CalledProcessError(code, cmd)
 
 
 def run_local(num_processes: int, spec_path: str, *, timeout_s: int = 0) -> None:
@@ -69,7 +82,8 @@ def run_local(num_processes: int, spec_path: str, *, timeout_s: int = 0) -> None
     deadline = time.time() + timeout_s if timeout_s else None
     try:
         while any(p.poll() is None for p in procs):
-            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+            # A stopping worker exits before the others finish saving the checkpoint: let them.
+            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0, STOPPED_EXIT_CODE)]
             if failed:
                 raise RuntimeError(f"training process {failed[0]} of {num_processes} exited with "
                                    f"{procs[failed[0]].returncode}; stopping the others")
@@ -77,6 +91,9 @@ def run_local(num_processes: int, spec_path: str, *, timeout_s: int = 0) -> None
                 raise TimeoutError(f"training did not finish within {timeout_s} s")
             time.sleep(0.2)
         codes = [p.returncode for p in procs]
+        if set(codes) == {STOPPED_EXIT_CODE}:
+            raise TrainingStopped(f"all {num_processes} training processes stopped at a checkpoint; "
+                                  "rerun the stage to resume from it")
         if any(codes):
             raise RuntimeError(f"training processes exited with {codes}")
     finally:
@@ -88,9 +105,10 @@ def run_local(num_processes: int, spec_path: str, *, timeout_s: int = 0) -> None
 
 def tpu_vm_command(cfg: LaunchConfig, spec_path: str) -> list[str]:
     """The gcloud command that starts the worker on every host of the slice (`spec_path` on gs://)."""
-    if "://" not in spec_path:
-        raise ValueError(f"a TPU slice cannot read the local file {spec_path}: set "
-                         'pipeline.Settings.cache_root = "gs://bucket/prefix" for tpu_vm runs')
+    if storage.is_local(spec_path):
+        raise ValueError(f"a TPU slice cannot read the local file {spec_path}: point "
+                         "pipeline.Settings.cache_root at a Cloud Storage bucket every host can read "
+                         "for tpu_vm runs (README: On Google Cloud Storage)")
     remote = (f"cd {cfg.remote_dir} && REFINERY_DISTRIBUTED=auto "
               f".venv/bin/python -m stages.train.worker {shlex.quote(spec_path)}")
     cmd = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", cfg.tpu_name, f"--zone={cfg.zone}"]

@@ -1,12 +1,14 @@
 """File access for local paths, gs:// and every other fsspec URL (hf:// for the Hugging Face hub).
 
-This is the only module that knows about URL schemes. Everything else passes plain strings
+This is the only module that knows about URL schemes (a test checks that no other module holds a
+scheme literal). Everything else passes plain strings
 (`/tmp/cache/clean/ab12…/attempt-x/docs-00000-of-00004.parquet` or
 `gs://bucket/prefix/clean/…`) and calls the functions here.
 
 Local emulator runs: set `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT`; gcsfs then talks to
 the emulator and we pass `token="anon"` (the emulator has no auth). Also set
-`GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`, or each bucket costs a 60 s gRPC time-out.
+`GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`, or each bucket costs a 60 s gRPC time-out. TensorStore
+(Orbax's array writer) ignores `STORAGE_EMULATOR_HOST`; `for_tensorstore` points it there.
 """
 
 from __future__ import annotations
@@ -16,26 +18,59 @@ import contextlib
 import json
 import os
 import posixpath
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import fsspec
 
+SCHEME_SEPARATOR = "://"
+FILE_SCHEME = "file://"
+GCS_SCHEME = "gs://"
+HUB_SCHEME = "hf://"
+
 
 def is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
+    return SCHEME_SEPARATOR not in path or path.startswith(FILE_SCHEME)
 
 
-def _strip_file_scheme(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+def local_path(path: str) -> str:
+    """A local path without its `file://` prefix (`file:///tmp/x` -> `/tmp/x`); ValueError for a URL."""
+    if not is_local(path):
+        raise ValueError(f"{path} is not a local path")
+    return path[len(FILE_SCHEME):] if path.startswith(FILE_SCHEME) else path
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute (relative to the working directory); URLs as they are."""
+    return os.path.abspath(local_path(path)) if is_local(path) else path
+
+
+def hub_url(repo_path: str) -> str:
+    """The fsspec URL of a path on the Hugging Face hub: `datasets/HuggingFaceFW/fineweb` -> `hf://…`."""
+    return HUB_SCHEME + repo_path.lstrip("/")
+
+
+def for_tensorstore(path: str) -> str:
+    """`path` as TensorStore (Orbax's array I/O) takes it: an absolute local path or the URL.
+
+    TensorStore ignores `STORAGE_EMULATOR_HOST` (gcsfs honours it), so when it is set and `path` is on
+    GCS this also sets `TENSORSTORE_GCS_HTTP_URL`; without that, tests would write to the real GCS.
+    """
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if path.startswith(GCS_SCHEME) and emulator:
+        os.environ["TENSORSTORE_GCS_HTTP_URL"] = (emulator if SCHEME_SEPARATOR in emulator
+                                                  else f"http://{emulator}")
+    return absolute(path)
 
 
 def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for `path` and the path as that filesystem spells it."""
     if is_local(path):
-        return fsspec.filesystem("file"), os.path.abspath(_strip_file_scheme(path))
-    protocol = path.split("://", 1)[0]
+        return fsspec.filesystem("file"), absolute(path)
+    protocol = path.split(SCHEME_SEPARATOR, 1)[0]
     options: dict[str, Any] = {}
     if protocol in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
         options["token"] = "anon"
@@ -55,7 +90,7 @@ def parent(path: str) -> str:
 
 def join(base: str, *parts: str) -> str:
     if is_local(base):
-        return os.path.join(_strip_file_scheme(base), *parts)
+        return os.path.join(local_path(base), *parts)
     return posixpath.join(base, *parts)
 
 
@@ -160,29 +195,41 @@ def makedirs(path: str) -> None:
 
 
 @contextlib.contextmanager
-def local_copy(path: str) -> Iterator[str]:
-    """A local filename holding `path`'s bytes: the path itself when local, else a temp download."""
-    if is_local(path):
-        yield _strip_file_scheme(path)
+def local_files(paths: Sequence[str]) -> Iterator[list[str]]:
+    """Local filenames holding the bytes of `paths`, in order, for code that needs a real file
+    (memory-mapped token shards): local paths come back as they are, remote ones are copied into a
+    temporary directory that is deleted when the block ends, however it ends.
+
+        with storage.local_files(shard.paths("train-*.bin")) as files:
+            tokens = llmc.read(files[0], mmap=True)
+    """
+    paths = list(paths)
+    if all(is_local(p) for p in paths):
+        yield [local_path(p) for p in paths]
         return
-    import tempfile
+    with tempfile.TemporaryDirectory(prefix="refinery-files-") as tmp:
+        out = []
+        for i, path in enumerate(paths):
+            if is_local(path):
+                out.append(local_path(path))
+                continue
+            fs, remote = filesystem(path)
+            local = os.path.join(tmp, f"{i:05d}-{posixpath.basename(path.rstrip('/'))}")
+            fs.get_file(remote, local)
+            if os.path.getsize(local) != fs.size(remote):
+                raise OSError(f"copying {path} to {local} gave {os.path.getsize(local)} bytes, "
+                              f"not {fs.size(remote)}")
+            out.append(local)
+        yield out
 
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, posixpath.basename(path))
-        fs, p = filesystem(path)
-        fs.get_file(p, local)
-        yield local
 
-
-def upload(local_path: str, path: str) -> None:
-    """Copies a local file to `path` (any scheme)."""
+def upload(source: str, path: str) -> None:
+    """Copies the local file `source` to `path` (any scheme)."""
     if is_local(path):
-        dest = _strip_file_scheme(path)
+        dest = local_path(path)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        import shutil
-
-        shutil.copyfile(local_path, dest)
+        shutil.copyfile(source, dest)
         return
     fs, p = filesystem(path)
-    fs.put_file(local_path, p)
+    fs.put_file(source, p)
 
