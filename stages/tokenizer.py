@@ -79,9 +79,7 @@ VERSION = "1"
 def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 
-    shards = inputs["clean"].paths("docs-*.parquet")
-    if not shards:
-        raise FileNotFoundError(f"clean output {inputs['clean'].path} lists no docs-*.parquet shards")
+    shards = documents.shards_of(inputs["clean"])
     sentences, heldout, stats = sample(shards, config)
     if not sentences:
         raise ValueError(f"no training text in {len(shards)} clean shards under {inputs['clean'].path}")

@@ -3,7 +3,7 @@
     make stage STAGE=clean OVERRIDES='clean.Config.min_chars=100'
     clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)   # on its own
 
-Reads `inputs["download"].paths("docs-*.parquet")` and writes into `out_dir`:
+Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_dir`:
 
     docs-XXXXX-of-YYYYY.parquet  kept documents (`stages.io.documents` schema, `error` null), sorted by id;
                                  shard b holds the texts whose hash % num_shards == b
@@ -39,7 +39,7 @@ from collections.abc import Mapping
 
 from stages import beam_runner
 from stages.clean import filters, normalize
-from stages.io import storage
+from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ VERSION = "1"
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.clean import graph  # Beam loads only when the stage actually runs
 
-    paths = inputs["download"].paths("docs-*.parquet")
+    paths = documents.shards_of(inputs["download"])
     log.info("clean: %d input shards -> %d output shards in %s", len(paths), config.num_shards, out_dir)
     start = time.time()
     graph.run(config, paths, out_dir)

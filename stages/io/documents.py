@@ -20,11 +20,23 @@ from collections.abc import Iterable, Iterator
 from stages.io import storage
 
 COLUMNS = ("id", "text", "url", "source", "error")
+SHARDS = "docs-*.parquet"      # the names `shard_name` gives, as a pattern for `Committed.paths`
 ROWS_PER_GROUP = 2048
 
 
 def shard_name(index: int, count: int, prefix: str = "docs") -> str:
     return f"{prefix}-{index:05d}-of-{count:05d}.parquet"
+
+
+def shards_of(committed) -> list[str]:
+    """The document shards a committed stage (download or clean) lists in its manifest, in order.
+
+    FileNotFoundError naming the stage's output when it lists none.
+    """
+    paths = committed.paths(SHARDS)
+    if not paths:
+        raise FileNotFoundError(f"{committed.stage} output {committed.path} lists no {SHARDS} shards")
+    return paths
 
 
 def schema():

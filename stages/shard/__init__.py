@@ -18,7 +18,7 @@ import dataclasses
 import logging
 
 from stages import beam_runner
-from stages.io import split_rule, storage
+from stages.io import documents, split_rule, storage
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,7 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     from stages.io import llmc
     from stages.shard import beam_graph
 
-    doc_shards = inputs["clean"].paths("docs-*.parquet")
-    if not doc_shards:
-        raise FileNotFoundError(f"clean output {inputs['clean'].path} lists no docs-*.parquet shards")
+    doc_shards = documents.shards_of(inputs["clean"])
     model = storage.read_bytes(inputs["tokenizer"].file("tokenizer.model"))
     sp = spm.SentencePieceProcessor(model_proto=model)
     if sp.eos_id() < 0 or (config.add_bos and sp.bos_id() < 0):

@@ -62,7 +62,7 @@ def _clean(root, download, key="c", **kwargs):
 
 
 def _docs(done):
-    return {path.rsplit("/", 1)[1]: list(documents.read(path)) for path in done.paths("docs-*.parquet")}
+    return {path.rsplit("/", 1)[1]: list(documents.read(path)) for path in documents.shards_of(done)}
 
 
 def _rejected(done, reason):

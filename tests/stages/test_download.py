@@ -26,7 +26,7 @@ def _run(root, source, num_shards=2):
     committed = cache.run_stage(cache_root=str(root), stage="download", key="k1",
                                 config=download.Config(source=source, num_shards=num_shards),
                                 upstream={}, fn=download.run)
-    docs = [d for p in committed.paths("docs-*.parquet") for d in documents.read(p)]
+    docs = [d for p in documents.shards_of(committed) for d in documents.read(p)]
     return committed, docs, storage.read_json(committed.file("stats.json"))
 
 

@@ -42,7 +42,7 @@ def expected_streams(upstream, add_bos=False, val_fraction=0.1) -> dict[str, lis
     """The token streams the stage must write, computed the slow, obvious way."""
     sp = processor(upstream)
     streams = {"train": [], "val": []}
-    for path in upstream["clean"].paths("docs-*.parquet"):
+    for path in documents.shards_of(upstream["clean"]):
         for doc in documents.read(path):
             split = "val" if split_rule.fraction(doc["id"], path) < val_fraction else "train"
             streams[split] += [sp.bos_id()] * add_bos + sp.encode(doc["text"]) + [sp.eos_id()]
@@ -74,7 +74,7 @@ def test_split_is_by_document_and_eos_ends_every_document(sharded, upstream):
         assert tokens[-1] == sp.eos_id() and sp.bos_id() not in tokens
         ends = np.flatnonzero(tokens == sp.eos_id())
         texts[split] = [sp.decode(d.tolist()) for d in np.split(tokens, ends + 1)[:-1]]
-    docs = [d for p in upstream["clean"].paths("docs-*.parquet") for d in documents.read(p)]
+    docs = [d for p in documents.shards_of(upstream["clean"]) for d in documents.read(p)]
     val = [d["text"] for d in docs if split_rule.fraction(d["id"], "") < 0.1]
     assert texts["val"] == val and 20 < len(val) < 60
     assert texts["train"] == [d["text"] for d in docs if d["text"] not in val]

@@ -102,7 +102,7 @@ def test_unigram_and_no_byte_fallback(clean, tmp_path):
 
 
 def test_sample_respects_the_budget_and_never_trains_on_heldout(clean):
-    shards = clean.paths("docs-*.parquet")
+    shards = documents.shards_of(clean)
     config = tokenizer.Config(sample_chars=20_000, heldout_fraction=0.2)
     sentences, heldout, counts = tokenizer.sample(shards, config)
     assert 20_000 <= counts["sampled_chars"] < 20_000 + 3 * 2_000        # at most one doc over per shard
