@@ -122,7 +122,7 @@ def load(cache_root: str, stage: str, key: str) -> Committed | None:
 # Running a stage into the cache
 
 def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
-              upstream: Mapping[str, Committed], fn: Callable[[Any, Mapping[str, Committed], str], Any],
+              upstream: Mapping[str, Committed], fn: Callable[[Any, Mapping[str, Committed], str, str], Any],
               extra_files: Mapping[str, str] = (), run_id: str = "") -> Committed:
     """Runs `fn(config, upstream, attempt_dir, work_dir)` in a fresh attempt and commits it.
 

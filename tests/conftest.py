@@ -10,6 +10,10 @@ import uuid
 import pytest
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# CPU tests on a machine with libtpu (the dev extra brings it, for ahead-of-time TPU compiles): without this
+# every process that imports JAX tries to start a TPU runtime and prints its errors. TPU topologies still
+# compile with it set.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

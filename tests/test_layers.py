@@ -124,7 +124,7 @@ def _url_literals(path: str) -> list[tuple[int, str]]:
 
 def test_no_url_scheme_literal_outside_storage():
     """Only stages/io/storage.py knows URL schemes (local, gs://, hf://): everything else hands paths
-    to it and asks it (join, parent, is_remote, ...). Comments and docstrings may mention schemes."""
+    to it and asks it (join, parent, is_local, ...). Comments and docstrings may mention schemes."""
     found = []
     for package in ("pipeline", "stages"):
         for root, dirs, files in os.walk(os.path.join(REPO, package)):

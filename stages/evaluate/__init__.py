@@ -32,11 +32,14 @@ class Config:
     seed: int = 0
     max_eval_batches: int = 0            # 0 = every val window once
     batch_size: int = 8
+    loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
 
     def __post_init__(self):
-        if self.max_new_tokens < 1 or self.batch_size < 1 or self.max_eval_batches < 0 or self.top_k < 0:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens}, batch_size={self.batch_size} must be "
-                             f">= 1; max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
+        if min(self.max_new_tokens, self.batch_size, self.loss_chunk) < 1 or min(self.max_eval_batches,
+                                                                                  self.top_k) < 0:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}, batch_size={self.batch_size}, "
+                             f"loss_chunk={self.loss_chunk} must be >= 1; "
+                             f"max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
 

@@ -18,7 +18,6 @@ from stages.train.configs import ModelConfig
 # The unigram baseline is estimated on the first 50M training tokens: exact for small corpora, and a
 # real run's evaluation does not read the whole training set for one reference number.
 UNIGRAM_TOKENS = 50_000_000
-LOSS_CHUNK = 4096            # tokens per cross-entropy chunk (bounds the logits' memory)
 
 
 def evaluate(config, train, shard, tokenizer) -> dict:
@@ -30,9 +29,12 @@ def evaluate(config, train, shard, tokenizer) -> dict:
     sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(tokenizer.file("tokenizer.model")))
     seq_len = summary["seq_len"]
 
-    with storage.local_files(shard.paths("val-*.bin")) as val_files, \
-            storage.local_files(shard.paths("train-*.bin")) as train_files:
-        options = {"eos_id": manifest["eos_id"], "loss_chunk": LOSS_CHUNK, "z_loss": 0.0}
+    batches = config.max_eval_batches
+    val_needed = batches * config.batch_size * seq_len + 1 if batches else None
+    # Copied locally (when remote) only as far as they are read: the first UNIGRAM_TOKENS training tokens.
+    with storage.local_files(leading_shards(shard, manifest, "val", val_needed)) as val_files, \
+            storage.local_files(leading_shards(shard, manifest, "train", UNIGRAM_TOKENS)) as train_files:
+        options = {"eos_id": manifest["eos_id"], "loss_chunk": config.loss_chunk, "z_loss": 0.0}
         eval_fn = jax.jit(functools.partial(_batch_loss, graphdef, **options))
         losses, tokens, start = [], 0, time.perf_counter()
         for i, batch in enumerate(data.eval_batches(val_files, manifest, seq_len=seq_len,
@@ -60,6 +62,19 @@ def evaluate(config, train, shard, tokenizer) -> dict:
     }
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     return {"metrics": metrics, "samples": samples}
+
+
+def leading_shards(shard, manifest: dict, split: str, tokens: int | None) -> list[str]:
+    """The paths of the first shards of `split` that hold at least `tokens` tokens (all when None), from
+    the shard manifest's per-shard counts."""
+    listed = manifest["splits"][split]["shards"]
+    out, held = [], 0
+    for entry in listed:
+        if tokens is not None and held >= tokens:
+            break
+        out.append(shard.file(entry["file"]))
+        held += entry["tokens"]
+    return out
 
 
 def _batch_loss(graphdef, params, batch, **options):

@@ -25,6 +25,22 @@ NAN_POLICIES = ("stop", "skip")      # train.Config.nan_policy: fail naming the 
 OPTIMIZERS = ("adamw", "lion", "adafactor", "muon")
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 AXES = ("data", "fsdp", "tensor")    # the mesh's named axes, in order
+BATCH_AXES = ("data", "fsdp")        # the mesh axes a batch is split over
+# Logical axis -> mesh axes (None: replicated). A mesh axis already used by an earlier dimension of the
+# same array is skipped, so ("batch", "length", "embed") shards batch over data x fsdp and leaves embed whole.
+# `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
+# (ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron).
+LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
+    "batch": BATCH_AXES,
+    "length": None,
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "head_dim": None,
+    "layers": None,
+}
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -98,13 +114,37 @@ class ModelConfig:
         return self.rope_original_max_len or max(1, int(self.max_seq_len / self.rope_factor))
 
 
+def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Every parameter of the decoder, in the order the model creates them: name -> (shape, logical axis
+    names). The model builds its parameters from this table, and the planner sizes and shards them by it.
+    The layers' parameters are stacked on a leading ("layers",) axis of size n_layers (scan)."""
+    D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim, cfg.effective_mlp_dim
+    layer = {
+        "attn_norm": ((D,), ("embed",)),
+        "wq": ((D, N, H), ("embed", "heads", "head_dim")),
+        "wk": ((D, K, H), ("embed", "kv_heads", "head_dim")),
+        "wv": ((D, K, H), ("embed", "kv_heads", "head_dim")),
+        "wo": ((N, H, D), ("heads", "head_dim", "embed")),
+        "mlp_norm": ((D,), ("embed",)),
+        "w_gate": ((D, F), ("embed", "mlp")),
+        "w_up": ((D, F), ("embed", "mlp")),
+        "w_down": ((F, D), ("mlp", "embed")),
+    }
+    out = {"embed": ((cfg.vocab_size, D), ("vocab", "embed"))}
+    out |= {f"layers.{name}": ((cfg.n_layers, *shape), ("layers", *names))
+            for name, (shape, names) in layer.items()}
+    out["final_norm"] = ((D,), ("embed",))
+    if not cfg.tie_embeddings:
+        out["unembedding"] = ((D, cfg.vocab_size), ("embed", "vocab"))
+    return out
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters by part, in closed form (no JAX): embed, unembed (0 when tied), layers, final_norm."""
-    D, H, F, L = cfg.d_model, cfg.effective_head_dim, cfg.effective_mlp_dim, cfg.n_layers
-    attn = D * cfg.n_heads * H * 2 + D * cfg.n_kv_heads * H * 2          # q, o and k, v
-    layer = attn + 3 * D * F + 2 * D                                     # + SwiGLU, + two norm scales
-    return {"embed": cfg.vocab_size * D, "unembed": 0 if cfg.tie_embeddings else D * cfg.vocab_size,
-            "layers": L * layer, "final_norm": D}
+    """Parameters by part (no JAX): embed, unembed (0 when tied), layers, final_norm."""
+    sizes = {name: math.prod(shape) for name, (shape, _) in param_layout(cfg).items()}
+    return {"embed": sizes["embed"], "unembed": sizes.get("unembedding", 0),
+            "layers": sum(n for name, n in sizes.items() if name.startswith("layers.")),
+            "final_norm": sizes["final_norm"]}
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -219,3 +259,72 @@ class MeshConfig:
                              f"(data=-1 takes the rest, and needs fsdp x tensor = {other} to divide "
                              f"{n_devices})")
         return data, self.fsdp, self.tensor
+
+
+def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str, ...], ...]:
+    """Logical axis names -> the mesh axes each dimension is split over (() = replicated), by `rules`
+    (default LOGICAL_RULES). With `shape` and `mesh_shape` ({axis: size}), a mesh axis that does not divide
+    its dimension is dropped (that dimension stays replicated over it) rather than failing at placement.
+    `sharding.logical_to_spec` turns the result into a PartitionSpec; the planner divides sizes by it."""
+    rules = LOGICAL_RULES if rules is None else rules
+    used: set[str] = set()
+    out = []
+    for i, name in enumerate(names):
+        if name is not None and name not in rules:
+            raise ValueError(f"logical axis {name!r} has no sharding rule; known: {sorted(rules)}")
+        target = rules.get(name) if name is not None else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a not in used)
+        if shape is not None and mesh_shape is not None:
+            kept, size = [], 1
+            for a in axes:
+                if shape[i] % (size * mesh_shape[a]) == 0:
+                    kept.append(a)
+                    size *= mesh_shape[a]
+            axes = tuple(kept)
+        used.update(axes)
+        out.append(axes)
+    return tuple(out)
+
+
+
+# ------------------------------------------------------------------------------------------- hardware
+
+@dataclasses.dataclass(frozen=True)
+class HardwareConfig:
+    """Where the run is meant to train: what `make plan` checks the config against and what training
+    refuses to start without (see stages/train/planner.py). Gin: `train.HardwareConfig.<field>`.
+
+    device: a row of `stages.train.devices.DEVICES` ("tpu-v5p", "h100", "cpu", ...).
+    topology: a TPU topology ("v5p:8x8x16"); the planner compiles the real train step for it ahead of time.
+    chips: chips per slice; 0 = the topology's, or (no topology) the mesh's explicit sizes.
+    num_slices: slices joined over the data-center network (multi-slice).
+    mfu: the model FLOPs utilization the time estimate assumes.
+    allow_unfit: start training even when the plan says the state does not fit in device memory.
+    """
+
+    device: str = "cpu"
+    topology: str = ""
+    chips: int = 0
+    num_slices: int = 1
+    mfu: float = 0.4
+    allow_unfit: bool = False
+
+    def __post_init__(self):
+        if self.chips < 0 or self.num_slices < 1:
+            raise ValueError(f"HardwareConfig: chips={self.chips} must be >= 0 (0 = from the topology) and "
+                             f"num_slices={self.num_slices} >= 1")
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"HardwareConfig: mfu={self.mfu} must be in (0, 1]")
+        if self.topology and (":" not in self.topology or topology_chips(self.topology) < 1):
+            raise ValueError(f"HardwareConfig: topology={self.topology!r} is not a TPU topology such as "
+                             '"v5p:8x8x16" (generation, then the chip grid)')
+
+
+def topology_chips(topology: str) -> int:
+    """Chips in a TPU topology name: "v5p:8x8x16" -> 1024, "v5e:16x16" -> 256; 0 when it does not parse."""
+    grid = topology.partition(":")[2]
+    try:
+        return math.prod(int(n) for n in grid.split("x"))
+    except ValueError:
+        return 0

@@ -3,10 +3,11 @@
     from stages.train import loop
     loop.train(config, shard_committed, out_dir, work_dir)     # what worker.main calls
 
-    train      set_up -> resume -> one_interval, repeated until the last step -> finish
+    train      set_up -> resume -> (one_interval, checkpoint_or_stop) until the last step -> finish
     set_up     the mesh, the data, the model and optimizer on the mesh, the jitted steps
     resume     the newest periodic checkpoint of this key, if an earlier attempt left one
     one_interval   the steps up to the next logging step: one device sync, one metrics row
+    checkpoint_or_stop   the periodic checkpoint, or a checkpoint and `TrainingStopped` on a stop request
     finish     the final checkpoint and summary.json into the committed attempt
 
 State is (params, opt_state, step). The batch at step s is `data.batch(s)`, a pure function of s
@@ -17,6 +18,7 @@ saves a checkpoint and raises `TrainingStopped`; rerunning the stage resumes fro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -36,7 +38,7 @@ from flax import nnx
 
 from stages.io import storage
 from stages.train import checkpoint, data, loss, metrics, model, optimizer, sharding
-from stages.train.configs import flops_per_token
+from stages.train.configs import flops_per_token, param_counts
 from stages.train.launch import TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -49,14 +51,17 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
     Raises `TrainingStopped` after saving when asked to stop before the last step.
     """
     manifest = storage.read_json(shard.file("manifest.json"))
-    local_out = out_dir if storage.is_local(out_dir) else tempfile.mkdtemp(prefix="refinery-train-")
-    with storage.local_files(shard.paths("train-*.bin")) as train_files, \
-            storage.local_files(shard.paths("val-*.bin")) as val_files:
+    with contextlib.ExitStack() as stack:
+        # Metrics are written locally and copied up at the end when out_dir is remote.
+        local_out = out_dir if storage.is_local(out_dir) else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="refinery-train-"))
+        train_files = stack.enter_context(storage.local_files(shard.paths("train-*.bin")))
+        val_files = stack.enter_context(storage.local_files(shard.paths("val-*.bin")))
         run, params, opt_state = set_up(cfg, manifest, train_files, val_files, process_index, process_count)
+        stack.enter_context(jax.set_mesh(run.mesh))       # every step is traced under the mesh
         ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
                                        every=cfg.checkpoint_every)
-        writer = metrics.MetricsWriter(local_out, every=cfg.log_every, total_steps=cfg.steps,
-                                       enabled=process_index == 0)
+        writer = metrics.MetricsWriter(local_out, total_steps=cfg.steps, enabled=process_index == 0)
         try:
             params, opt_state, start = resume(run, ckpt, params, opt_state)
             stop = ckpt.install_sigterm_handler()
@@ -67,10 +72,12 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
                 writer.write(last)
                 if "tokens_per_s" in last:
                     throughput = last
+                # After the interval's losses were checked: a non-finite loss never reaches a checkpoint.
+                checkpoint_or_stop(run, ckpt, stop, params, opt_state, end - 1)
         finally:
             writer.close()
             ckpt.close()
-    return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
+        return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +95,7 @@ class Run:
     lr_at: Callable                   # step -> learning rate, for the logs
     flops_per_token: float
     peak: tuple[str, float]           # (device name, its peak FLOP/s), for MFU
+    processes: int                    # training processes (hosts)
 
 
 def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], process_index: int,
@@ -103,17 +111,44 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
                                  process_count=process_count)
     eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
 
-    with jax.set_mesh(mesh):
-        net = model.Transformer(mcfg, rngs=nnx.Rngs(cfg.seed))
-        sharding.shard_model(net, mesh)
-    graphdef, params = nnx.split(net, nnx.Param)
-    tx = optimizer.make_optimizer(ocfg, params)
+    graphdef, tx, params, opt_state = init_state(mcfg, ocfg, cfg.seed, mesh)
+    params_sh, opt_sh = sharding.shardings_of(params), sharding.shardings_of(opt_state)
+    batch_sh, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     options = step_options(cfg, manifest["eos_id"])
-    step_fn = jax.jit(functools.partial(train_step, graphdef, tx, **options), donate_argnums=(0, 1))
-    eval_fn = jax.jit(functools.partial(eval_step, graphdef, **loss_options(options)))
+    # Explicit shardings in and out, and traced under the mesh (train() enters it), so the model's logical
+    # constraints on activations are active and the state never leaves its layout.
+    step_fn = jax.jit(functools.partial(train_step, graphdef, tx, **options), donate_argnums=(0, 1),
+                      in_shardings=(params_sh, opt_sh, batch_sh),
+                      out_shardings=(params_sh, opt_sh, replicated))
+    eval_fn = jax.jit(functools.partial(eval_step, graphdef, **loss_options(options)),
+                      in_shardings=(params_sh, batch_sh), out_shardings=replicated)
     run = Run(cfg, mcfg, mesh, batches, eval_data, graphdef, step_fn, eval_fn, optimizer.schedule(ocfg),
-              flops_per_token(mcfg, cfg.seq_len), metrics.device_peak_flops(jax.devices()[0]))
-    return run, params, tx.init(params)
+              flops_per_token(mcfg, cfg.seq_len), metrics.device_peak_flops(jax.devices()[0]), process_count)
+    return run, params, opt_state
+
+
+def init_state(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Any, Any]:
+    """(graphdef, optimizer, params, optimizer state), the state created directly in its shardings.
+
+    The model is built abstractly first (shapes only), its parameters' shardings derived from their
+    logical names, and then one jitted program creates every parameter and moment already split over
+    the mesh: no device ever holds more than its share, at any size. Call it outside `jax.set_mesh`:
+    under a mesh context NNX would read the parameters' logical names as mesh axes.
+    """
+    def build():
+        return nnx.split(model.Transformer(mcfg, rngs=nnx.Rngs(seed)), nnx.Param)
+
+    graphdef, abstract = nnx.eval_shape(build)
+    tx = optimizer.make_optimizer(ocfg, abstract)
+    params_sh = sharding.param_shardings(abstract, mesh)
+    opt_sh = sharding.opt_state_shardings(tx, abstract, params_sh, mesh)
+
+    def init():
+        params = build()[1]
+        return params, tx.init(params)
+
+    params, opt_state = jax.jit(init, out_shardings=(params_sh, opt_sh))()
+    return graphdef, tx, params, opt_state
 
 
 def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[Any, Any, int]:
@@ -129,7 +164,8 @@ def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[
 
 def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
     """The logging intervals [begin, end) from `start` to `steps`: the first step alone (it is mostly
-    compilation, so it is timed on its own and gives no rate), then up to each multiple of `every`."""
+    compilation, so it is timed on its own and gives no rate), then up to each multiple of `every` and
+    the last step: a metrics row is logged at the end of each."""
     begin = start
     while begin < steps:
         end = begin + 1 if begin == start else min(steps, (begin // every + 1) * every)
@@ -139,10 +175,10 @@ def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
 
 def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkpoint.Checkpointer,
                  stop: threading.Event, *, first: bool) -> tuple[Any, Any, dict]:
-    """Steps [begin, end), periodic checkpoints among them, then one device sync for the whole interval:
-    every step's loss is checked, the numbers averaged into one metrics row (and the held-out loss added
-    on evaluation steps). `first`: the run's first interval, timed but not a rate. Raises
-    `TrainingStopped` after saving when a stop was requested."""
+    """Steps [begin, end), and the checkpoints (or stop) after each but the last, then one device sync
+    for the whole interval: every step's loss is checked, the numbers averaged into one metrics row (and
+    the held-out loss added on evaluation steps). `first`: the run's first interval, timed but not a
+    rate. Raises `TrainingStopped` after saving when a stop was requested."""
     cfg = run.cfg
     started = time.perf_counter()
     pending = []                                          # (step, device outputs), fetched together
@@ -150,15 +186,8 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
         batch = sharding.global_batch(run.batches.batch(step), run.mesh)
         params, opt_state, out = run.step_fn(params, opt_state, batch)
         pending.append((step, out))
-        # A stop request at the last step just finishes: the final checkpoint follows anyway.
-        stopping = step + 1 < cfg.steps and (stop.is_set() or 0 < cfg.stop_after <= step + 1)
-        if stopping or (step + 1) % cfg.checkpoint_every == 0:
-            ckpt.save(step + 1, _state(params, opt_state, step + 1, run.mesh), force=stopping)
-        if stopping:
-            ckpt.wait()
-            reason = "SIGTERM" if stop.is_set() else f"stop_after={cfg.stop_after}"
-            raise TrainingStopped(f"stopped at step {step + 1} ({reason}); the checkpoint is saved: "
-                                  "rerun the stage to resume from it")
+        if step + 1 < end:               # the interval's last step is the caller's, after the checks below
+            checkpoint_or_stop(run, ckpt, stop, params, opt_state, step)
 
     fetched = [(s, jax.device_get(o)) for s, o in pending]
     for s, o in fetched:
@@ -181,6 +210,21 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
     return params, opt_state, row
 
 
+def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: threading.Event, params, opt_state,
+                       step: int) -> None:
+    """After `step`: the periodic checkpoint, or, when a stop was requested, a checkpoint now and
+    `TrainingStopped`. A stop request at the last step just finishes: the final checkpoint follows anyway."""
+    cfg, done = run.cfg, step + 1
+    stopping = done < cfg.steps and (stop.is_set() or 0 < cfg.stop_after <= done)
+    if stopping or done % cfg.checkpoint_every == 0:
+        ckpt.save(done, _state(params, opt_state, done, run.mesh), force=stopping)
+    if stopping:
+        ckpt.wait()
+        reason = "SIGTERM" if stop.is_set() else f"stop_after={cfg.stop_after}"
+        raise TrainingStopped(f"stopped at step {done} ({reason}); the checkpoint is saved: "
+                              "rerun the stage to resume from it")
+
+
 def finish(run: Run, params, opt_state, out_dir: str, local_out: str, last: dict, throughput: dict,
            process_index: int) -> dict:
     """Saves the final checkpoint into `out_dir` and, on the first process, summary.json (copying the
@@ -189,10 +233,10 @@ def finish(run: Run, params, opt_state, out_dir: str, local_out: str, last: dict
     final = checkpoint.Checkpointer(storage.join(out_dir, "checkpoint"), keep=1, every=1, async_save=False)
     final.save(cfg.steps, _state(params, opt_state, cfg.steps, run.mesh), force=True)
     final.close()
-    summary = {"params": model.num_params(run.model_config), "steps": cfg.steps,
+    summary = {"params": sum(param_counts(run.model_config).values()), "steps": cfg.steps,
                "final_loss": last.get("loss"), "eval_loss": last.get("eval_loss", float("nan")),
                "tokens_per_s": throughput.get("tokens_per_s"), "mfu": throughput.get("mfu"),
-               "device": run.peak[0], "devices": jax.device_count(), "processes": jax.process_count(),
+               "device": run.peak[0], "devices": jax.device_count(), "processes": run.processes,
                "model": dataclasses.asdict(run.model_config), "seq_len": cfg.seq_len,
                "global_batch": cfg.global_batch}
     if process_index == 0:
@@ -286,8 +330,8 @@ def evaluate(eval_fn, params, batches, mesh) -> float:
 def _state(params, opt_state, step: int, mesh) -> dict:
     """What a checkpoint holds. The step is a scalar replicated over the mesh: a global array, which Orbax
     can save from many hosts (a host-local scalar it refuses in a multi-process job)."""
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return {"params": params, "opt_state": opt_state, "step": jax.device_put(np.int32(step), replicated)}
+    return {"params": params, "opt_state": opt_state,
+            "step": jax.device_put(np.int32(step), sharding.replicated(mesh))}
 
 
 def _publish(local_out: str, out_dir: str, summary: dict) -> None:

@@ -1,11 +1,10 @@
 """Training metrics: metrics.jsonl, TensorBoard events, a console progress line, MFU and the NaN guard.
 
     name, peak = metrics.device_peak_flops(jax.devices()[0])         # ("H100", 989e12)
-    writer = metrics.MetricsWriter(out_dir, every=10, total_steps=1000, enabled=jax.process_index() == 0)
-    ...
-    if writer.should_log(step + 1):
-        writer.write({"step": step + 1, "loss": 2.31, "learning_rate": 3e-4, "tokens_per_s": tps,
-                      "mfu": metrics.mfu(flops_per_token, tps, jax.device_count(), peak), ...})
+    writer = metrics.MetricsWriter(out_dir, total_steps=1000, enabled=jax.process_index() == 0)
+    ...                                                    # every logging step (loop.intervals decides which)
+    writer.write({"step": step + 1, "loss": 2.31, "learning_rate": 3e-4, "tokens_per_s": tps,
+                  "mfu": metrics.mfu(flops_per_token, tps, jax.device_count(), peak), ...})
     writer.close()
 
 metrics.jsonl holds one JSON object per logged step (written and flushed at once, so a crash keeps
@@ -24,43 +23,15 @@ import sys
 import time
 from collections.abc import Mapping
 
+from stages.train import devices
 from stages.train.configs import NAN_POLICIES
 
 log = logging.getLogger(__name__)
 
-# Peak dense bf16 matmul FLOP/s per device (vendor figures, no sparsity). "cpu" is a rough estimate
-# for the whole host that JAX exposes as one CPU device: a few cores with AVX2/AVX-512 FMA units
-# reach ~50 GFLOP/s each in fp32 (bf16 is not faster on most CPUs), so 1e11 for a small VM. It only
-# keeps MFU finite in CPU tests and runs; read CPU MFU as an order of magnitude.
-PEAK_FLOPS = {
-    "cpu": 1e11,
-    "H100": 989e12,      # H100 SXM
-    "H200": 989e12,
-    "TPU v4": 275e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6e": 918e12,
-}
-
-# device.device_kind spellings -> PEAK_FLOPS names, most specific first ("TPU v5 lite" before "TPU v5").
-_KINDS = (
-    ("h100", "H100"), ("h200", "H200"),
-    ("tpu v5 lite", "TPU v5e"), ("tpu v5e", "TPU v5e"), ("tpu v5p", "TPU v5p"), ("tpu v5", "TPU v5p"),
-    ("tpu v6 lite", "TPU v6e"), ("tpu v6e", "TPU v6e"), ("tpu v4", "TPU v4"),
-    ("cpu", "cpu"),
-)
-
-
-
 def device_peak_flops(device) -> tuple[str, float]:
-    """(name, peak bf16 FLOP/s) for a jax device, from its `device_kind`; unknown kinds fall back to cpu."""
-    kind = str(getattr(device, "device_kind", device)).lower()
-    for needle, name in _KINDS:
-        if needle in kind:
-            return name, PEAK_FLOPS[name]
-    log.warning("no peak FLOP/s known for device kind %r (known: %s); MFU uses the cpu estimate",
-                kind, sorted(PEAK_FLOPS))
-    return "cpu", PEAK_FLOPS["cpu"]
+    """(name, peak bf16 FLOP/s) for a jax device, from its `device_kind` (`devices.for_kind`)."""
+    d = devices.for_kind(device)
+    return d.label, d.peak_flops
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, num_devices: int, peak: float) -> float:
@@ -95,15 +66,15 @@ def check_finite(step: int, loss: float, policy: str) -> bool:
 class MetricsWriter:
     """Appends logged steps to `out_dir/metrics.jsonl`, TensorBoard (`out_dir/tensorboard/`) and the console.
 
-    every / total_steps: the logging interval (see `should_log`) and the run length (for the ETA).
+    total_steps: the run length (for the ETA).
     enabled: False on every process but the first, which then writes nothing.
     """
 
-    def __init__(self, out_dir: str, *, every: int, total_steps: int, enabled: bool = True,
+    def __init__(self, out_dir: str, *, total_steps: int, enabled: bool = True,
                  stream=None):
-        if every < 1 or total_steps < 1:
-            raise ValueError(f"every={every} and total_steps={total_steps} must both be >= 1")
-        self.out_dir, self.every, self.total_steps, self.enabled = out_dir, every, total_steps, enabled
+        if total_steps < 1:
+            raise ValueError(f"total_steps={total_steps} must be >= 1")
+        self.out_dir, self.total_steps, self.enabled = out_dir, total_steps, enabled
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self._stream = stream if stream is not None else sys.stderr
         self._start: tuple[float, int] | None = None      # (time, step) of the first write, for the ETA
@@ -114,10 +85,6 @@ class MetricsWriter:
             os.makedirs(out_dir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, closed in close()
             self._tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
-
-    def should_log(self, step: int) -> bool:
-        """Whether `step` (counted from 1) is a logging step: every `every` steps and the last one."""
-        return step % self.every == 0 or step == self.total_steps
 
     def write(self, row: Mapping[str, float]) -> None:
         """Logs one step: `row` needs "step"; its other numbers (loss, mfu, eval_loss, ...) are recorded."""

@@ -39,7 +39,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from stages.train.attention import attention
-from stages.train.configs import REMAT_NAMES, ModelConfig
+from stages.train.configs import REMAT_NAMES, ModelConfig, param_layout
 from stages.train.sharding import with_logical_constraint
 
 EMPTY_SLOT = -1          # the segment id of a KV-cache slot not yet written: no query has it
@@ -78,12 +78,12 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
-        D, V, pd = cfg.d_model, cfg.vocab_size, jnp.dtype(cfg.param_dtype)
-        self.embed = param(rngs.params(), (V, D), ("vocab", "embed"), cfg.init_std, pd)
-        self.layers = Block(cfg, cfg.n_layers, rngs=rngs)
-        self.final_norm = param(None, (D,), ("embed",), None, pd)
+        layout, pd = param_layout(cfg), jnp.dtype(cfg.param_dtype)
+        self.embed = param(rngs.params(), *layout["embed"], cfg.init_std, pd)
+        self.layers = Block(cfg, rngs=rngs)
+        self.final_norm = param(None, *layout["final_norm"], None, pd)
         if not cfg.tie_embeddings:
-            self.unembedding = param(rngs.params(), (D, V), ("embed", "vocab"), cfg.init_std, pd)
+            self.unembedding = param(rngs.params(), *layout["unembedding"], cfg.init_std, pd)
 
     def __call__(self, tokens, *, segment_ids=None, positions=None, cache: KVCache | None = None):
         """tokens (B, T) int -> (hidden (B, T, D) in cfg.dtype after the final norm, cache).
@@ -168,24 +168,25 @@ class Transformer(nnx.Module):
 
 
 class Block(nnx.Module):
-    """`n` decoder layers' parameters stacked on a leading "layers" axis; `__call__` applies ONE layer
-    (its parameters sliced by the scan, see Transformer._layers)."""
+    """The decoder layers' parameters stacked on a leading "layers" axis (shapes and logical names from
+    `configs.param_layout`); `__call__` applies ONE layer (its parameters sliced by the scan, see
+    Transformer._layers)."""
 
-    def __init__(self, cfg: ModelConfig, n: int, *, rngs: nnx.Rngs):
-        D, N, K, H, F = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim,
-                         cfg.effective_mlp_dim)
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        layout = {name.removeprefix("layers."): v for name, v in param_layout(cfg).items()
+                  if name.startswith("layers.")}
         pd, std = jnp.dtype(cfg.param_dtype), cfg.init_std
         out_std = std / math.sqrt(2 * cfg.n_layers)   # GPT-2: residual branches sum over 2L additions
-        L = ("layers",)
-        self.attn_norm = param(None, (n, D), L + ("embed",), None, pd)
-        self.wq = param(rngs.params(), (n, D, N, H), L + ("embed", "heads", "head_dim"), std, pd)
-        self.wk = param(rngs.params(), (n, D, K, H), L + ("embed", "kv_heads", "head_dim"), std, pd)
-        self.wv = param(rngs.params(), (n, D, K, H), L + ("embed", "kv_heads", "head_dim"), std, pd)
-        self.wo = param(rngs.params(), (n, N, H, D), L + ("heads", "head_dim", "embed"), out_std, pd)
-        self.mlp_norm = param(None, (n, D), L + ("embed",), None, pd)
-        self.w_gate = param(rngs.params(), (n, D, F), L + ("embed", "mlp"), std, pd)
-        self.w_up = param(rngs.params(), (n, D, F), L + ("embed", "mlp"), std, pd)
-        self.w_down = param(rngs.params(), (n, F, D), L + ("mlp", "embed"), out_std, pd)
+        # One creation call per parameter, in this order: the random streams (and the weights) depend on it.
+        self.attn_norm = param(None, *layout["attn_norm"], None, pd)
+        self.wq = param(rngs.params(), *layout["wq"], std, pd)
+        self.wk = param(rngs.params(), *layout["wk"], std, pd)
+        self.wv = param(rngs.params(), *layout["wv"], std, pd)
+        self.wo = param(rngs.params(), *layout["wo"], out_std, pd)
+        self.mlp_norm = param(None, *layout["mlp_norm"], None, pd)
+        self.w_gate = param(rngs.params(), *layout["w_gate"], std, pd)
+        self.w_up = param(rngs.params(), *layout["w_up"], std, pd)
+        self.w_down = param(rngs.params(), *layout["w_down"], out_std, pd)
 
     def __call__(self, cfg: ModelConfig, x, sin, cos, q_seg, kv_seg, cache_kv=None):
         """x (B, T, D); q_seg (B, T); kv_seg (B, S + T) with a cache, else (B, T); cache_kv: this layer's
@@ -224,8 +225,8 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 def param(key, shape, names, std, dtype):
-    """A Param with its logical axis names. Placement is sharding.shard_model's job, so no eager
-    sharding: building the model needs no mesh."""
+    """A Param with its logical axis names. Placement is the caller's (`loop.init_state` creates the
+    parameters in their shardings), so no eager sharding: building the model needs no mesh."""
     value = jnp.ones(shape, dtype) if std is None else std * jax.random.normal(key, shape, dtype)
     return nnx.Param(value, out_sharding=names, eager_sharding=False)
 

@@ -3,14 +3,15 @@ parameters and activations on it.
 
     from stages.train import sharding
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=4))              # 8 devices; fails before compiling
-    sharding.shard_model(net, mesh)                                    # params placed by their logical names
+    params = jax.device_put(params, sharding.param_shardings(params, mesh))   # placed by their logical names
     batch = sharding.global_batch(local_tokens, mesh)                  # (B_local, T) numpy -> global Array
     with jax.set_mesh(mesh):                                           # activation constraints take effect
         loss = jax.jit(step)(...)
 
 `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
 (ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron).
-`MeshConfig` (the axis sizes; gin binds it) lives in `configs.py`, JAX-free.
+`MeshConfig` (the axis sizes; gin binds it) and the logical-axis rules (`LOGICAL_RULES`, `mesh_axes`) live
+in `configs.py`, JAX-free, so the planner shards parameters exactly as training does.
 """
 
 from __future__ import annotations
@@ -20,25 +21,11 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from stages.train.configs import AXES, MeshConfig
-
-BATCH_AXES = ("data", "fsdp")
-# Logical axis -> mesh axes (None: replicated). A mesh axis already used by an earlier dimension of the
-# same array is skipped, so ("batch", "length", "embed") shards batch over data x fsdp and leaves embed whole.
-LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
-    "batch": BATCH_AXES,
-    "length": None,
-    "embed": "fsdp",
-    "vocab": "tensor",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "mlp": "tensor",
-    "head_dim": None,
-    "layers": None,
-}
+from stages.train.configs import AXES, BATCH_AXES, MeshConfig, mesh_axes
 
 
 def make_mesh(cfg: MeshConfig, devices=None):
@@ -50,27 +37,10 @@ def make_mesh(cfg: MeshConfig, devices=None):
 
 
 def logical_to_spec(names, shape=None, mesh=None, rules=None):
-    """Logical axis names -> `PartitionSpec`. With `shape` and `mesh`, a mesh axis that does not divide its
-    dimension is dropped (that dimension stays replicated over it) rather than failing at placement."""
-    rules = LOGICAL_RULES if rules is None else rules
-    used: set[str] = set()
-    spec = []
-    for i, name in enumerate(names):
-        if name is not None and name not in rules:
-            raise ValueError(f"logical axis {name!r} has no sharding rule; known: {sorted(rules)}")
-        target = rules.get(name) if name is not None else None
-        axes = (target,) if isinstance(target, str) else tuple(target or ())
-        axes = tuple(a for a in axes if a not in used)
-        if shape is not None and mesh is not None:
-            kept, size = [], 1
-            for a in axes:
-                if shape[i] % (size * mesh.shape[a]) == 0:
-                    kept.append(a)
-                    size *= mesh.shape[a]
-            axes = tuple(kept)
-        used.update(axes)
-        spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-    return PartitionSpec(*spec)
+    """Logical axis names -> `PartitionSpec` (see `configs.mesh_axes`; with `shape` and `mesh`, a mesh axis
+    that does not divide its dimension leaves that dimension replicated over it)."""
+    axes = mesh_axes(names, shape, None if mesh is None else dict(mesh.shape), rules)
+    return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in axes))
 
 
 def param_shardings(model_state, mesh):
@@ -86,13 +56,23 @@ def param_shardings(model_state, mesh):
     return jax.tree.map(one, model_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def shard_model(model, mesh):
-    """Places every variable of `model` (an nnx.Module) on `mesh` by its logical names, in place.
+def opt_state_shardings(tx, abstract_params, params_shardings, mesh):
+    """Shardings for `tx.init(params)`: every moment shaped like a parameter takes that parameter's
+    sharding; everything else (step counts, scalars) is replicated."""
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, params_shardings,
+                                 transform_non_params=lambda _: replicated(mesh),
+                                 is_leaf=lambda x: isinstance(x, nnx.Variable))
 
-    Returns the model."""
-    state = nnx.state(model)
-    nnx.update(model, jax.device_put(state, param_shardings(state, mesh)))
-    return model
+
+def shardings_of(tree):
+    """The shardings of a pytree of arrays (the same structure), e.g. to jit with in/out_shardings."""
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def replicated(mesh):
+    """A sharding that keeps a whole copy on every device of `mesh`."""
+    return jax.sharding.NamedSharding(mesh, PartitionSpec())
 
 
 def with_logical_constraint(x, names):

@@ -105,3 +105,50 @@ def test_gradient_accumulation_makes_the_update_of_one_big_batch():
     np.testing.assert_allclose(float(o4["grad_norm"]), float(o1["grad_norm"]), rtol=1e-4)
     for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-6)
+
+
+def test_logging_intervals_are_the_first_step_then_every_log_every_and_the_last():
+    from stages.train import loop
+
+    assert list(loop.intervals(0, 25, 10)) == [(0, 1), (1, 10), (10, 20), (20, 25)]
+    assert list(loop.intervals(6, 10, 1)) == [(6, 7), (7, 8), (8, 9), (9, 10)]        # resumed at step 6
+    assert list(loop.intervals(12, 30, 10)) == [(12, 13), (13, 20), (20, 30)]
+    assert list(loop.intervals(30, 30, 10)) == []
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_never_reaches_a_checkpoint(tmp_path, shard):
+    """nan_policy="stop" fails at the first logging step after the loss went NaN, before that step's
+    checkpoint: the newest checkpoint is the last good state, the place to resume."""
+    blowup = dataclasses.replace(CONFIG, optimizer=dataclasses.replace(CONFIG.optimizer, learning_rate=1e6,
+                                                                       clip_norm=0.0),
+                                 log_every=3, checkpoint_every=3, nan_policy="stop")
+    root = str(tmp_path)
+    with pytest.raises(FloatingPointError, match="the loss is"):
+        _train(root, shard, blowup)
+    from stages.train import checkpoint
+
+    saved = checkpoint.Checkpointer(f"{root}/train/k/work/checkpoints", keep=3, every=3)
+    steps = saved.all_steps()
+    saved.close()
+    rows = [json.loads(line) for line in storage.read_text(f"{root}/train/k/{_attempt(root)}/metrics.jsonl")
+            .splitlines()]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    last_good = max((r["step"] for r in rows), default=0)
+    assert max(steps, default=0) <= last_good          # no checkpoint holds a step past the last good row
+
+
+def _attempt(root) -> str:
+    return next(n for n in storage.listdir(f"{root}/train/k") if n.startswith("attempt-"))
+
+
+@pytest.mark.slow
+def test_a_stopped_multi_process_run_raises_training_stopped(tmp_path, shard):
+    """Each worker saves its part of the checkpoint and exits with launch.STOPPED_EXIT_CODE; the launcher
+    lets the slower one finish saving, then reports the stop (not a crash), and a rerun resumes."""
+    two = LaunchConfig(kind="local", num_processes=2, timeout_s=300)
+    root = str(tmp_path)
+    with pytest.raises(TrainingStopped, match="all 2 training processes stopped at a checkpoint"):
+        _train(root, shard, dataclasses.replace(CONFIG, launcher=two, stop_after=4))
+    resumed = _train(root, shard, dataclasses.replace(CONFIG, launcher=two))
+    assert sorted(_losses(resumed)) == list(range(5, 11))            # steps after the resume point

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from stages.train import metrics
+from stages.train import devices, metrics
 
 
 class _Tty(io.StringIO):
@@ -26,7 +26,7 @@ def _rows():
 
 
 def test_jsonl_lines_parse_and_are_flushed_per_write(tmp_path):
-    writer = metrics.MetricsWriter(str(tmp_path), every=10, total_steps=30, stream=io.StringIO())
+    writer = metrics.MetricsWriter(str(tmp_path), total_steps=30, stream=io.StringIO())
     writer.write(_rows()[0])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()      # before close: already on disk
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 10
@@ -58,7 +58,7 @@ def _scalars(event_file):
 
 
 def test_tensorboard_events_are_written(tmp_path):
-    with metrics.MetricsWriter(str(tmp_path), every=10, total_steps=30, stream=io.StringIO()) as writer:
+    with metrics.MetricsWriter(str(tmp_path), total_steps=30, stream=io.StringIO()) as writer:
         for row in _rows():
             writer.write(row)
         writer.write({"step": 30, "eval_loss": 2.5})
@@ -72,17 +72,14 @@ def test_tensorboard_events_are_written(tmp_path):
 
 def test_progress_line_and_disabled_writer(tmp_path):
     tty = _Tty()
-    writer = metrics.MetricsWriter(str(tmp_path / "a"), every=10, total_steps=30, stream=tty)
+    writer = metrics.MetricsWriter(str(tmp_path / "a"), total_steps=30, stream=tty)
     writer.write(_rows()[0])
     writer.close()
     assert tty.getvalue().startswith("\r") and "step 10/30" in tty.getvalue() and "eta" in tty.getvalue()
-    off = metrics.MetricsWriter(str(tmp_path / "b"), every=10, total_steps=30, enabled=False)
+    off = metrics.MetricsWriter(str(tmp_path / "b"), total_steps=30, enabled=False)
     off.write(_rows()[0])
     off.close()
     assert not os.path.exists(tmp_path / "b")
-    assert [s for s in range(1, 26) if off.should_log(s)] == [10, 20]
-    assert off.should_log(30) and metrics.MetricsWriter(str(tmp_path), every=10, total_steps=25,
-                                                        enabled=False).should_log(25)
 
 
 def test_mfu_arithmetic():
@@ -96,8 +93,8 @@ def test_mfu_arithmetic():
 @pytest.mark.parametrize("kind, name, flops", [
     ("NVIDIA H100 80GB HBM3", "H100", 989e12), ("NVIDIA H200", "H200", 989e12), ("TPU v4", "TPU v4", 275e12),
     ("TPU v5 lite", "TPU v5e", 197e12), ("TPU v5", "TPU v5p", 459e12), ("TPU v5p", "TPU v5p", 459e12),
-    ("TPU v6 lite", "TPU v6e", 918e12), ("cpu", "cpu", metrics.PEAK_FLOPS["cpu"]),
-    ("Some Future Chip", "cpu", metrics.PEAK_FLOPS["cpu"]),
+    ("TPU v6 lite", "TPU v6e", 918e12), ("cpu", "cpu", devices.get("cpu").peak_flops),
+    ("Some Future Chip", "cpu", devices.get("cpu").peak_flops),
 ])
 def test_peak_lookup(kind, name, flops):
     assert metrics.device_peak_flops(types.SimpleNamespace(device_kind=kind)) == (name, flops)

@@ -106,8 +106,8 @@ SCRIPT = textwrap.dedent("""
     for name, mcfg in {"data8": MeshConfig(), "data2_fsdp4": MeshConfig(data=2, fsdp=4),
                        "data2_fsdp2_tensor2": MeshConfig(data=2, fsdp=2, tensor=2)}.items():
         mesh = sharding.make_mesh(mcfg)
-        net = sharding.shard_model(M.Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
-        graphdef, params = nnx.split(net, nnx.Param)
+        graphdef, params = nnx.split(M.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+        params = jax.device_put(params, sharding.param_shardings(params, mesh))
         batch = sharding.global_batch(toks, mesh)
         with jax.set_mesh(mesh):
             (loss, hidden), grads = loss_fn(graphdef)(params, batch)

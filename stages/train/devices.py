@@ -1,0 +1,63 @@
+"""What each accelerator can hold and do: the one table the planner and MFU read (no JAX).
+
+    devices.get("tpu-v5p").hbm_bytes          # 95 GiB per chip
+    devices.for_kind(jax.devices()[0].device_kind)   # the row of a live device ("TPU v5p" -> tpu-v5p)
+
+Figures are per chip (per GPU), from the vendors' published specifications: peak dense bfloat16
+matmul FLOP/s (no sparsity), HBM capacity, bidirectional inter-chip bandwidth (TPU ICI, NVIDIA NVLink)
+and data-center network bandwidth (between slices or nodes). "cpu" is a rough stand-in for the host
+JAX exposes as one CPU device, so MFU stays finite in CPU runs: read it as an order of magnitude.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+log = logging.getLogger(__name__)
+GiB = 2**30
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    name: str                  # the key in DEVICES, and what train.HardwareConfig.device names
+    label: str                 # how logs and summaries name it (H100 and H200 are the SXM parts)
+    hbm_bytes: int             # memory per chip
+    peak_flops: float          # dense bfloat16 FLOP/s per chip
+    ici_bytes_per_s: float     # bidirectional chip-to-chip bandwidth within a slice (NVLink on GPUs)
+    dcn_bytes_per_s: float     # data-center network bandwidth per chip, between slices or nodes
+    kinds: tuple[str, ...]     # lower-case substrings of jax's `device_kind` that mean this device
+
+
+DEVICES = {d.name: d for d in (
+    Device("tpu-v4", "TPU v4", 32 * GiB, 275e12, 300 * GB, 25e9 / 8, ("tpu v4",)),
+    Device("tpu-v5e", "TPU v5e", 16 * GiB, 197e12, 400 * GB, 25e9 / 8, ("tpu v5 lite", "tpu v5e")),
+    Device("tpu-v5p", "TPU v5p", 95 * GiB, 459e12, 1200 * GB, 50e9 / 8, ("tpu v5p", "tpu v5")),
+    Device("tpu-v6e", "TPU v6e", 32 * GiB, 918e12, 800 * GB, 100e9 / 8, ("tpu v6 lite", "tpu v6e")),
+    Device("h100", "H100", 80 * GB, 989e12, 900 * GB, 400e9 / 8, ("h100",)),
+    Device("h200", "H200", 141 * GB, 989e12, 900 * GB, 400e9 / 8, ("h200",)),
+    # A few cores with AVX2/AVX-512 FMA reach ~50 GFLOP/s each: 1e11 for a small VM. Memory: what a
+    # laptop or CI machine can give one process.
+    Device("cpu", "cpu", 16 * GiB, 1e11, 10 * GB, 10e9 / 8, ("cpu",)),
+)}
+
+
+def get(name: str) -> Device:
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}")
+    return DEVICES[name]
+
+
+def for_kind(device_kind) -> Device:
+    """The row for a jax device (or its `device_kind` string); unknown kinds fall back to "cpu", warned.
+
+    Kinds are matched most specific first, so "TPU v5 lite" is a v5e and plain "TPU v5" a v5p.
+    """
+    kind = str(getattr(device_kind, "device_kind", device_kind)).lower()
+    matches = [(len(k), d) for d in DEVICES.values() for k in d.kinds if k in kind]
+    if matches:
+        return max(matches, key=lambda m: m[0])[1]
+    log.warning("no figures known for device kind %r (known: %s); using the cpu row", kind,
+                ", ".join(DEVICES))
+    return DEVICES["cpu"]

@@ -1,0 +1,252 @@
+"""Will this training config fit its hardware, and how long will it take? Answered from the config alone.
+
+    make plan GIN=gin/600b.gin                      (prints `plan(config).render()` for the train stage)
+    p = planner.plan(train_config)                  # a stages.train.Config
+    p.fits, p.per_device["total"], p.days          # the verdict, bytes per device, the run's length
+    print(p.render())
+
+Per device, in bytes, under the configured mesh (`train.MeshConfig`) on the configured hardware
+(`train.HardwareConfig`):
+
+    params       every parameter, sharded by its logical axes exactly as training places it
+                 (`configs.param_layout`, `configs.mesh_axes`), in `param_dtype`
+    grads        the same layout and dtype (JAX's gradients of float32 parameters are float32)
+    optimizer    AdamW and muon's fallback 2 moments, lion and muon 1, adafactor factored row/column
+                 statistics
+    gathered     with FSDP, one layer's parameters gathered whole (and their gradient before it is
+                 reduce-scattered)
+    activations  what one micro-batch keeps for the backward pass under the remat policy (see
+                 `activation_bytes`), plus the working set of one layer recomputed in the backward pass
+                 and one chunk of logits
+
+The figures are estimates from first principles, so they can be read without a compiler; `--compile`
+(stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them. The time
+estimate is FLOPs per token (`configs.flops_per_token`) x tokens per step / (chips x peak x the assumed
+MFU). This module imports no JAX: `make plan` runs in a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from stages.train import devices
+from stages.train.configs import (
+    BATCH_AXES,
+    REMAT_NAMES,
+    ModelConfig,
+    flops_per_token,
+    mesh_axes,
+    param_counts,
+    param_layout,
+    topology_chips,
+)
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+HEADROOM = 0.9     # the share of HBM a plan may use: the runtime, XLA's buffers, fragmentation take the rest
+# From the lightest to the heaviest rematerialization: what the planner suggests, in order, when short.
+REMAT_ORDER = ("none", "save_dots", "dots_no_batch", "save_qkv_proj", "minimal", "full")
+assert set(REMAT_ORDER) == set(REMAT_NAMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    config: object                    # the stages.train.Config planned
+    device: devices.Device
+    chips: int                        # all chips, every slice
+    mesh: dict[str, int]              # {"data": d, "fsdp": f, "tensor": t}
+    micro_batch: int                  # sequences per device per micro-batch
+    params: dict[str, int]            # parameters by part
+    per_device: dict[str, int]        # bytes: params, grads, optimizer, activations, total
+    budget: int                       # usable bytes per device
+    flops_per_token: float
+    step_s: float
+    tokens: int                       # the run's token budget: steps x global batch x sequence length
+    days: float
+    advice: str                       # "" when it fits; else the smallest change that would fit
+
+    @property
+    def fits(self) -> bool:
+        return self.per_device["total"] <= self.budget
+
+    def render(self) -> str:
+        cfg, m = self.config, self.config.model
+        hw = cfg.hardware
+        total_params = sum(self.params.values())
+        where = f"{self.chips:,} x {self.device.label} ({_gib(self.device.hbm_bytes)} each)"
+        if hw.topology:
+            where += f", topology {hw.topology}" + (f" x {hw.num_slices} slices" if hw.num_slices > 1 else "")
+        rows = [
+            f"train plan: {total_params / 1e9:,.3g}B parameters on {where}",
+            "  parameters: " + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in self.params.items() if v),
+            f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP (6N + attention at T={cfg.seq_len})",
+            f"  mesh: data {self.mesh['data']} x fsdp {self.mesh['fsdp']} x tensor {self.mesh['tensor']}; "
+            f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
+            f"(x {cfg.optimizer.grad_accum_steps} accumulated); remat {m.remat}; "
+            f"{m.dtype} compute, {m.param_dtype} params; attention {m.attention_impl}",
+            "  per device: " + ", ".join(f"{k} {_gib(v)}" for k, v in self.per_device.items()
+                                         if k != "total")
+            + f" = {_gib(self.per_device['total'])} of {_gib(self.budget)} usable "
+              f"({HEADROOM:.0%} of {_gib(self.device.hbm_bytes)})",
+            f"  time: {self.step_s:,.3g} s/step, {_tokens(self.tokens_per_s)}/s, "
+            f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU",
+        ]
+        if self.fits:
+            rows.append(f"  verdict: fits on {where}")
+        else:
+            rows.append(f"  verdict: does NOT fit: {_gib(self.per_device['total'])} per device > "
+                        f"{_gib(self.budget)} usable. {self.advice}")
+        return "\n".join(rows)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.config.global_batch * self.config.seq_len / self.step_s
+
+
+def plan(cfg, *, advise: bool = True) -> Plan:
+    """The plan for `cfg` (a stages.train.Config), with advice when it does not fit."""
+    hw = cfg.hardware
+    device = devices.get(hw.device)
+    chips = (hw.chips or topology_chips(hw.topology) or _explicit_chips(cfg.mesh)) * hw.num_slices
+    data, fsdp, tensor = cfg.mesh.shape(chips)
+    mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    batch_shards = math.prod(mesh[a] for a in BATCH_AXES)
+    micro = cfg.global_batch // cfg.optimizer.grad_accum_steps
+    micro_batch = max(1, micro // batch_shards)
+    m = cfg.model
+    pbytes = DTYPE_BYTES[m.param_dtype]
+    params = param_bytes(m, mesh, pbytes)
+    per_device = {"params": params, "grads": params,
+                  "optimizer": optimizer_bytes(m, mesh, pbytes, cfg.optimizer.name),
+                  "activations": activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"],
+                                                  loss_chunk=cfg.loss_chunk),
+                  "gathered": gathered_bytes(m, mesh, pbytes)}
+    per_device["total"] = sum(per_device.values())
+    fpt = flops_per_token(m, cfg.seq_len)
+    step_s = fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu)
+    tokens = cfg.steps * cfg.global_batch * cfg.seq_len
+    result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device,
+                  int(device.hbm_bytes * HEADROOM), fpt, step_s, tokens, cfg.steps * step_s / 86400, "")
+    if advise and not result.fits:
+        result = dataclasses.replace(result, advice=advice(cfg))
+    return result
+
+
+def param_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
+    """Bytes of one device's shards of every parameter (a dimension a mesh axis does not divide stays
+    replicated over it, as in training)."""
+    return sum(_shard_size(shape, names, mesh) * dtype_bytes for shape, names in param_layout(m).values())
+
+
+def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name: str) -> int:
+    """One device's optimizer state: moments in the parameters' layout and dtype."""
+    total = 0
+    for pname, (shape, names) in param_layout(m).items():
+        local = _shard_size(shape, names, mesh)
+        matrix_dims = len(shape) - (1 if pname.startswith("layers.") else 0)
+        if name == "adamw":
+            total += 2 * local
+        elif name == "lion":
+            total += local
+        elif name == "muon":             # momentum for hidden matrices; AdamW's two moments for the rest
+            adam = matrix_dims < 2 or any(k in pname for k in ("embed", "norm"))
+            total += (2 if adam else 1) * local
+        else:                            # adafactor: a row and a column statistic per matrix
+            total += local if len(shape) < 2 else local // shape[-1] + local // shape[-2]
+    return total * dtype_bytes
+
+
+def gathered_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
+    """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor),
+    in its parameter dtype and its compute-dtype copy, and its gradient before it is reduce-scattered."""
+    if mesh["fsdp"] == 1:
+        return 0
+    unsharded = dict(mesh, fsdp=1)
+    layer = sum(_shard_size(shape[1:], names[1:], unsharded)
+                for name, (shape, names) in param_layout(m).items() if name.startswith("layers."))
+    return layer * (2 * dtype_bytes + DTYPE_BYTES[m.dtype])
+
+
+def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, loss_chunk: int) -> int:
+    """What the backward pass of one micro-batch of `batch` sequences needs on one device.
+
+    Per layer and token the forward pass produces (elements; N, K heads of H, MLP width F, heads and F split
+    over `tensor`): the layer input and its normed copy (2D), q, k, v after RoPE (NH + 2KH), attention's
+    output and its projection (NH + D), the residual sum and its normed copy (2D), gate, up and their
+    product (3F) and the down projection (D). The remat policy decides what the scan keeps of each layer:
+    everything ("none"), the matmul outputs ("save_dots", "dots_no_batch"), the projections ("minimal":
+    q, k, v, out; "save_qkv_proj": q, k, v), or only the layer input ("full"). The backward pass then
+    recomputes one layer at a time, whose whole working set is added once, as is one chunk of float32
+    logits and their gradient.
+    """
+    D, H, F, L = m.d_model, m.effective_head_dim, m.effective_mlp_dim, m.n_layers
+    N, K = max(1, m.n_heads // tensor), max(1, m.n_kv_heads // tensor)
+    Fl = F // tensor if F % tensor == 0 else F
+    cdt = DTYPE_BYTES[m.dtype]
+    layer = {"input": D, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
+             "residual": D, "normed2": D, "gate": Fl, "up": Fl, "act": Fl, "down": D}
+    kept = {
+        "none": set(layer),
+        "save_dots": {"input", "q", "k", "v", "attention", "out", "gate", "up", "down"},
+        "dots_no_batch": {"input", "q", "k", "v", "out", "gate", "up", "down"},
+        "minimal": {"input", "q", "k", "v", "out"},
+        "save_qkv_proj": {"input", "q", "k", "v"},
+        "full": {"input"},
+    }[m.remat]
+    tokens = batch * seq_len
+    saved = L * tokens * sum(layer[k] for k in kept) * cdt
+    recompute = tokens * sum(layer.values()) * cdt if m.remat != "none" else 0
+    logits = 2 * min(loss_chunk, tokens) * m.vocab_size * 4
+    return saved + recompute + logits
+
+
+def advice(cfg) -> str:
+    """The smallest single change that makes `cfg` fit, tried in this order: more FSDP (taken from the data
+    axis), a heavier remat policy, more gradient accumulation (a smaller micro-batch); else more chips."""
+    mesh = cfg.mesh
+    chips = plan(cfg, advise=False).chips
+    data, fsdp, tensor = mesh.shape(chips)
+    tries = []
+    f = fsdp * 2
+    while data * fsdp % f == 0 and f <= data * fsdp:
+        wider = dataclasses.replace(mesh, fsdp=f, data=-1)
+        tries.append((f"train.MeshConfig.fsdp={f}", dataclasses.replace(cfg, mesh=wider)))
+        f *= 2
+    for remat in REMAT_ORDER[REMAT_ORDER.index(cfg.model.remat) + 1:]:
+        tries.append((f'train.ModelConfig.remat="{remat}"',
+                      dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))))
+    k = cfg.optimizer.grad_accum_steps * 2
+    while cfg.global_batch % k == 0:
+        smaller = dataclasses.replace(cfg.optimizer, grad_accum_steps=k)
+        tries.append((f"train.OptimizerConfig.grad_accum_steps={k}",
+                      dataclasses.replace(cfg, optimizer=smaller)))
+        k *= 2
+    for binding, candidate in tries:
+        try:
+            p = plan(candidate, advise=False)
+        except ValueError:
+            continue
+        if p.fits:
+            return f"It would fit with {binding} ({_gib(p.per_device['total'])} per device)."
+    return ("No single change to the mesh, remat or micro-batch makes it fit: use more chips "
+            "(train.HardwareConfig.chips or a larger topology) or a smaller model.")
+
+
+def _shard_size(shape, names, mesh: dict[str, int]) -> int:
+    axes = mesh_axes(names, shape, mesh)
+    return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
+
+
+def _explicit_chips(mesh) -> int:
+    return (mesh.data if mesh.data > 0 else 1) * mesh.fsdp * mesh.tensor
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**27 else f"{n / 2**20:,.1f} MiB"
+
+
+def _tokens(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:,.3g}{unit}"
+    return f"{n:,.0f}"
