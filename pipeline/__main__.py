@@ -3,7 +3,7 @@
     python -m pipeline run    --gin gin/tiny.gin [--gin-param 'clean.Config.min_chars=100' ...]
                               [--stage tokenizer] [--force] [--workers N] [--scheduler HOST:PORT]
     python -m pipeline status --gin gin/tiny.gin      # stage, key, cached?, size, wall time, path
-    python -m pipeline plan   --gin gin/tiny.gin      # the keys, and which stages a run would execute
+    python -m pipeline plan   --gin gin/tiny.gin      # the keys, what a run would execute, the train plan
     python -m pipeline sweep  --gin gin/sweeps/lr.gin # every variant in one build, then a comparison
 
 T5X habits work too: `--gin_file=F` is `--gin F` and `--gin.NAME=VALUE` is `--gin-param NAME=VALUE`.
@@ -20,6 +20,7 @@ import sys
 import time
 
 from pipeline import cache, config, dag
+from stages.io import storage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,13 +40,50 @@ def main(argv: list[str] | None = None) -> int:
     except (config.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    unfilled = config.placeholders(plan)
+    if args.command == "plan":
+        if unfilled:      # planning needs only the config: say what is left to fill in, touch no storage
+            print(f"note: fill in before running: {'; '.join(unfilled)} (the cache is not checked)")
+        else:
+            problem = _unreachable(plan)
+            if problem:
+                print(f"error: {problem}", file=sys.stderr)
+                return 2
+        print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
+        for line in _stage_plans(plan, _targets(args)):
+            print(line)
+        return 0
+    if unfilled:
+        print(f"error: {', '.join(plan.gin_files) or 'the config'} leaves placeholders to fill in: "
+              f"{'; '.join(unfilled)}", file=sys.stderr)
+        return 2
+    problem = _unreachable(plan)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.command == "status":
         print(status_table(plan))
         return 0
-    if args.command == "plan":
-        print(status_table(plan, targets=_targets(args)))
-        return 0
     return _run(plan, args, start)
+
+
+def _unreachable(plan: config.Plan) -> str:
+    """Why the cache root cannot be used, in one line, or "" when it can be reached."""
+    try:
+        storage.exists(plan.cache_root)
+    except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
+        return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
+    return ""
+
+
+def _stage_plans(plan: config.Plan, targets: list[str]) -> list[str]:
+    """Each stage's own plan (its optional `plan(config)`: the train stage's memory and time estimate)."""
+    out = []
+    for stage in dag.closure(*targets):
+        fn = getattr(dag.module(stage), "plan", None)
+        if fn is not None:
+            out.append(fn(plan.stages[stage].config))
+    return out
 
 
 def _run(plan: config.Plan, args, start: float) -> int:
@@ -97,12 +135,16 @@ def _targets(args) -> list[str]:
     return dag.sinks(list(dag.STAGES))
 
 
-def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[str] = ()) -> str:
+def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[str] = (),
+                 check_cache: bool = True) -> str:
     stages = dag.closure(*targets) if targets else list(plan.stages)
     rows = [("stage", "key", "status", "size", "wall", "path")]
     for name in stages:
         sp = plan.stages[name]
-        done = cache.load(plan.cache_root, name, sp.key)
+        done = cache.load(plan.cache_root, name, sp.key) if check_cache else None
+        if not check_cache:
+            rows.append((name, sp.key[:12], "-", "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)))
+            continue
         if done is None:
             state, size, wall, path = "missing", "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)
         else:

@@ -59,6 +59,9 @@ class Plan:
     gin_params: tuple[str, ...]
 
 
+PLACEHOLDER = "YOUR_"      # how a shipped config marks a value the user must fill in (gin/600b.gin)
+
+
 class ConfigError(ValueError):
     """A gin file or override that cannot produce valid stage configs; the message says why."""
 
@@ -90,6 +93,29 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
         stages[name] = StagePlan(name, config, ups, key, module.VERSION)
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
+
+
+def placeholders(plan: Plan) -> list[str]:
+    """The bindings whose resolved value still holds a `YOUR_...` placeholder, as `name = value` lines."""
+    registry = _register()
+    names = {cls: name for name, cls in registry.items()}
+    found = []
+
+    def walk(value, where: str):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            owner = names.get(type(value), where)
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name), f"{owner}.{f.name}")
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, where)
+        elif isinstance(value, str) and PLACEHOLDER in value and f"{where} = {value!r}" not in found:
+            found.append(f"{where} = {value!r}")
+
+    walk(Settings(plan.cache_root), "pipeline.Settings")
+    for stage in plan.stages.values():
+        walk(stage.config, f"{stage.name}.Config")
+    return found
 
 
 class _quiet_include_search(contextlib.AbstractContextManager):

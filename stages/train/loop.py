@@ -112,28 +112,28 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
 
     graphdef, tx, params, opt_state = init_state(mcfg, ocfg, cfg.seed, mesh)
-    params_sh, opt_sh = sharding.shardings_of(params), sharding.shardings_of(opt_state)
-    batch_sh, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     options = step_options(cfg, manifest["eos_id"])
-    # Explicit shardings in and out, and traced under the mesh (train() enters it), so the model's logical
-    # constraints on activations are active and the state never leaves its layout.
-    step_fn = jax.jit(functools.partial(train_step, graphdef, tx, **options), donate_argnums=(0, 1),
-                      in_shardings=(params_sh, opt_sh, batch_sh),
-                      out_shardings=(params_sh, opt_sh, replicated))
-    eval_fn = jax.jit(functools.partial(eval_step, graphdef, **loss_options(options)),
-                      in_shardings=(params_sh, batch_sh), out_shardings=replicated)
+    step_fn, eval_fn = jit_steps(graphdef, tx, options, sharding.shardings_of(params),
+                                 sharding.shardings_of(opt_state), mesh)
     run = Run(cfg, mcfg, mesh, batches, eval_data, graphdef, step_fn, eval_fn, optimizer.schedule(ocfg),
               flops_per_token(mcfg, cfg.seq_len), metrics.device_peak_flops(jax.devices()[0]), process_count)
     return run, params, opt_state
 
 
 def init_state(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Any, Any]:
-    """(graphdef, optimizer, params, optimizer state), the state created directly in its shardings.
+    """(graphdef, optimizer, params, optimizer state), the state created directly in its shardings."""
+    graphdef, tx, init = init_program(mcfg, ocfg, seed, mesh)
+    params, opt_state = init()
+    return graphdef, tx, params, opt_state
 
-    The model is built abstractly first (shapes only), its parameters' shardings derived from their
-    logical names, and then one jitted program creates every parameter and moment already split over
-    the mesh: no device ever holds more than its share, at any size. Call it outside `jax.set_mesh`:
-    under a mesh context NNX would read the parameters' logical names as mesh axes.
+
+def init_program(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Callable]:
+    """(graphdef, optimizer, init): `init()` is one jitted program that creates every parameter and
+    optimizer moment already split over the mesh, so no device ever holds more than its share, at any size.
+
+    The model is first built abstractly (shapes only) and its parameters' shardings derived from their
+    logical names. Call this outside `jax.set_mesh`: under a mesh context NNX would read the logical names
+    as mesh axes.
     """
     def build():
         return nnx.split(model.Transformer(mcfg, rngs=nnx.Rngs(seed)), nnx.Param)
@@ -147,8 +147,21 @@ def init_state(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.Gradien
         params = build()[1]
         return params, tx.init(params)
 
-    params, opt_state = jax.jit(init, out_shardings=(params_sh, opt_sh))()
-    return graphdef, tx, params, opt_state
+    return graphdef, tx, jax.jit(init, out_shardings=(params_sh, opt_sh))
+
+
+def jit_steps(graphdef, tx, options: dict, params_sh, opt_sh, mesh) -> tuple[Callable, Callable]:
+    """(train step, eval step), jitted with explicit shardings in and out: the state never leaves its
+    layout, the batch is split over ("data", "fsdp"). Trace them under `jax.set_mesh(mesh)` (train() does)
+    so the model's logical constraints on activations take effect."""
+    batch_sh, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    step_fn = jax.jit(functools.partial(train_step, graphdef, tx, **options, grad_shardings=params_sh),
+                      donate_argnums=(0, 1),
+                      in_shardings=(params_sh, opt_sh, batch_sh),
+                      out_shardings=(params_sh, opt_sh, replicated))
+    eval_fn = jax.jit(functools.partial(eval_step, graphdef, **loss_options(options)),
+                      in_shardings=(params_sh, batch_sh), out_shardings=replicated)
+    return step_fn, eval_fn
 
 
 def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[Any, Any, int]:
@@ -258,13 +271,15 @@ def loss_options(options: dict) -> dict:
 
 
 def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chunk: int, z_loss: float,
-               grad_accum_steps: int, skip_nonfinite: bool):
+               grad_accum_steps: int, skip_nonfinite: bool, grad_shardings=None):
     """One optimizer step; a pure function of (params, opt_state, batch). batch: (B, T + 1) int32.
 
     With grad_accum_steps = k the batch is k micro-batches of B / k rows, run one after another under
     `lax.scan` (the activation memory of one micro-batch); their mean gradient makes one update, the one a
     single big batch would make (every micro-batch has B / k * T targets). With skip_nonfinite a step whose
-    loss is not finite keeps the old params and optimizer state.
+    loss is not finite keeps the old params and optimizer state. `grad_shardings` (the parameters'
+    shardings) keeps each gradient split like its parameter: FSDP reduce-scatters gradients instead of
+    holding whole ones on every device.
     """
     k = grad_accum_steps
 
@@ -290,6 +305,8 @@ def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chun
         total, outs = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, params), micro)
         grads = jax.tree.map(lambda g: g / k, total)
         out = jax.tree.map(lambda x: x.mean(0), outs)
+    if grad_shardings is not None:
+        grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     if skip_nonfinite:

@@ -45,7 +45,7 @@ from stages.train.configs import (
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADROOM = 0.9     # the share of HBM a plan may use: the runtime, XLA's buffers, fragmentation take the rest
 # From the lightest to the heaviest rematerialization: what the planner suggests, in order, when short.
-REMAT_ORDER = ("none", "save_dots", "dots_no_batch", "save_qkv_proj", "minimal", "full")
+REMAT_ORDER = ("none", "save_dots", "dots_no_batch", "minimal", "save_qkv_proj", "full")
 assert set(REMAT_ORDER) == set(REMAT_NAMES)
 
 
@@ -64,10 +64,11 @@ class Plan:
     tokens: int                       # the run's token budget: steps x global batch x sequence length
     days: float
     advice: str                       # "" when it fits; else the smallest change that would fit
+    problem: str = ""                 # a layout that cannot run at all (the batch does not split), else ""
 
     @property
     def fits(self) -> bool:
-        return self.per_device["total"] <= self.budget
+        return not self.problem and self.per_device["total"] <= self.budget
 
     def render(self) -> str:
         cfg, m = self.config, self.config.model
@@ -93,6 +94,8 @@ class Plan:
         ]
         if self.fits:
             rows.append(f"  verdict: fits on {where}")
+        elif self.problem:
+            rows.append(f"  verdict: does NOT fit: {self.problem}. {self.advice}")
         else:
             rows.append(f"  verdict: does NOT fit: {_gib(self.per_device['total'])} per device > "
                         f"{_gib(self.budget)} usable. {self.advice}")
@@ -113,6 +116,9 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     batch_shards = math.prod(mesh[a] for a in BATCH_AXES)
     micro = cfg.global_batch // cfg.optimizer.grad_accum_steps
     micro_batch = max(1, micro // batch_shards)
+    problem = "" if micro % batch_shards == 0 else (
+        f"a micro-batch of {micro} sequences (global_batch {cfg.global_batch} / grad_accum_steps "
+        f"{cfg.optimizer.grad_accum_steps}) does not split over data x fsdp = {batch_shards} devices")
     m = cfg.model
     pbytes = DTYPE_BYTES[m.param_dtype]
     params = param_bytes(m, mesh, pbytes)
@@ -126,7 +132,8 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     step_s = fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu)
     tokens = cfg.steps * cfg.global_batch * cfg.seq_len
     result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device,
-                  int(device.hbm_bytes * HEADROOM), fpt, step_s, tokens, cfg.steps * step_s / 86400, "")
+                  int(device.hbm_bytes * HEADROOM), fpt, step_s, tokens, cfg.steps * step_s / 86400, "",
+                  problem)
     if advise and not result.fits:
         result = dataclasses.replace(result, advice=advice(cfg))
     return result
@@ -222,14 +229,32 @@ def advice(cfg) -> str:
                       dataclasses.replace(cfg, optimizer=smaller)))
         k *= 2
     for binding, candidate in tries:
-        try:
-            p = plan(candidate, advise=False)
-        except ValueError:
-            continue
-        if p.fits:
+        p = _try(candidate)
+        if p is not None and p.fits:
             return f"It would fit with {binding} ({_gib(p.per_device['total'])} per device)."
-    return ("No single change to the mesh, remat or micro-batch makes it fit: use more chips "
+    # No single change: the mesh layout that fits with the least tensor parallelism (it costs the most
+    # communication), then the least FSDP.
+    n = data * fsdp * tensor
+    for t in (d for d in _divisors(n) if d >= tensor):
+        for f in _divisors(n // t):
+            layout = dataclasses.replace(mesh, data=-1, fsdp=f, tensor=t)
+            p = _try(dataclasses.replace(cfg, mesh=layout))
+            if p is not None and p.fits:
+                return (f"It would fit with train.MeshConfig.fsdp={f} train.MeshConfig.tensor={t} "
+                        f"({_gib(p.per_device['total'])} per device).")
+    return ("No mesh layout, remat policy or micro-batch makes it fit: use more chips "
             "(train.HardwareConfig.chips or a larger topology) or a smaller model.")
+
+
+def _try(cfg) -> Plan | None:
+    try:
+        return plan(cfg, advise=False)
+    except ValueError:           # a candidate the configs reject (a mesh that does not tile the chips)
+        return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0 and (d & (d - 1)) == 0]      # powers of two
 
 
 def _shard_size(shape, names, mesh: dict[str, int]) -> int:
