@@ -31,7 +31,7 @@ status: .venv/installed
 	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES"
 
 plan: .venv/installed
-	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES"
+	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)
 
 test: .venv/installed
 	$(PY) -m pytest $(PYTEST_ARGS)

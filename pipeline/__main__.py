@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {problem}", file=sys.stderr)
                 return 2
         print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
-        for line in _stage_plans(plan, _targets(args)):
+        for line in _stage_plans(plan, _targets(args), args.compile):
             print(line)
         return 0
     if unfilled:
@@ -76,13 +76,14 @@ def _unreachable(plan: config.Plan) -> str:
     return ""
 
 
-def _stage_plans(plan: config.Plan, targets: list[str]) -> list[str]:
-    """Each stage's own plan (its optional `plan(config)`: the train stage's memory and time estimate)."""
+def _stage_plans(plan: config.Plan, targets: list[str], compile: bool | None) -> list[str]:
+    """Each stage's own plan (its optional `plan(config, compile=...)`: the train stage's memory and time,
+    and with `compile` XLA's figure for the named TPU topology)."""
     out = []
     for stage in dag.closure(*targets):
         fn = getattr(dag.module(stage), "plan", None)
         if fn is not None:
-            out.append(fn(plan.stages[stage].config))
+            out.append(fn(plan.stages[stage].config, compile=compile))
     return out
 
 
@@ -239,6 +240,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="rerun --stage (default: all) even if cached, and everything downstream of it")
     p.add_argument("--workers", type=int, default=1, help="Luigi workers (parallel stages)")
     p.add_argument("--scheduler", metavar="HOST:PORT", help="a central luigid scheduler (default: local)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="plan: also compile the train step for train.HardwareConfig.topology ahead of time "
+                        "(default: when a topology is named)")
     return p
 
 

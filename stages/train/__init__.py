@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 
 from stages.io import storage
@@ -90,9 +91,25 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     launch.launch(config.launcher, spec_path)
 
 
-def plan(config: Config) -> str:
-    """The planner's report for `make plan`: memory per device, the verdict, the time (planner.py)."""
-    return planner.plan(config).render()
+def plan(config: Config, *, compile: bool | None = None) -> str:
+    """The planner's report for `make plan`: memory per device, the verdict, the time (planner.py).
+
+    With `compile` (the default when train.HardwareConfig.topology names a TPU slice) the real train step
+    is also compiled for that slice ahead of time (aot.py) and XLA's per-device figure printed beside
+    the estimate; that imports JAX and takes seconds to a minute.
+    """
+    p = planner.plan(config)
+    if not (config.hardware.topology if compile is None else compile):
+        return p.render()
+    # Planning needs no accelerator: keep JAX on the CPU (the topology is described, not used), which
+    # also keeps libtpu from trying to start a TPU runtime here.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from stages.train import aot
+
+    try:
+        return p.render(xla=aot.compile_train_step(config))
+    except (RuntimeError, ValueError) as e:
+        return f"{p.render()}\n  XLA: not compiled: {e}"
 
 
 def check_fits(config: Config) -> None:

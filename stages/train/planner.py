@@ -70,7 +70,9 @@ class Plan:
     def fits(self) -> bool:
         return not self.problem and self.per_device["total"] <= self.budget
 
-    def render(self) -> str:
+    def render(self, xla: dict[str, int] | None = None) -> str:
+        """The plan as text, its verdict last; `xla` (aot.compile_train_step's figures) adds XLA's own
+        per-device total for the real train step beside the estimate."""
         cfg, m = self.config, self.config.model
         hw = cfg.hardware
         total_params = sum(self.params.values())
@@ -92,6 +94,10 @@ class Plan:
             f"  time: {self.step_s:,.3g} s/step, {_tokens(self.tokens_per_s)}/s, "
             f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU",
         ]
+        if xla is not None:
+            rows.append(f"  XLA, compiled for {hw.topology}: {_gib(xla['total'])} per device (arguments "
+                        f"{_gib(xla['argument'])}, scratch {_gib(xla['temp'])}); the estimate is "
+                        f"{self.per_device['total'] / max(xla['total'], 1):.0%} of it")
         if self.fits:
             rows.append(f"  verdict: fits on {where}")
         elif self.problem:

@@ -78,7 +78,7 @@ def _cli(*args):
 
 
 def test_plan_with_placeholders_works_offline_and_run_stops_with_one_line():
-    plan = _cli("plan", "--gin", FLAGSHIP)
+    plan = _cli("plan", "--gin", FLAGSHIP, "--no-compile")     # the compile (~50 s) is shown by hand
     assert plan.returncode == 0, plan.stderr
     assert "note: fill in before running: pipeline.Settings.cache_root = 'gs://YOUR_BUCKET/refinery'" \
         in plan.stdout
@@ -94,3 +94,22 @@ def test_an_unreachable_cache_root_is_one_line():
                'pipeline.Settings.cache_root = "s4://bucket/x"')
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert out.stderr.startswith("error: cannot reach the cache root s4://bucket/x")
+
+
+@pytest.mark.slow
+def test_plan_compiles_the_real_train_step_for_a_tpu_topology_ahead_of_time():
+    out = _cli("plan", "--gin", f"{REPO}/gin/tiny.gin", "--overrides",
+               'train.HardwareConfig.device="tpu-v5p" train.HardwareConfig.topology="v5p:2x2x1" '
+               "train.MeshConfig.fsdp=4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.rstrip().splitlines()
+    assert lines[-1] == "  verdict: fits on 4 x TPU v5p (95.0 GiB each), topology v5p:2x2x1"
+    assert lines[-2].startswith("  XLA, compiled for v5p:2x2x1: ") and "per device" in lines[-2], lines[-2]
+
+
+def test_no_topology_means_no_compile_and_no_jax():
+    code = ("import sys; from pipeline import config; from stages import train; "
+            f"print(train.plan(config.load([{REPO + '/gin/tiny.gin'!r}]).stages['train'].config)); "
+            "print('JAX', 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.rstrip().endswith("JAX False") and "XLA" not in out.stdout, out.stdout + out.stderr

@@ -1,0 +1,68 @@
+"""Compile the real train step for a TPU slice that is not here, and read XLA's memory figures for it.
+
+    figures = aot.compile_train_step(train_config)      # train.HardwareConfig.topology = "v5p:8x8x16"
+    figures["total"]                                    # bytes per device, from the TPU compiler itself
+
+`jax.experimental.topologies` describes every chip of a TPU topology without a TPU (libtpu, from
+`pip install -e '.[tpu]'`, must be installed). The state is built abstractly (shapes and shardings
+only: nothing is allocated), the mesh is laid over the topology's devices, and `loop.jit_steps` (the
+function training runs) is lowered and compiled for it. `make plan` prints the result beside the
+planner's estimate.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from stages.train import loop, sharding
+from stages.train.configs import topology_chips
+
+
+def compile_train_step(cfg, *, eos_id: int = 2) -> dict[str, int]:
+    """XLA's per-device bytes for one train step of `cfg` (a stages.train.Config) on its topology:
+    argument (params, optimizer state, batch), output, alias (outputs that reuse donated arguments),
+    temp (everything else: gradients, activations, gathered layers) and total = argument + output - alias
+    + temp."""
+    topology = cfg.hardware.topology
+    if not topology:
+        raise ValueError("train.HardwareConfig.topology is empty: name a TPU topology such as \"v5p:2x2x1\" "
+                         "to compile for it")
+    devices = _topology_devices(topology)
+    if cfg.hardware.num_slices > 1:
+        raise ValueError(f"compiling for {cfg.hardware.num_slices} slices is not supported yet; "
+                         "plan one slice (train.HardwareConfig.num_slices = 1)")
+    mesh = sharding.make_mesh(cfg.mesh, devices=devices)
+    graphdef, tx, init = loop.init_program(cfg.model, cfg.optimizer_for_run(), cfg.seed, mesh)
+    params, opt_state = jax.eval_shape(init)          # shapes, dtypes and shardings; nothing allocated
+    params_sh, opt_sh = sharding.shardings_of(params), sharding.shardings_of(opt_state)
+    step_fn, _ = loop.jit_steps(graphdef, tx, loop.step_options(cfg, eos_id), params_sh, opt_sh, mesh)
+    batch = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len + 1), jnp.int32,
+                                 sharding=sharding.batch_sharding(mesh))
+    with jax.set_mesh(mesh):
+        compiled = step_fn.lower(params, opt_state, batch).compile()
+    mem = compiled.memory_analysis()
+    figures = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
+               "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes}
+    figures["total"] = figures["argument"] + figures["output"] - figures["alias"] + figures["temp"]
+    return figures
+
+
+def _topology_devices(topology: str) -> list:
+    # Only one process may hold libtpu by default (a lockfile); a compile-only user needs no exclusive
+    # access, and tests or a second `make plan` may run beside this one.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    try:
+        from jax.experimental import topologies
+
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+    except Exception as e:  # noqa: BLE001 - libtpu missing or a name it does not know: say which and how
+        raise RuntimeError(f"cannot describe TPU topology {topology!r} ({type(e).__name__}: {e}); it needs "
+                           "libtpu: pip install -e '.[tpu]'") from None
+    devices = list(desc.devices)
+    if len(devices) != topology_chips(topology):
+        raise RuntimeError(f"topology {topology!r} gave {len(devices)} devices, expected "
+                           f"{topology_chips(topology)}")
+    return devices
