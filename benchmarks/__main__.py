@@ -13,7 +13,7 @@ import platform
 import sys
 import tempfile
 
-BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step")
+BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step", "plan_vs_xla")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 

@@ -113,3 +113,10 @@ def test_no_topology_means_no_compile_and_no_jax():
             "print('JAX', 'jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.rstrip().endswith("JAX False") and "XLA" not in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("run_file", ["tiny.gin", "600b.gin", "twins/600b.gin"])
+def test_every_run_file_fits_its_hardware(run_file):
+    """A run file that the planner rejects would fail in training before its first step: catch it here."""
+    p = planner.plan(config.load([f"{REPO}/gin/{run_file}"]).stages["train"].config)
+    assert p.fits, p.render()
