@@ -1,6 +1,8 @@
 """The planner: per-device memory from the config alone, a verdict with advice, and the CLI around it."""
 
 import dataclasses
+import glob
+import os
 import subprocess
 import sys
 
@@ -115,8 +117,18 @@ def test_no_topology_means_no_compile_and_no_jax():
     assert out.stdout.rstrip().endswith("JAX False") and "XLA" not in out.stdout, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("run_file", ["tiny.gin", "600b.gin", "twins/600b.gin"])
+RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for p in glob.glob(f"{REPO}/gin/*.gin")
+                   + glob.glob(f"{REPO}/gin/twins/*.gin"))
+
+
+@pytest.mark.parametrize("run_file", RUN_FILES)
 def test_every_run_file_fits_its_hardware(run_file):
     """A run file that the planner rejects would fail in training before its first step: catch it here."""
     p = planner.plan(config.load([f"{REPO}/gin/{run_file}"]).stages["train"].config)
     assert p.fits, p.render()
+
+
+def test_every_run_file_has_a_twin():
+    runs = {f for f in RUN_FILES if "/" not in f and f != "tiny.gin"}
+    assert runs == {"124m.gin", "1b.gin", "9b.gin", "600b.gin"}
+    assert {f"twins/{f}" for f in runs} <= set(RUN_FILES)
