@@ -1,5 +1,6 @@
 """Shared fixtures. Tests never reach the network; Beam runs in-process with FnApiRunner."""
 
+import json
 import os
 import socket
 import subprocess
@@ -68,3 +69,16 @@ def gcs_bucket(gcs_server):
     fs, _ = storage.filesystem(f"gs://{name}")
     fs.mkdir(name)
     yield f"gs://{name}"
+
+
+def run_on_simulated_devices(script: str, devices: int = 8, timeout: int = 600):
+    """Runs `script` in a fresh Python whose JAX sees `devices` CPU devices (the count is fixed when JAX
+    starts, so it cannot be changed inside the test process) and returns the JSON the script printed on
+    its last line starting with "RESULT "."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])

@@ -2,15 +2,11 @@
 devices, compiled under meshes from data 8 to fsdp 8 (one subprocess, since the device count is fixed
 when JAX starts)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import run_on_simulated_devices
 
 SCRIPT = textwrap.dedent("""
     import json
@@ -53,13 +49,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return {int(k): v for k, v in json.loads(lines[-1][len("RESULT "):]).items()}
+    return {int(k): v for k, v in run_on_simulated_devices(SCRIPT).items()}
 
 
 def test_no_device_ever_holds_more_than_its_share_at_init(results):

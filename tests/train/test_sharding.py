@@ -3,10 +3,6 @@ equal to one device's, for data, fsdp and tensor parallel meshes."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -16,8 +12,7 @@ import pytest
 
 from stages.train import sharding
 from stages.train.configs import MeshConfig
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import run_on_simulated_devices
 
 
 @pytest.mark.parametrize("cfg, n, shape", [
@@ -127,13 +122,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def sharded_results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_on_simulated_devices(SCRIPT, timeout=300)
 
 
 @pytest.mark.parametrize("mesh", ["data8", "data2_fsdp4", "data2_fsdp2_tensor2"])
