@@ -36,7 +36,7 @@ CASES = {
         "train.ModelConfig.remat = 'full'", "train.MeshConfig.fsdp = 2", "train.MeshConfig.tensor = 2",
         "train.OptimizerConfig.grad_accum_steps = 2"]),
 }
-TOPOLOGY = {"1b": ("v5p:2x2x2", 8), "124m": ("v5p:2x2x1", 4)}
+TOPOLOGY = {"1b": "v5p:2x2x2", "124m": "v5p:2x2x1"}     # model size -> the slice it is compiled for
 
 
 def measure(work_dir: str) -> dict:
@@ -48,7 +48,7 @@ def measure(work_dir: str) -> dict:
         size = name.split("_")[0]
         extra = []
         if size in TOPOLOGY:
-            topology, _ = TOPOLOGY[size]
+            topology = TOPOLOGY[size]
             extra = ['train.HardwareConfig.device = "tpu-v5p"',
                      f'train.HardwareConfig.topology = "{topology}"',
                      "train.ModelConfig.dtype = 'bfloat16'", "train.Config.loss_chunk = 4096"]

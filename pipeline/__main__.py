@@ -41,28 +41,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     unfilled = config.placeholders(plan)
-    if args.command == "plan":
-        if unfilled:      # planning needs only the config: say what is left to fill in, touch no storage
-            print(f"note: fill in before running: {'; '.join(unfilled)} (the cache is not checked)")
-        else:
-            problem = _unreachable(plan)
-            if problem:
-                print(f"error: {problem}", file=sys.stderr)
-                return 2
-        print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
-        for line in _stage_plans(plan, _targets(args), args.compile):
-            print(line)
-        return 0
-    if unfilled:
+    if unfilled and args.command != "plan":
         print(f"error: {', '.join(plan.gin_files) or 'the config'} leaves placeholders to fill in: "
               f"{'; '.join(unfilled)}", file=sys.stderr)
         return 2
-    problem = _unreachable(plan)
-    if problem:
+    if unfilled:          # planning needs only the config: say what is left to fill in, touch no storage
+        print(f"note: fill in before running: {'; '.join(unfilled)} (the cache is not checked)")
+    elif problem := _unreachable(plan):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.command == "status":
         print(status_table(plan))
+        return 0
+    if args.command == "plan":
+        print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
+        for line in _stage_plans(plan, _targets(args), args.compile):
+            print(line)
         return 0
     return _run(plan, args, start)
 
@@ -143,11 +137,9 @@ def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[
     for name in stages:
         sp = plan.stages[name]
         done = cache.load(plan.cache_root, name, sp.key) if check_cache else None
-        if not check_cache:
-            rows.append((name, sp.key[:12], "-", "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)))
-            continue
         if done is None:
-            state, size, wall, path = "missing", "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)
+            state = "missing" if check_cache else "-"
+            size, wall, path = "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)
         else:
             state = "ran" if name in ran else "cached"
             size = _human(sum(done.files.values()))

@@ -96,26 +96,33 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
 
 
 def placeholders(plan: Plan) -> list[str]:
-    """The bindings whose resolved value still holds a `YOUR_...` placeholder, as `name = value` lines."""
+    """The bindings whose resolved value still holds a `YOUR_...` placeholder, as `name = value` lines.
+
+    A config may say which of its fields its other settings make irrelevant (`unused_fields()`: the TPU
+    slice of a launcher that runs in process, the Dataflow project of a local Beam runner); those are
+    not asked for.
+    """
     registry = _register()
     names = {cls: name for name, cls in registry.items()}
-    found = []
+    found: dict[str, None] = {}          # ordered and without repeats: a shared binding is listed once
 
     def walk(value, where: str):
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             owner = names.get(type(value), where)
+            unused = value.unused_fields() if hasattr(value, "unused_fields") else ()
             for f in dataclasses.fields(value):
-                walk(getattr(value, f.name), f"{owner}.{f.name}")
+                if f.name not in unused:
+                    walk(getattr(value, f.name), f"{owner}.{f.name}")
         elif isinstance(value, (list, tuple)):
             for v in value:
                 walk(v, where)
-        elif isinstance(value, str) and PLACEHOLDER in value and f"{where} = {value!r}" not in found:
-            found.append(f"{where} = {value!r}")
+        elif isinstance(value, str) and PLACEHOLDER in value:
+            found[f"{where} = {value!r}"] = None
 
     walk(Settings(plan.cache_root), "pipeline.Settings")
     for stage in plan.stages.values():
         walk(stage.config, f"{stage.name}.Config")
-    return found
+    return list(found)
 
 
 class _quiet_include_search(contextlib.AbstractContextManager):

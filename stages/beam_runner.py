@@ -53,6 +53,11 @@ class Runner:
                 raise ValueError(f"beam_runner.Runner.temp_location={self.temp_location!r} is a local path; "
                                  "Dataflow workers need a Cloud Storage location")
 
+    def unused_fields(self) -> frozenset[str]:
+        """Fields this runner ignores (the placeholder check skips them): Dataflow's, when running locally."""
+        dataflow = {"project", "region", "temp_location", "machine_type", "max_workers", "stage_package"}
+        return frozenset() if self.name == DATAFLOW else frozenset(dataflow)
+
     def pipeline_options(self) -> list[str]:
         """The command-line style options Beam's `PipelineOptions` takes, for this runner."""
         out = [f"--runner={self.name}"]

@@ -30,10 +30,10 @@ def compile_train_step(cfg, *, eos_id: int = 2) -> dict[str, int]:
     if not topology:
         raise ValueError("train.HardwareConfig.topology is empty: name a TPU topology such as \"v5p:2x2x1\" "
                          "to compile for it")
-    devices = _topology_devices(topology)
     if cfg.hardware.num_slices > 1:
         raise ValueError(f"compiling for {cfg.hardware.num_slices} slices is not supported yet; "
                          "plan one slice (train.HardwareConfig.num_slices = 1)")
+    devices = _topology_devices(topology)
     mesh = sharding.make_mesh(cfg.mesh, devices=devices)
     graphdef, tx, init = loop.init_program(cfg.model, cfg.optimizer_for_run(), cfg.seed, mesh)
     params, opt_state = jax.eval_shape(init)          # shapes, dtypes and shardings; nothing allocated

@@ -54,6 +54,12 @@ class LaunchConfig:
                              f"got tpu_name={self.tpu_name!r}, zone={self.zone!r}")
 
 
+    def unused_fields(self) -> frozenset[str]:
+        """Fields this launcher kind ignores (the placeholder check skips them)."""
+        slice_fields = {"tpu_name", "zone", "project", "remote_dir"}
+        return frozenset() if self.kind == "tpu_vm" else frozenset(slice_fields)
+
+
 def launch(cfg: LaunchConfig, spec_path: str) -> None:
     """Runs the training worker for `spec_path` with the chosen launcher; raises if any process fails."""
     if cfg.kind == "inprocess":

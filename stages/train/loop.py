@@ -89,7 +89,6 @@ class Run:
     mesh: jax.sharding.Mesh
     batches: data.TokenData
     eval_data: list[np.ndarray]       # the held-out batches of every evaluation, (B_local, T + 1) each
-    graphdef: nnx.GraphDef
     step_fn: Callable                 # (params, opt_state, batch) -> (params, opt_state, outputs)
     eval_fn: Callable                 # (params, batch) -> mean loss
     lr_at: Callable                   # step -> learning rate, for the logs
@@ -111,20 +110,14 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
                                  process_count=process_count)
     eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
 
-    graphdef, tx, params, opt_state = init_state(mcfg, ocfg, cfg.seed, mesh)
+    graphdef, tx, init = init_program(mcfg, ocfg, cfg.seed, mesh)
+    params, opt_state = init()
     options = step_options(cfg, manifest["eos_id"])
     step_fn, eval_fn = jit_steps(graphdef, tx, options, sharding.shardings_of(params),
                                  sharding.shardings_of(opt_state), mesh)
-    run = Run(cfg, mcfg, mesh, batches, eval_data, graphdef, step_fn, eval_fn, optimizer.schedule(ocfg),
+    run = Run(cfg, mcfg, mesh, batches, eval_data, step_fn, eval_fn, optimizer.schedule(ocfg),
               flops_per_token(mcfg, cfg.seq_len), metrics.device_peak_flops(jax.devices()[0]), process_count)
     return run, params, opt_state
-
-
-def init_state(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Any, Any]:
-    """(graphdef, optimizer, params, optimizer state), the state created directly in its shardings."""
-    graphdef, tx, init = init_program(mcfg, ocfg, seed, mesh)
-    params, opt_state = init()
-    return graphdef, tx, params, opt_state
 
 
 def init_program(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Callable]:

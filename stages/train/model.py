@@ -225,7 +225,7 @@ def num_params(cfg: ModelConfig) -> int:
 
 
 def param(key, shape, names, std, dtype):
-    """A Param with its logical axis names. Placement is the caller's (`loop.init_state` creates the
+    """A Param with its logical axis names. Placement is the caller's (`loop.init_program` creates the
     parameters in their shardings), so no eager sharding: building the model needs no mesh."""
     value = jnp.ones(shape, dtype) if std is None else std * jax.random.normal(key, shape, dtype)
     return nnx.Param(value, out_sharding=names, eager_sharding=False)

@@ -57,18 +57,29 @@ class Plan:
     mesh: dict[str, int]              # {"data": d, "fsdp": f, "tensor": t}
     micro_batch: int                  # sequences per device per micro-batch
     params: dict[str, int]            # parameters by part
-    per_device: dict[str, int]        # bytes: params, grads, optimizer, activations, total
-    budget: int                       # usable bytes per device
+    per_device: dict[str, int]        # bytes: params, grads, optimizer, activations, gathered, total
     flops_per_token: float
     step_s: float
-    tokens: int                       # the run's token budget: steps x global batch x sequence length
-    days: float
-    advice: str                       # "" when it fits; else the smallest change that would fit
     problem: str = ""                 # a layout that cannot run at all (the batch does not split), else ""
+    advice: str = ""                  # "" when it fits; else the smallest change that would fit
+
+    @property
+    def budget(self) -> int:
+        """Usable bytes per device."""
+        return int(self.device.hbm_bytes * HEADROOM)
 
     @property
     def fits(self) -> bool:
         return not self.problem and self.per_device["total"] <= self.budget
+
+    @property
+    def tokens(self) -> int:
+        """The run's token budget: steps x global batch x sequence length."""
+        return self.config.steps * self.config.global_batch * self.config.seq_len
+
+    @property
+    def days(self) -> float:
+        return self.config.steps * self.step_s / 86400
 
     def render(self, xla: dict[str, int] | None = None) -> str:
         """The plan as text, its verdict last; `xla` (aot.compile_train_step's figures) adds XLA's own
@@ -136,12 +147,9 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     per_device["total"] = sum(per_device.values())
     fpt = flops_per_token(m, cfg.seq_len)
     step_s = fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu)
-    tokens = cfg.steps * cfg.global_batch * cfg.seq_len
-    result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device,
-                  int(device.hbm_bytes * HEADROOM), fpt, step_s, tokens, cfg.steps * step_s / 86400, "",
-                  problem)
+    result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem)
     if advise and not result.fits:
-        result = dataclasses.replace(result, advice=advice(cfg))
+        result = dataclasses.replace(result, advice=advice(result))
     return result
 
 
@@ -193,9 +201,10 @@ def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, l
     of float32 logits and their gradient. Checked against XLA's compiled figures for six configurations
     in benchmarks/plan_vs_xla.py.
     """
-    D, H, F, L = m.d_model, m.effective_head_dim, m.effective_mlp_dim, m.n_layers
-    N, K = max(1, m.n_heads // tensor), max(1, m.n_kv_heads // tensor)
-    Fl = F // tensor if F % tensor == 0 else F
+    D, H, L = m.d_model, m.effective_head_dim, m.n_layers
+    # Heads, MLP width and vocabulary are split over `tensor` where it divides them, as training does.
+    N, K, Fl, vocab = (n // tensor if n % tensor == 0 else n
+                       for n in (m.n_heads, m.n_kv_heads, m.effective_mlp_dim, m.vocab_size))
     cdt = DTYPE_BYTES[m.dtype]
     layer = {"input": D, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
              "residual": D, "normed2": D, "gate": Fl, "up": Fl, "act": Fl, "down": D}
@@ -216,8 +225,7 @@ def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, l
     # The layer being recomputed holds its activations and, as its backward pass runs, their gradients.
     recompute = 2 * tokens * sum(layer.values()) * cdt if m.remat != "none" else 0
     # The chunked loss holds one chunk's float32 logits (or softmax) and their gradient in the compute
-    # dtype; the vocabulary is split over `tensor` like the unembedding.
-    vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
+    # dtype, over this device's part of the vocabulary.
     logits = min(loss_chunk, tokens) * vocab * (4 + cdt)
     # Counted together although the loss and a layer's recompute run one after the other: XLA's buffer
     # assignment overlaps them only partly (measured: adding them errs high by <= 20%, taking the larger
@@ -225,12 +233,12 @@ def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, l
     return int(saved + recompute + logits)
 
 
-def advice(cfg) -> str:
-    """The smallest single change that makes `cfg` fit, tried in this order: more FSDP (taken from the data
-    axis), a heavier remat policy, more gradient accumulation (a smaller micro-batch); else more chips."""
-    mesh = cfg.mesh
-    chips = plan(cfg, advise=False).chips
-    data, fsdp, tensor = mesh.shape(chips)
+def advice(failed: Plan) -> str:
+    """The smallest single change that makes a plan that does not fit fit, tried in this order: more FSDP
+    (taken from the data axis), a heavier remat policy, more gradient accumulation (a smaller
+    micro-batch); then a mesh layout; else more chips."""
+    cfg, mesh = failed.config, failed.config.mesh
+    data, fsdp, tensor = (failed.mesh[a] for a in ("data", "fsdp", "tensor"))
     tries = []
     f = fsdp * 2
     while data * fsdp % f == 0 and f <= data * fsdp:

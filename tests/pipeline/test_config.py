@@ -82,3 +82,14 @@ def test_bad_bindings_fail_with_a_message_that_names_them(param, message):
 def test_a_missing_gin_file_is_named():
     with pytest.raises(config.ConfigError, match="gin file 'nope.gin' does not exist"):
         config.load(["nope.gin"])
+
+
+def test_placeholders_are_asked_for_only_where_they_are_used():
+    flagship = config.placeholders(config.load([f"{REPO}/gin/600b.gin"]))
+    assert [line.split(" = ")[0] for line in flagship] == [
+        "pipeline.Settings.cache_root", "beam_runner.Runner.project", "beam_runner.Runner.temp_location",
+        "train.LaunchConfig.tpu_name", "train.LaunchConfig.project"]
+    # Its twin keeps those values but runs Beam locally and trains in process: nothing to fill in.
+    twin = config.load([f"{REPO}/gin/twins/600b.gin"])
+    assert twin.stages["train"].config.launcher.tpu_name == "YOUR_TPU_SLICE"
+    assert config.placeholders(twin) == []

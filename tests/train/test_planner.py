@@ -39,9 +39,10 @@ def test_sharding_divides_the_state_the_way_training_places_it():
     fsdp = planner.plan(dataclasses.replace(base, mesh=MeshConfig(data=1, fsdp=8)))
     tensor = planner.plan(dataclasses.replace(base, mesh=MeshConfig(data=4, tensor=2)))
     assert one.per_device["params"] == 4 * sum(param_counts(m).values())     # data parallel: replicated
-    # fsdp 8 splits every "embed" axis (256 / 8): all but nothing, so exactly an eighth.
+    # Every parameter has an "embed" axis (256, split 8 ways): fsdp 8 leaves each device exactly an eighth.
     assert fsdp.per_device["params"] * 8 == one.per_device["params"]
-    # tensor 2 splits heads, MLP and vocab, but not the two kv heads' ... they split too (2 / 2) or the norms.
+    # tensor 2 halves everything with a heads, kv_heads, mlp or vocab axis (2 kv heads split too); the
+    # norm scales have none of those axes and stay whole.
     norms = 4 * (2 * 4 * 256 + 256)
     assert tensor.per_device["params"] == (one.per_device["params"] - norms) // 2 + norms
     assert fsdp.per_device["gathered"] > 0 and one.per_device["gathered"] == 0
