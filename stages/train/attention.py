@@ -16,10 +16,14 @@ Implementations (`IMPLS`):
   blockwise  flash attention in pure JAX (online softmax over key blocks, causal blocks above the
              diagonal skipped) with a custom VJP that recomputes block scores from the saved (out,
              logsumexp): activation memory grows with T, not T * S. Runs everywhere.
-  cudnn      `jax.nn.dot_product_attention(implementation="cudnn")`; GPU, bfloat16/float16 only.
-  splash     Pallas TPU splash attention; TPU only. It is a single-device kernel: under a multi-device
-             mesh call it inside `shard_map` over the batch/head axes.
-  auto       cudnn on GPU, splash on TPU, on CPU blockwise once T * S >= AUTO_BLOCKWISE_SCORES, else xla.
+  cudnn      `jax.nn.dot_product_attention(implementation="cudnn")`; GPU, bfloat16/float16 only. Packed
+             documents (segment ids) run blockwise instead, logged once: cuDNN would take them only as a
+             dense T x S mask.
+  splash     Pallas TPU splash attention; TPU only. A one-device kernel: under a mesh (`jax.set_mesh`) it
+             runs inside `shard_map` over the batch and head axes.
+  auto       by the platform the step will run on (the active mesh's devices, so compiling ahead of time
+             for a TPU topology picks splash; else JAX's backend): cudnn on GPU, splash on TPU, on CPU
+             blockwise once T * S >= AUTO_BLOCKWISE_SCORES, else xla.
              A kernel that refuses the shape or dtype (raises while tracing) falls back to blockwise,
              then xla, and the reason is logged once.
 """
@@ -33,6 +37,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from stages.train.configs import AXES
+from stages.train.sharding import logical_to_spec, target_platform
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +77,19 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, 
         except Exception as e:     # a refusal is whatever the kernel raises while tracing
             if i == len(candidates) - 1:
                 raise
-            reason = f"attention: {name} refused q{q.shape} {q.dtype} k{k.shape}: {e}; " \
-                     f"falling back to {candidates[i + 1]}"
-            if reason not in _LOGGED:
-                _LOGGED.add(reason)
-                log.warning(reason)
+            _log_once(f"attention: {name} refused q{q.shape} {q.dtype} k{k.shape}: {e}; "
+                      f"falling back to {candidates[i + 1]}")
     raise AssertionError("unreachable")
 
 
+def _log_once(reason: str) -> None:
+    if reason not in _LOGGED:
+        _LOGGED.add(reason)
+        log.warning(reason)
+
+
 def _auto_choice(T: int, S: int) -> str:
-    backend = jax.default_backend()
+    backend = target_platform()         # the mesh's: "tpu" when compiling ahead of time for a TPU topology
     if backend == "gpu":
         return "cudnn"
     if backend == "tpu":
@@ -329,31 +339,37 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 # --------------------------------------------------------------------------------------------- cudnn
-def cudnn_attention(q, k, v, q_seg=None, kv_seg=None, *, causal: bool = True, block_q: int = 0,
-                    block_k: int = 0):
+def cudnn_attention(q, k, v, q_seg=None, kv_seg=None, *, causal: bool = True, block_q: int = 512,
+                    block_k: int = 512):
     """cuDNN flash attention through `jax.nn.dot_product_attention`; GPU and bfloat16/float16 only.
 
-    Its `is_causal` aligns the first query with the first key, so it is used only when T == S; otherwise, and
-    with segment ids, the mask is passed as a (B, 1, T, S) boolean (cuDNN adds it as a bias).
+    Packed documents (segment ids) go to `blockwise` instead, logged once: jax.nn.dot_product_attention
+    takes them only as a dense (B, 1, T, S) mask, which becomes a T x S bias per call (512 MiB per layer at
+    T = 16K), and that is not flash attention. Its `is_causal` aligns the first query with the first key, so
+    it is used when T == S; for T != S (a few queries against a KV cache) the small (B, 1, T, S) causal mask
+    is passed instead. The block sizes are used only by the blockwise fallback.
     """
-    del block_q, block_k
     _require_backend("cudnn", "gpu")
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"attention impl='cudnn' needs bfloat16 or float16 inputs, got {q.dtype}")
+    if q_seg is not None:
+        _log_once(f"attention: cudnn takes packed documents only as a dense (T, S) mask; using blockwise "
+                  f"for q{q.shape} k{k.shape} with segment ids")
+        return blockwise_attention(q, k, v, q_seg, kv_seg, causal=causal, block_q=block_q, block_k=block_k)
     T, S = q.shape[1], k.shape[1]
     is_causal = causal and T == S
     mask = None
-    if q_seg is not None or (causal and not is_causal):
-        mask = _visible(jnp.arange(T), jnp.arange(S), q_seg, kv_seg, causal=causal, offset=S - T)[:, None]
+    if causal and not is_causal:
+        mask = _visible(jnp.arange(T), jnp.arange(S), None, None, causal=True, offset=S - T)[:, None]
     out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, implementation="cudnn")
-    return _zero_empty_rows(out, q_seg, kv_seg, S, causal=causal).astype(q.dtype)
+    return _zero_empty_rows(out, None, None, S, causal=causal).astype(q.dtype)
 
 
 def _require_backend(impl: str, platform: str) -> None:
-    backend = jax.default_backend()
+    backend = target_platform()
     if backend != platform:
-        raise ValueError(f"attention impl={impl!r} needs a {platform.upper()}, but the default JAX backend "
-                         f"is {backend!r}; use impl='blockwise' (any platform) or 'auto'")
+        raise ValueError(f"attention impl={impl!r} needs a {platform.upper()}, but it would run on "
+                         f"{backend!r}; use impl='blockwise' (any platform) or 'auto'")
 
 
 # -------------------------------------------------------------------------------------------- splash
@@ -362,19 +378,57 @@ def splash_attention(q, k, v, q_seg=None, kv_seg=None, *, causal: bool = True, b
     """Pallas splash attention (TPU). T and S must be multiples of 128 and of the (clipped) blocks.
 
     Grouped-query attention uses the MQA kernel once per kv head: q (G, T, H) against k, v (S, H).
+    The kernel sees one device's arrays, so under a mesh (`jax.set_mesh`, as training traces its steps) it
+    runs inside `jax.shard_map`: each device takes its rows of the batch and its heads, placed as the model
+    places them (logical axes "batch", "heads", "kv_heads"), and the whole sequence.
     `interpret=True` runs the kernel in the Pallas interpreter (any backend; slow, for tests only).
     """
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
-
     if not interpret:
         _require_backend("splash", "tpu")
-    B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
-    G = N // K
+    T, S = q.shape[1], k.shape[1]
     bq, bk = min(block_q, T), min(block_k, S)
     if T % 128 or S % 128 or T % bq or S % bk or bq % 128 or bk % 128:
         raise ValueError(f"attention impl='splash' needs T={T} and S={S} to be multiples of 128 and of the "
                          f"blocks (block_q={bq}, block_k={bk}, themselves multiples of 128)")
+    local = functools.partial(_splash_one_device, causal=causal, bq=bq, bk=bk, interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return local(q, k, v, q_seg, kv_seg)
+    return _splash_sharded(local, mesh, q, k, v, q_seg, kv_seg)
+
+
+def _splash_sharded(local, mesh, q, k, v, q_seg, kv_seg):
+    """`local` under `jax.shard_map` over the batch and head axes of `mesh`; the sequence stays whole.
+
+    When the kv heads are not split like the query heads (K not divisible by the tensor axis), k and v are
+    repeated to one head per query head first, so every device holds the kv heads its query heads use.
+    """
+    if not set(AXES) <= set(mesh.axis_names):       # not a training mesh: every device computes it all
+        q_spec = kv_spec = seg_spec = jax.P()
+    else:
+        q_spec = logical_to_spec(("batch", "length", "heads", "head_dim"), q.shape, mesh)
+        kv_spec = logical_to_spec(("batch", "length", "kv_heads", "head_dim"), k.shape, mesh)
+        if kv_spec[2] != q_spec[2]:
+            G = q.shape[2] // k.shape[2]
+            k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)              # (B, S, N, H)
+            kv_spec = q_spec
+        seg_spec = jax.P(q_spec[0], None)
+    if q_seg is None:
+        body = lambda q, k, v: local(q, k, v, None, None)                          # noqa: E731
+        specs, args = (q_spec, kv_spec, kv_spec), (q, k, v)
+    else:
+        body, specs, args = local, (q_spec, kv_spec, kv_spec, seg_spec, seg_spec), (q, k, v, q_seg, kv_seg)
+    # check_vma=False: the Pallas call does not annotate how its outputs vary over the mesh axes.
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=q_spec, check_vma=False)(*args)
+
+
+def _splash_one_device(q, k, v, q_seg, kv_seg, *, causal: bool, bq: int, bk: int, interpret: bool):
+    """The kernel on one device's arrays: q (B, T, N, H), k, v (B, S, K, H) -> (B, T, N, H)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = N // K
     kernel = _splash_kernel(T, S, G, causal, bq, bk, interpret)
     # The kernel does not scale the scores; scale q (cheaper than the (T, S) scores).
     q_kgth = jnp.transpose(q.reshape(B, T, K, G, H), (0, 2, 3, 1, 4)) * jnp.asarray(H ** -0.5, q.dtype)

@@ -66,12 +66,15 @@ class ModelConfig:
     dtype: str = "bfloat16"              # activations and matmul inputs
     param_dtype: str = "float32"
     attention_impl: str = "auto"         # stages.train.attention.IMPLS
+    attention_block_q: int = 512         # query and key tiles of the blockwise and splash kernels (clipped to
+    attention_block_k: int = 512         # the sequence; splash needs multiples of 128)
     remat: str = "none"                  # one of REMAT_NAMES
     scan_layers: bool = True             # False: a Python loop over the layers (debugging)
     init_std: float = 0.02
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len",
+                     "attention_block_q", "attention_block_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 1")
         for name in ("head_dim", "mlp_dim", "rope_original_max_len"):

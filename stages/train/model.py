@@ -205,7 +205,8 @@ class Block(nnx.Module):
             k = jnp.concatenate([cache_kv[0], k.astype(cache_kv[0].dtype)], axis=1)   # (B, S + T, K, H)
             v = jnp.concatenate([cache_kv[1], v.astype(cache_kv[1].dtype)], axis=1)
             new_kv = (k[:, -S:], v[:, -S:])
-        o = attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg), impl=cfg.attention_impl)  # (B,T,N,H)
+        o = attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg), impl=cfg.attention_impl,
+                      block_q=cfg.attention_block_q, block_k=cfg.attention_block_k)             # (B, T, N, H)
         o = checkpoint_name(o, "attention")
         o = checkpoint_name(jnp.einsum("btnh,nhd->btd", o, w(self.wo)), "out_proj")      # (B, T, D)
         x = x + o

@@ -75,6 +75,13 @@ def replicated(mesh):
     return jax.sharding.NamedSharding(mesh, PartitionSpec())
 
 
+def target_platform() -> str:
+    """The platform the computation being traced will run on: the active mesh's ("tpu" while compiling
+    ahead of time for a TPU topology on a CPU machine), else JAX's default backend."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    return device.platform if device is not None and device.platform else jax.default_backend()
+
+
 def with_logical_constraint(x, names):
     """`jax.lax.with_sharding_constraint` by logical names under a mesh context (`jax.set_mesh(mesh)`);
     a no-op without one, so the model runs unchanged on one device."""

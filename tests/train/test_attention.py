@@ -207,3 +207,70 @@ def test_bad_arguments_name_what_is_wrong():
         attn.attention(q, k, v, segment_ids=(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32)))
     with pytest.raises(ValueError, match="k.*and v.*must have the same shape"):
         attn.attention(q, k, v[:, :4])
+
+
+SHARDED_SPLASH = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from stages.train import attention as attn, sharding
+from stages.train.configs import MeshConfig
+
+B, T, N, K, H = 4, 256, 8, 2, 64
+keys = jax.random.split(jax.random.key(0), 4)
+q = jax.random.normal(keys[0], (B, T, N, H), jnp.float32)
+k, v = (jax.random.normal(kk, (B, T, K, H), jnp.float32) for kk in keys[1:3])
+w = jax.random.normal(keys[3], (B, T, N, H), jnp.float32)
+segs = jnp.asarray(np.repeat(np.arange(4), T // 4)[None].repeat(B, 0), jnp.int32)   # 4 documents a row
+
+def value_and_grads(fn):
+    def f(q, k, v):
+        out, pullback = jax.vjp(fn, q, k, v)
+        return out, pullback(w)
+    return jax.jit(f)(q, k, v)
+
+ref = value_and_grads(lambda q, k, v: attn.xla_attention(q, k, v, segs, segs))
+splash = lambda q, k, v: attn.splash_attention(q, k, v, segs, segs, block_q=128, block_k=128, interpret=True)
+result = {}
+for name, cfg in {"d2_f2_t2": MeshConfig(data=2, fsdp=2, tensor=2),     # kv heads split like q heads
+                  "f2_t4": MeshConfig(data=1, fsdp=2, tensor=4)}.items():   # K=2 < tensor=4: kv repeated
+    mesh = sharding.make_mesh(cfg)
+    with jax.set_mesh(mesh):
+        out, grads = value_and_grads(splash)
+        jaxpr = str(jax.make_jaxpr(splash)(q, k, v))
+    result[name] = {
+        "shard_map": "shard_map" in jaxpr,
+        "out_diff": float(jnp.abs(out - ref[0]).max()),
+        "grad_diff": max(float(jnp.abs(g - r).max() / jnp.abs(r).max()) for g, r in zip(grads, ref[1])),
+        "out_spec": list(out.sharding.spec),
+    }
+print("RESULT " + json.dumps(result))
+"""
+
+
+def test_splash_under_a_mesh_runs_per_device_in_shard_map_and_matches_xla():
+    """Splash is a one-device kernel: under a training mesh it runs inside shard_map over batch and heads,
+    and gives the reference's values and gradients (the Pallas interpreter runs the kernel on CPU)."""
+    from tests.conftest import run_on_simulated_devices
+
+    got = run_on_simulated_devices(SHARDED_SPLASH, devices=8, timeout=600)
+    for name, r in got.items():
+        assert r["shard_map"], name
+        assert r["out_diff"] < 2e-5 and r["grad_diff"] < 2e-5, (name, r)
+    assert got["d2_f2_t2"]["out_spec"][0] == ["data", "fsdp"] and got["d2_f2_t2"]["out_spec"][2] == "tensor"
+    assert got["f2_t4"]["out_spec"][2] == "tensor"
+
+
+def test_cudnn_runs_packed_documents_blockwise_and_says_so(monkeypatch, caplog):
+    """cuDNN takes packed documents only as a dense T x S mask; the model's packed batches go blockwise."""
+    monkeypatch.setattr(attn, "target_platform", lambda: "gpu")          # what a GPU run sees
+    monkeypatch.setattr(attn, "_LOGGED", set())
+    q, k, v, _ = _inputs(2, 64, 64, 4, 2, 16, jnp.bfloat16)
+    segs = _packed(2, 64, [20, 30])
+    with caplog.at_level(logging.WARNING, logger=attn.__name__):
+        got = attn.attention(q, k, v, segment_ids=segs, impl="cudnn", block_q=16, block_k=16)
+        attn.attention(q, k, v, segment_ids=segs, impl="cudnn", block_q=16, block_k=16)
+    want = attn.attention(q, k, v, segment_ids=segs, impl="blockwise", block_q=16, block_k=16)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert [r.getMessage() for r in caplog.records] == [
+        "attention: cudnn takes packed documents only as a dense (T, S) mask; using blockwise for "
+        "q(2, 64, 4, 16) k(2, 64, 2, 16) with segment ids"]

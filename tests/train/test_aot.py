@@ -1,0 +1,51 @@
+"""Kernels compiled ahead of time for a TPU slice that is not here (libtpu describes its chips).
+
+    .venv/bin/python -m pytest tests/train/test_aot.py
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pipeline import config
+from stages.train import aot, attention, sharding
+from stages.train.configs import MeshConfig
+from tests.conftest import REPO
+
+TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
+
+
+def _tiny(*overrides: str):
+    return config.load([f"{REPO}/gin/tiny.gin"], [
+        'train.HardwareConfig.device="tpu-v5p"', f'train.HardwareConfig.topology="{TOPOLOGY}"',
+        *overrides]).stages["train"].config
+
+
+def test_auto_attention_picks_splash_under_a_mesh_of_tpu_chips_on_a_cpu_machine():
+    """`auto` chooses by where the step will run (the mesh's devices), not by the machine tracing it."""
+    mesh = sharding.make_mesh(MeshConfig(data=2, tensor=2), devices=aot._topology_devices(TOPOLOGY))
+    q = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 256, 2, 64), jnp.bfloat16)
+    fn = lambda q, k, v: attention.attention(q, k, v, impl="auto")        # noqa: E731
+    with jax.set_mesh(mesh):
+        jaxpr = str(jax.make_jaxpr(fn)(q, kv, kv))
+    assert "shard_map" in jaxpr and "pallas_call" in jaxpr
+    assert "pallas_call" not in str(jax.make_jaxpr(fn)(q, kv, kv))      # no mesh: this CPU, no TPU kernel
+
+
+@pytest.mark.parametrize("mesh", ["train.MeshConfig.fsdp=4",
+                                  "train.MeshConfig.fsdp=2 train.MeshConfig.tensor=2"])
+def test_the_train_step_with_splash_compiles_for_a_tpu_topology(mesh):
+    """The real train step (scan over layers, remat, grad accumulation) with the Pallas splash kernel inside
+    shard_map, compiled by the TPU compiler: `splash` never falls back, so a compile is splash's."""
+    cfg = _tiny('train.ModelConfig.attention_impl="splash"', "train.ModelConfig.attention_block_q=128",
+                "train.ModelConfig.attention_block_k=128", 'train.ModelConfig.remat="minimal"',
+                'train.ModelConfig.dtype="bfloat16"', *mesh.split())
+    figures = aot.compile_train_step(cfg)
+    assert figures["argument"] > 0 and figures["temp"] > 0 and figures["total"] > figures["temp"], figures
+    # A sequence that is not a multiple of 128 is refused while tracing, naming the rule.
+    short = dataclasses.replace(cfg, seq_len=200)
+    with pytest.raises(ValueError, match=r"impl='splash' needs T=200 .* multiples of 128"):
+        aot.compile_train_step(short)
