@@ -5,9 +5,10 @@
 
 `jax.experimental.topologies` describes every chip of a TPU topology without a TPU (libtpu, from
 `pip install -e '.[tpu]'`, must be installed). The state is built abstractly (shapes and shardings
-only: nothing is allocated), the mesh is laid over the topology's devices, and `loop.jit_steps` (the
-function training runs) is lowered and compiled for it. `make plan` prints the result beside the
-planner's estimate.
+only: nothing is allocated), the mesh is laid over the topology's devices (train.HardwareConfig.num_slices
+copies of it joined over DCN for a multi-slice run, the mesh's dcn_* axes across them), and
+`loop.jit_steps` (the function training runs) is lowered and compiled for it. `make plan` prints the
+result beside the planner's estimate.
 """
 
 from __future__ import annotations
@@ -22,18 +23,15 @@ from stages.train.configs import topology_chips
 
 
 def compile_train_step(cfg, *, eos_id: int = 2) -> dict[str, int]:
-    """XLA's per-device bytes for one train step of `cfg` (a stages.train.Config) on its topology:
-    argument (params, optimizer state, batch), output, alias (outputs that reuse donated arguments),
-    temp (everything else: gradients, activations, gathered layers) and total = argument + output - alias
-    + temp."""
+    """XLA's per-device bytes for one train step of `cfg` (a stages.train.Config) on its topology, times
+    its num_slices: argument (params, optimizer state, batch), output, alias (outputs that reuse donated
+    arguments), temp (everything else: gradients, activations, gathered layers) and total = argument +
+    output - alias + temp."""
     topology = cfg.hardware.topology
     if not topology:
         raise ValueError("train.HardwareConfig.topology is empty: name a TPU topology such as \"v5p:2x2x1\" "
                          "to compile for it")
-    if cfg.hardware.num_slices > 1:
-        raise ValueError(f"compiling for {cfg.hardware.num_slices} slices is not supported yet; "
-                         "plan one slice (train.HardwareConfig.num_slices = 1)")
-    devices = _topology_devices(topology)
+    devices = _topology_devices(topology, cfg.hardware.num_slices)
     mesh = sharding.make_mesh(cfg.mesh, devices=devices)
     graphdef, tx, init = loop.init_program(cfg.model, cfg.optimizer_for_run(), cfg.seed, mesh)
     params, opt_state = jax.eval_shape(init)          # shapes, dtypes and shardings; nothing allocated
@@ -50,19 +48,23 @@ def compile_train_step(cfg, *, eos_id: int = 2) -> dict[str, int]:
     return figures
 
 
-def _topology_devices(topology: str) -> list:
+def _topology_devices(topology: str, num_slices: int = 1) -> list:
+    """The compile-only devices of `num_slices` copies of `topology` joined over DCN, each with its
+    `slice_index` (so `sharding.make_mesh` lays the dcn axes across slices)."""
     # Only one process may hold libtpu by default (a lockfile); a compile-only user needs no exclusive
     # access, and tests or a second `make plan` may run beside this one.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    slices = {"num_slices": num_slices} if num_slices > 1 else {}
     try:
         from jax.experimental import topologies
 
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **slices)
     except Exception as e:  # noqa: BLE001 - libtpu missing or a name it does not know: say which and how
-        raise RuntimeError(f"cannot describe TPU topology {topology!r} ({type(e).__name__}: {e}); it needs "
-                           "libtpu: pip install -e '.[tpu]'") from None
+        raise RuntimeError(f"cannot describe TPU topology {topology!r} x {num_slices} slice(s) "
+                           f"({type(e).__name__}: {e}); it needs libtpu: pip install -e '.[tpu]'") from None
     devices = list(desc.devices)
-    if len(devices) != topology_chips(topology):
-        raise RuntimeError(f"topology {topology!r} gave {len(devices)} devices, expected "
-                           f"{topology_chips(topology)}")
+    expected = topology_chips(topology) * num_slices
+    if len(devices) != expected:
+        raise RuntimeError(f"topology {topology!r} x {num_slices} slice(s) gave {len(devices)} devices, "
+                           f"expected {expected}")
     return devices

@@ -236,32 +236,76 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Mesh axis sizes; their product must be the device count. Gin: `train.MeshConfig.<field>`."""
+    """Mesh axis sizes. Gin: `train.MeshConfig.<field>`.
 
-    data: int = -1         # -1: all devices that fsdp and tensor leave
+    data, fsdp and tensor are the sizes WITHIN one slice (ICI, the chips' own links): their product is a
+    slice's device count. dcn_data, dcn_fsdp and dcn_tensor split the same axes ACROSS slices (DCN, the
+    data-center network between TPU slices): their product is the number of slices, and must equal
+    train.HardwareConfig.num_slices. Each mesh axis is ici x dcn long, under the same name, so every
+    logical rule holds unchanged: MeshConfig(fsdp=4, dcn_data=2) on 2 slices of 4 chips is the mesh
+    data 2 x fsdp 4 x tensor 1, data crossing the slices and fsdp within each. Put the DCN split on data:
+    it crosses the slow network once per step (the gradient reduction), fsdp and tensor every layer.
+    With every dcn_* = 1 (the default) there is one slice and the sizes are the whole mesh's.
+    """
+
+    data: int = -1         # -1: all of a slice's devices that fsdp and tensor leave
     fsdp: int = 1
     tensor: int = 1
+    dcn_data: int = 1      # slices the data axis spans (1: it stays within a slice)
+    dcn_fsdp: int = 1
+    dcn_tensor: int = 1
 
     def __post_init__(self):
         for name in AXES:
             size = getattr(self, name)
             if size == 0 or size < -1:
                 raise ValueError(f"MeshConfig.{name}={size} must be >= 1 (or -1 for data: the rest)")
+            dcn = getattr(self, f"dcn_{name}")
+            if dcn < 1:
+                raise ValueError(f"MeshConfig.dcn_{name}={dcn} must be >= 1 (the slices the {name} axis "
+                                 "spans; 1: within one slice)")
         if self.fsdp == -1 or self.tensor == -1:
             raise ValueError(f"MeshConfig: only data may be -1 (fsdp={self.fsdp}, tensor={self.tensor})")
 
-    def shape(self, n_devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) for `n_devices`; ValueError naming the sizes when they do not fit."""
+    @property
+    def dcn_shape(self) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) across slices."""
+        return self.dcn_data, self.dcn_fsdp, self.dcn_tensor
+
+    @property
+    def num_slices(self) -> int:
+        """The slices this mesh spans: the product of the dcn_* sizes."""
+        return math.prod(self.dcn_shape)
+
+    def ici_shape(self, n_devices: int) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) within one slice, for `n_devices` over all `num_slices` slices; ValueError
+        naming the sizes when they do not fit."""
+        slices = self.num_slices
+        dcn = f"dcn_data={self.dcn_data} x dcn_fsdp={self.dcn_fsdp} x dcn_tensor={self.dcn_tensor}"
+        if n_devices % slices:
+            raise ValueError(f"{n_devices} devices do not split into {slices} equal slices (mesh {dcn})")
+        n = n_devices // slices
         other = self.fsdp * self.tensor
-        data = self.data if self.data != -1 else n_devices // other
-        if self.data == -1 and n_devices % other:
+        data = self.data if self.data != -1 else n // other
+        if self.data == -1 and n % other:
             data = 0
-        if data * other != n_devices:
-            raise ValueError(f"mesh data={self.data} x fsdp={self.fsdp} x tensor={self.tensor} does not "
-                             f"match the {n_devices} devices; the product must equal the device count "
-                             f"(data=-1 takes the rest, and needs fsdp x tensor = {other} to divide "
-                             f"{n_devices})")
+        if data * other != n:
+            sizes = f"data={self.data} x fsdp={self.fsdp} x tensor={self.tensor}"
+            if slices == 1:
+                raise ValueError(f"mesh {sizes} does not match the {n} devices; the product must equal the "
+                                 f"device count (data=-1 takes the rest, and needs fsdp x tensor = {other} "
+                                 f"to divide {n})")
+            raise ValueError(f"mesh per slice (ICI) {sizes} does not match the {n} devices of each of "
+                             f"{slices} slices ({n_devices} devices, {dcn}); the product must equal a "
+                             f"slice's device count (data=-1 takes the rest, and needs fsdp x tensor = "
+                             f"{other} to divide {n})")
         return data, self.fsdp, self.tensor
+
+    def shape(self, n_devices: int) -> tuple[int, int, int]:
+        """The whole mesh's (data, fsdp, tensor) for `n_devices`: per axis, the size within a slice x the
+        slices it spans (`ici_shape` x `dcn_shape`); ValueError naming the sizes when they do not fit."""
+        ici = self.ici_shape(n_devices)
+        return ici[0] * self.dcn_data, ici[1] * self.dcn_fsdp, ici[2] * self.dcn_tensor
 
 
 def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str, ...], ...]:
@@ -301,7 +345,8 @@ class HardwareConfig:
     device: a row of `stages.train.devices.DEVICES` ("tpu-v5p", "h100", "cpu", ...).
     topology: a TPU topology ("v5p:8x8x16"); the planner compiles the real train step for it ahead of time.
     chips: chips per slice; 0 = the topology's, or (no topology) the mesh's explicit sizes.
-    num_slices: slices joined over the data-center network (multi-slice).
+    num_slices: slices joined over the data-center network (multi-slice); all chips = chips x num_slices,
+        and train.MeshConfig's dcn_data x dcn_fsdp x dcn_tensor must equal it.
     mfu: the model FLOPs utilization the time estimate assumes.
     allow_unfit: start training even when the plan says the state does not fit in device memory.
     """

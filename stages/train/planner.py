@@ -88,13 +88,15 @@ class Plan:
         hw = cfg.hardware
         total_params = sum(self.params.values())
         where = f"{self.chips:,} x {self.device.label} ({_gib(self.device.hbm_bytes)} each)"
+        slices = f" x {hw.num_slices} slices" if hw.num_slices > 1 else ""
         if hw.topology:
-            where += f", topology {hw.topology}" + (f" x {hw.num_slices} slices" if hw.num_slices > 1 else "")
+            where += f", topology {hw.topology}{slices}"
         rows = [
             f"train plan: {total_params / 1e9:,.3g}B parameters on {where}",
             "  parameters: " + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in self.params.items() if v),
             f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP (6N + attention at T={cfg.seq_len})",
-            f"  mesh: data {self.mesh['data']} x fsdp {self.mesh['fsdp']} x tensor {self.mesh['tensor']}; "
+            f"  mesh: data {self.mesh['data']} x fsdp {self.mesh['fsdp']} x tensor {self.mesh['tensor']}"
+            f"{_slices(cfg.mesh, self.chips)}; "
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
             f"(x {cfg.optimizer.grad_accum_steps} accumulated); remat {m.remat}; "
             f"{m.dtype} compute, {m.param_dtype} params; attention {m.attention_impl}",
@@ -106,8 +108,8 @@ class Plan:
             f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU",
         ]
         if xla is not None:
-            rows.append(f"  XLA, compiled for {hw.topology}: {_gib(xla['total'])} per device (arguments "
-                        f"{_gib(xla['argument'])}, scratch {_gib(xla['temp'])}); the estimate is "
+            rows.append(f"  XLA, compiled for {hw.topology}{slices}: {_gib(xla['total'])} per device "
+                        f"(arguments {_gib(xla['argument'])}, scratch {_gib(xla['temp'])}); the estimate is "
                         f"{self.per_device['total'] / max(xla['total'], 1):.0%} of it")
         if self.fits:
             rows.append(f"  verdict: fits on {where}")
@@ -238,7 +240,8 @@ def advice(failed: Plan) -> str:
     (taken from the data axis), a heavier remat policy, more gradient accumulation (a smaller
     micro-batch); then a mesh layout; else more chips."""
     cfg, mesh = failed.config, failed.config.mesh
-    data, fsdp, tensor = (failed.mesh[a] for a in ("data", "fsdp", "tensor"))
+    # The candidates bind MeshConfig's sizes within a slice; the split across slices (dcn_*) stays.
+    data, fsdp, tensor = mesh.ici_shape(failed.chips)
     tries = []
     f = fsdp * 2
     while data * fsdp % f == 0 and f <= data * fsdp:
@@ -288,7 +291,16 @@ def _shard_size(shape, names, mesh: dict[str, int]) -> int:
     return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
 
 
+def _slices(mesh, chips: int) -> str:
+    """A multi-slice mesh's split, for the mesh row: within each slice (ICI) x across slices (DCN)."""
+    if mesh.num_slices == 1:
+        return ""
+    ici, dcn = ("x".join(map(str, s)) for s in (mesh.ici_shape(chips), mesh.dcn_shape))
+    return f" = ICI {ici} within each slice x DCN {dcn} across {mesh.num_slices} slices"
+
+
 def _explicit_chips(mesh) -> int:
+    """A slice's chips when nothing else names them: the mesh's explicit sizes within a slice."""
     return (mesh.data if mesh.data > 0 else 1) * mesh.fsdp * mesh.tensor
 
 

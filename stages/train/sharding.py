@@ -3,6 +3,7 @@ parameters and activations on it.
 
     from stages.train import sharding
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=4))              # 8 devices; fails before compiling
+    mesh = sharding.make_mesh(MeshConfig(fsdp=4, dcn_data=2))          # 2 slices of 4: data 2 across them
     params = jax.device_put(params, sharding.param_shardings(params, mesh))   # placed by their logical names
     batch = sharding.global_batch(local_tokens, mesh)                  # (B_local, T) numpy -> global Array
     with jax.set_mesh(mesh):                                           # activation constraints take effect
@@ -23,17 +24,55 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec
 
 from stages.train.configs import AXES, BATCH_AXES, MeshConfig, mesh_axes
 
 
 def make_mesh(cfg: MeshConfig, devices=None):
-    """A `jax.sharding.Mesh` with axes ("data", "fsdp", "tensor") over `devices` (default: all)."""
+    """A `jax.sharding.Mesh` with axes ("data", "fsdp", "tensor") over `devices` (default: all).
+
+    Multi-slice (`cfg.num_slices` > 1, see MeshConfig): each axis is its size within a slice x its dcn size
+    across slices, slice-major (with dcn_data=2 the first half of the data indices is one slice, the second
+    half the other). Devices that carry `slice_index` (a TPU slice's, or a multi-slice topology's
+    compile-only devices) are grouped by it with `mesh_utils.create_hybrid_device_mesh`; devices without it
+    (CPU and GPU, like the simulated devices in tests) are split in order into `num_slices` contiguous
+    groups that stand for the slices, so the same config gives the same layout.
+    """
     devices = list(jax.devices() if devices is None else devices)
-    shape = cfg.shape(len(devices))
+    shape = cfg.shape(len(devices))                           # whole mesh: ici x dcn per axis
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
-    return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+    found = _slices_in(devices)
+    if found is not None and found != cfg.num_slices:
+        raise ValueError(f"the {len(devices)} devices are in {found} slices, but MeshConfig dcn_data="
+                         f"{cfg.dcn_data} x dcn_fsdp={cfg.dcn_fsdp} x dcn_tensor={cfg.dcn_tensor} spans "
+                         f"{cfg.num_slices}; the dcn sizes must multiply to the number of slices")
+    if cfg.num_slices == 1:
+        return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+    ici = cfg.ici_shape(len(devices))
+    if found is not None:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, cfg.dcn_shape, devices)
+    else:
+        grid = _contiguous_slices(devices, ici, cfg.dcn_shape)
+    return jax.sharding.Mesh(grid, AXES, axis_types=auto)
+
+
+def _slices_in(devices) -> int | None:
+    """How many slices `devices` come from, by their `slice_index`; None when they carry none."""
+    if not all(hasattr(d, "slice_index") for d in devices):
+        return None
+    return len({d.slice_index for d in devices})
+
+
+def _contiguous_slices(devices, ici, dcn) -> np.ndarray:
+    """Devices without `slice_index`, taken in order as prod(dcn) slices of prod(ici) devices each, laid
+    out as `create_hybrid_device_mesh` lays real slices: slice s sits at position s of the dcn grid."""
+    n = math.prod(ici)
+    slices = [mesh_utils.create_device_mesh(ici, devices[s * n:(s + 1) * n]) for s in range(math.prod(dcn))]
+    grid = np.stack(slices).reshape(*dcn, *ici)               # (Dd, Df, Dt, Id, If, It)
+    # Interleave each axis's dcn and ici positions, dcn outer: index along data = dd * Id + id.
+    return grid.transpose(0, 3, 1, 4, 2, 5).reshape([d * i for d, i in zip(dcn, ici)])
 
 
 def logical_to_spec(names, shape=None, mesh=None, rules=None):
