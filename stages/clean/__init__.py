@@ -17,16 +17,24 @@ Every document gets the first reason that applies, so docs_in == docs_kept + sum
     null_text     text is null or not a string
     empty         nothing left after normalization (normalize.py)
     too_short, too_long, too_few_alpha, ...   the filters of `build_filters`, cheapest first (filters.py)
+    dup_line_frac, gopher_short_doc, c4_too_few_sentences, line_punct_ratio, ...   FineWeb's quality
+                  filters, when switched on (quality.py; `clean.Config.gopher_repetition` and below)
     duplicate     the same normalized text as a document with a smaller id
-chars_in and dropped_chars count the text as downloaded and chars_kept the normalized text, so
-chars_in - chars_kept - sum(dropped_chars) is what normalization removed from the kept documents.
+    near_duplicate  in a MinHash cluster (below) whose smallest id is another document
+chars_in and dropped_chars count the text as downloaded and chars_kept the text written, so
+chars_in - chars_kept - sum(dropped_chars) is what normalization (and C4's line filter, which
+rewrites a kept text to its kept lines) removed from the kept documents.
 
 The Beam graph is in graph.py. Deduplication groups documents by a duplicate key (`duplicate_key`:
 a 128-bit hash of the normalized text) and keeps the smallest id in each group; the bucket (output
 shard) is derived from the key, so duplicates always meet in one worker. Near-duplicate removal
-(MinHash) plugs in at the same place: it gives each document several keys (one per LSH band), adds
-a step that joins documents sharing any key into clusters and names each cluster's survivor, and
-then buckets by the survivor's key instead; the filters, counts and writing stay as they are.
+(`minhash`, on by default as in FineWeb; minhash.py) gives each kept document 14 LSH band keys from a
+MinHash signature of its 5-word shingles (14 bands x 8 rows of 64-bit hashes); documents sharing any
+band key are candidates, clusters are the connected components of the candidate pairs (a~b and b~c
+join a, b, c), and every document but the smallest id of its cluster is dropped as near_duplicate.
+The dropped keys go to the bucket that holds them, so documents never move:
+
+    make stage STAGE=clean OVERRIDES='clean.Config.minhash=False'      # exact dedup only
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import time
 from collections.abc import Mapping
 
 from stages import beam_runner
-from stages.clean import filters, normalize
+from stages.clean import filters, minhash, normalize, quality
 from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
@@ -50,22 +58,72 @@ class Config:
     max_chars: int = 100_000            # ... and longer than this (too_long)
     min_alpha_fraction: float = 0.5     # letters / non-whitespace chars below this: too_few_alpha; 0 = off
     dedup: bool = True                  # drop exact duplicates of the normalized text (keep the smallest id)
+    # near duplicates: MinHash LSH with FineWeb's parameters (minhash.py). A pair of documents whose
+    # 5-gram shingle sets have Jaccard similarity s is found with p = 1 - (1 - s^rows)^bands:
+    # 0.9996 at s=0.9, 0.92 at 0.8, 0.053 at 0.5 (14 x 8)
+    minhash: bool = True                # drop near duplicates, keeping each cluster's smallest id
+    minhash_ngram: int = 5              # words per shingle
+    minhash_bands: int = 14             # LSH bands; documents sharing one band's hashes are candidates
+    minhash_rows: int = 8               # hashes per band (bands * rows hash functions)
+    minhash_seed: int = 1               # picks the hash functions; changes which borderline pairs match
     num_shards: int = 8                 # output shards; one worker holds one shard in memory to sort it
+    min_docs: int = 1                   # fewer kept documents fail the stage, naming what removed them
     samples_per_reason: int = 5         # dropped documents kept per reason in rejected/<reason>.jsonl
     unicode_nfc: bool = True            # normalization steps that can be switched off (normalize.py)
     remove_control_chars: bool = True
     tidy_whitespace: bool = True
+    # FineWeb's quality filters (quality.py), run after the filters above in FineWeb's order. Off by
+    # default (the embedded corpus is Python docstrings: they would keep 1 in 5); gin/data/fineweb.gin
+    # turns them on. Parameters default to datatrove's FineWeb recipe; gopher_rep_dup_line_frac is
+    # GopherRepetition's dup_line_frac, and so on; a threshold of 0 (C4: -1) turns that one rule off.
+    gopher_repetition: bool = False     # dup_para_frac, dup_line_frac, top_2_gram, duplicated_5_n_grams, ...
+    gopher_rep_dup_line_frac: float = 0.3
+    gopher_rep_dup_para_frac: float = 0.3
+    gopher_rep_dup_line_char_frac: float = 0.2
+    gopher_rep_dup_para_char_frac: float = 0.2
+    gopher_rep_top_n_grams: tuple = ((2, 0.2), (3, 0.18), (4, 0.16))       # (n, max fraction of chars)
+    gopher_rep_dup_n_grams: tuple = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+    gopher_quality: bool = False        # gopher_short_doc, gopher_below_alpha_threshold, ...
+    gopher_min_doc_words: int = 50
+    gopher_max_doc_words: int = 100_000
+    gopher_min_avg_word_length: float = 3
+    gopher_max_avg_word_length: float = 10
+    gopher_max_symbol_word_ratio: float = 0.1
+    gopher_max_bullet_lines_ratio: float = 0.9
+    gopher_max_ellipsis_lines_ratio: float = 0.3
+    gopher_min_alpha_words_ratio: float = 0.8
+    gopher_min_stop_words: int = 2
+    c4_quality: bool = False            # rewrites kept texts to C4's kept lines; c4_too_few_sentences, ...
+    c4_filter_no_terminal_punct: bool = False   # FineWeb's setting (datatrove's own default is True)
+    c4_min_num_sentences: int = 5
+    c4_min_words_per_line: int = 3
+    c4_max_word_length: int = 1000
+    c4_remove_citations: bool = True
+    c4_filter_lorem_ipsum: bool = True
+    c4_filter_javascript: bool = True
+    c4_filter_curly_bracket: bool = True
+    c4_filter_policy: bool = True
+    fineweb_quality: bool = False       # line_punct_ratio, short_line_ratio, char_dup_ratio, list_ratio
+    fineweb_line_punct_thr: float = 0.12
+    fineweb_line_punct_exclude_zero: bool = False
+    fineweb_short_line_thr: float = 0.67
+    fineweb_short_line_length: int = 30
+    fineweb_char_duplicates_ratio: float = 0.01
+    fineweb_new_line_ratio: float = 0.3
     runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
                                                    metadata={"key": False})
 
     def __post_init__(self):
-        for name, low in (("min_chars", 0), ("num_shards", 1), ("samples_per_reason", 0)):
+        for name, low in (("min_chars", 0), ("num_shards", 1), ("samples_per_reason", 0), ("min_docs", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= {low}")
         if self.max_chars < max(self.min_chars, 1):
             raise ValueError(f"max_chars={self.max_chars!r} must be >= min_chars={self.min_chars!r} and >= 1")
         if not 0.0 <= self.min_alpha_fraction <= 1.0:
             raise ValueError(f"min_alpha_fraction={self.min_alpha_fraction!r} must be in [0, 1]")
+        quality.from_config(self)   # builds the quality filters: a bad value fails here, naming its field
+        if self.minhash:            # likewise the MinHash parameters
+            minhash.check_parameters(self.minhash_bands, self.minhash_rows, self.minhash_ngram)
 
 
 CONFIGURABLES = (Config,)
@@ -84,6 +142,18 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     log.info("clean: %d docs in %.1f s (%.0f docs/s); kept %d (%.1f%%); dropped %s",
              stats["docs_in"], wall, stats["docs_in"] / max(wall, 1e-9), stats["docs_kept"],
              100 * stats["docs_kept"] / max(stats["docs_in"], 1), stats["dropped"])
+    # Fewer documents than `min_docs` (0 allows an empty output) fail the stage here, naming the input and
+    # what removed them, rather than the tokenizer failing two stages on.
+    min_docs = config.min_docs
+    if stats["docs_kept"] < min_docs:
+        dropped = sorted(stats["dropped"].items(), key=lambda kv: (-kv[1], kv[0]))
+        removed_by = (f"; the filter that removed the most: {dropped[0][0]} ({dropped[0][1]:,} docs, samples "
+                      f"in {storage.join(out_dir, 'rejected', dropped[0][0] + '.jsonl')})") if dropped else ""
+        raise ValueError(f"clean kept {stats['docs_kept']} of {stats['docs_in']:,} documents "
+                         f"(min_docs={min_docs}) from {len(paths)} download shards in "
+                         f"{inputs['download'].path}; dropped: "
+                         f"{dict(dropped) or 'none'}{removed_by}. Loosen that filter in clean.Config, check "
+                         "download's inputs, or allow an empty output with clean.Config.min_docs = 0")
 
 
 def summary(out) -> str:
@@ -98,16 +168,19 @@ def summary(out) -> str:
 # One document (pure; graph.py calls these inside the Beam workers)
 
 def build_filters(config: Config) -> tuple[filters.Filter, ...]:
-    """The filters to run, cheapest first: a document stops at the first one that rejects it."""
+    """The filters to run, cheapest first: a document stops at the first one that rejects it. The
+    quality filters (Gopher, C4, FineWeb) that the config switches on come last, in FineWeb's order."""
     out: list[filters.Filter] = [filters.Length(config.min_chars, config.max_chars)]
     if config.min_alpha_fraction > 0:
         out.append(filters.AlphaFraction(config.min_alpha_fraction))
+    out.extend(quality.from_config(config))
     return tuple(out)
 
 
 def clean_document(doc: dict, config: Config,
                    doc_filters: tuple[filters.Filter, ...]) -> tuple[str | None, dict]:
-    """(reason to drop it or None to keep it, the document with its text normalized where it has one)."""
+    """(reason to drop it or None to keep it, the document with its text normalized where it has one,
+    and rewritten by the filters that rewrite text (`apply`, filters.py) up to where it stopped)."""
     if doc.get("error"):
         return doc["error"], doc
     text = doc.get("text")
@@ -119,7 +192,8 @@ def clean_document(doc: dict, config: Config,
     if not text:
         return "empty", doc
     for f in doc_filters:
-        reason = f.check(doc)
+        apply = getattr(f, "apply", None)
+        reason, doc = apply(doc) if apply else (f.check(doc), doc)
         if reason:
             return reason, doc
     return None, doc

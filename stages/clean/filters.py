@@ -9,9 +9,13 @@ the reasons (`stats.json`) and samples them (`rejected/<reason>.jsonl`). It runs
 checks go first: `Length` looks only at `len(text)`, so a 10 MB line is dropped before any filter
 walks its characters.
 
-Adding a filter (the FineWeb set to come: Gopher quality and repetition, C4 rules, FineWeb rules,
-language id) means three small edits: the class here, the `clean.Config` fields that parameterize
-it, and one line in `clean.build_filters` placing it after the cheaper ones. A filter must be
+A filter that also changes the text it keeps (C4's line filter, quality.py) has a second method,
+`apply(doc) -> (reason or None, doc)`, returning the document with its new text; `clean_document`
+calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not.
+
+Adding a filter means three small edits: the class (here, or in quality.py for FineWeb's quality
+filters), the `clean.Config` fields that parameterize it, and one line in `clean.build_filters`
+placing it after the cheaper ones (language id is still to come). A filter must be
 deterministic and picklable (Beam ships it to workers); one that needs a model (language id)
 loads it lazily on first use and keeps it out of its dataclass fields.
 """
@@ -31,6 +35,12 @@ _ASCII_RUNS = re.compile("[\x00-\x7f]+")
 
 class Filter(Protocol):
     def check(self, doc: dict) -> str | None: ...
+
+
+class Rewriter(Filter, Protocol):
+    """A filter that may change the text of a document it keeps (C4's line filter)."""
+
+    def apply(self, doc: dict) -> tuple[str | None, dict]: ...
 
 
 @dataclasses.dataclass(frozen=True)

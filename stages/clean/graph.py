@@ -4,10 +4,26 @@
         main:    (bucket, [(key, chars_in, doc), ...])         batches of kept documents;
                  bucket = key % num_shards, key = clean.duplicate_key(normalized text)
         "tally": that shard's Tally (docs and chars in, drops per reason, samples)
+        "bands": (partition, [(band key, node), ...]), when `minhash` is on (below)
     + Create((b, []) for every bucket)                          so all N shards get written, even empty ones
-    -> GroupByKey -> WriteShard                                 dedups by key, sorts by id, writes shard b
-        emits a Tally of the kept documents and the duplicates
+    -> CoGroupByKey with the near-duplicate keys of bucket b
+    -> WriteShard        dedups by key, drops near duplicates, sorts by id, writes shard b;
+                         emits a Tally of the kept documents, the duplicates and the near duplicates
     -> Flatten(tallies) -> CombineGlobally(merge) -> stats.json and rejected/*.jsonl
+
+Near duplicates (`clean.Config.minhash`; the method is in minhash.py):
+    CleanShard "bands": (partition, [(band key, node), ...])  every kept document's 14 LSH band keys,
+                        partition = band key % num_shards; node = minhash.node(id, duplicate key)
+    -> GroupByKey -> LinkBand         per partition: nodes sharing a band key are joined in a local
+                                      union-find; emits its forest as [(node, smallest node of its set)]
+    -> CombineGlobally(Components)    the union of the forests; Beam combines partial forests on the
+                                      workers and merges them in one, which holds every document that
+                                      has a candidate (not every document): O(near-duplicate documents)
+    -> FlatMap(near_duplicates)       per bucket: the duplicate keys whose node is not the smallest of its
+                                      cluster, so WriteShard drops them; survivors stay where they are
+The one-worker merge is the part that does not scale out: at FineWeb's scale (billions of documents)
+the components step would become rounds of distributed label propagation (large-star/small-star);
+here it keeps every element a batch and costs one dict entry per document that has a candidate.
 
 Elements are files and batches, never single documents (a local runner costs ~50 us per element).
 An input shard is streamed one row group at a time; an output shard is held in memory once, by the
@@ -22,6 +38,7 @@ import time
 import apache_beam as beam
 
 from stages import beam_runner, clean
+from stages.clean import minhash
 from stages.clean import tally as tally_lib
 from stages.io import documents, storage
 
@@ -29,18 +46,30 @@ log = logging.getLogger(__name__)
 
 BATCH_DOCS = 1024            # documents per (bucket, batch) element
 BUFFER_CHARS = 64 * 2**20    # flush every bucket's batch when this much text is buffered in one worker
+SIGNATURE_DOCS = 256         # documents hashed together by one numpy pass (minhash.MinHasher.band_keys)
+BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) element
 
 
 def run(config: clean.Config, paths: list[str], out_dir: str) -> None:
+    if config.minhash:
+        hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
     with beam_runner.pipeline(config.runner) as p:
         cleaned = (p
                    | "Inputs" >> beam.Create(paths)
                    | "Spread" >> beam.Reshuffle()
-                   | "Clean" >> beam.ParDo(CleanShard(config)).with_outputs("tally", main="batches"))
+                   | "Clean" >> beam.ParDo(CleanShard(config)).with_outputs("tally", "bands", main="batches"))
         every_bucket = p | "Buckets" >> beam.Create([(b, []) for b in range(config.num_shards)])
-        written = ((cleaned.batches, every_bucket)
-                   | "AllBuckets" >> beam.Flatten()
-                   | "Group" >> beam.GroupByKey()
+        batches = (cleaned.batches, every_bucket) | "AllBuckets" >> beam.Flatten()
+        if config.minhash:
+            near = (cleaned.bands
+                    | "GroupBands" >> beam.GroupByKey()
+                    | "LinkBands" >> beam.Map(link_band)
+                    | "Components" >> beam.CombineGlobally(Components())
+                    | "NearDuplicates" >> beam.FlatMap(near_duplicates, config.num_shards))
+        else:
+            near = p | "NoNearDuplicates" >> beam.Create([])
+        written = ({"docs": batches, "near": near}
+                   | "Group" >> beam.CoGroupByKey()
                    | "Write" >> beam.ParDo(WriteShard(config, out_dir)))
         _ = ((cleaned.tally, written)
              | "AllTallies" >> beam.Flatten()
@@ -56,12 +85,15 @@ class CleanShard(beam.DoFn):
 
     def setup(self):
         self.filters = clean.build_filters(self.config)
+        self.hasher = hasher(self.config) if self.config.minhash else None
 
     def process(self, path: str):
         config, start = self.config, time.time()
         tally = tally_lib.Tally(config.samples_per_reason)
         buffers: dict[int, list] = {}
         buffered = 0
+        unsigned: list[tuple[tuple, str]] = []   # (node, text) of kept documents not yet hashed
+        bands: dict[int, list] = {}              # partition -> [(band key, node), ...]
         for doc in documents.read(path):
             raw = doc["text"]
             chars = len(raw) if isinstance(raw, str) else 0
@@ -77,33 +109,110 @@ class CleanShard(beam.DoFn):
             batch = buffers.setdefault(bucket, [])
             batch.append((key, chars, doc))
             buffered += len(doc["text"])
+            if self.hasher is not None:
+                unsigned.append((minhash.node(doc.get("id"), key), doc["text"]))
+                if len(unsigned) >= SIGNATURE_DOCS:
+                    yield from self._bands(unsigned, bands, final=False)
+                    unsigned = []
             if len(batch) >= BATCH_DOCS:
                 yield bucket, buffers.pop(bucket)
             if buffered >= BUFFER_CHARS:
                 yield from sorted(buffers.items())
                 buffers, buffered = {}, 0
         yield from sorted(buffers.items())
+        if self.hasher is not None:
+            yield from self._bands(unsigned, bands, final=True)
         wall = time.time() - start
         log.info("clean: %s: %d docs in %.1f s (%.0f docs/s), %d dropped before dedup", path,
                  tally.docs_in, wall, tally.docs_in / max(wall, 1e-9), sum(tally.dropped.values()))
         yield beam.pvalue.TaggedOutput("tally", tally)
 
+    def _bands(self, unsigned: list, bands: dict[int, list], final: bool):
+        """Adds the band keys of `unsigned` to `bands`; emits full partitions (all of them when final)."""
+        nodes = [n for n, _ in unsigned]
+        for n, keys in zip(nodes, self.hasher.band_keys([text for _, text in unsigned])):
+            for band_key in keys or ():
+                part = int.from_bytes(band_key[1:9], "big") % self.config.num_shards
+                bands.setdefault(part, []).append((band_key, n))
+        for part in sorted(bands):
+            if final or len(bands[part]) >= BAND_BATCH:
+                yield beam.pvalue.TaggedOutput("bands", (part, bands.pop(part)))
+
+
+def hasher(config: clean.Config) -> minhash.MinHasher:
+    return minhash.MinHasher(bands=config.minhash_bands, rows=config.minhash_rows,
+                             ngram=config.minhash_ngram, seed=config.minhash_seed)
+
+
+def link_band(element) -> list[tuple]:
+    """(partition, batches of (band key, node)) -> the forest joining nodes that share a band key."""
+    _, batches = element
+    first: dict[bytes, tuple] = {}   # band key -> the first node seen with it
+    forest = minhash.UnionFind()
+    for batch in batches:
+        for band_key, n in batch:
+            other = first.setdefault(band_key, n)
+            if other != n:
+                forest.union(other, n)
+    return forest.edges()
+
+
+class Components(beam.CombineFn):
+    """Forests of candidate edges -> one UnionFind: the clusters, each named by its smallest node."""
+
+    def create_accumulator(self):
+        return minhash.UnionFind()
+
+    def add_input(self, acc, edges):
+        acc.union_all(edges)
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        out = next(accs)
+        for acc in accs:
+            out.union_all(acc.edges())
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def near_duplicates(forest: minhash.UnionFind, num_shards: int):
+    """(bucket, sorted duplicate keys to drop) for the documents that are not their cluster's survivor.
+
+    Exact copies share a duplicate key and so a cluster; a key is dropped unless it is the survivor's key,
+    and exact dedup (in WriteShard) already keeps only the smallest id of the survivor's key."""
+    drop: dict[int, set[bytes]] = {}
+    for n, root in forest.components().items():
+        key = minhash.node_key(n)
+        if key != minhash.node_key(root):
+            drop.setdefault(int.from_bytes(key[:8], "big") % num_shards, set()).add(key)
+    for bucket in sorted(drop):
+        yield bucket, sorted(drop[bucket])
+
 
 class WriteShard(beam.DoFn):
-    """All kept documents of one bucket -> output shard `bucket` (duplicates dropped, sorted by id)."""
+    """All kept documents of one bucket -> output shard `bucket` (duplicates and near duplicates
+    dropped, sorted by id)."""
 
     def __init__(self, config: clean.Config, out_dir: str):
         self.config, self.out_dir = config, out_dir
 
     def process(self, element):
-        bucket, batches = element
+        bucket, grouped = element
+        batches = grouped["docs"]
+        near = {key for keys in grouped["near"] for key in keys}   # keys of near duplicates to drop
         tally = tally_lib.Tally(self.config.samples_per_reason)
         survivors: dict[bytes, tuple[int, dict]] = {}   # key -> (chars_in, doc) with the smallest doc_order
         kept: list[dict] = []
         for batch in batches:
             for key, chars, doc in batch:
                 if not self.config.dedup:
-                    kept.append(doc)
+                    if key in near:
+                        tally.drop("near_duplicate", doc, chars)
+                    else:
+                        kept.append(doc)
                     continue
                 other = survivors.get(key)
                 if other is not None and clean.doc_order(other[1]) <= clean.doc_order(doc):
@@ -112,7 +221,11 @@ class WriteShard(beam.DoFn):
                 if other is not None:
                     tally.drop("duplicate", other[1], other[0])
                 survivors[key] = (chars, doc)
-        kept.extend(doc for _, doc in survivors.values())
+        for key, (chars, doc) in survivors.items():
+            if key in near:
+                tally.drop("near_duplicate", doc, chars)
+            else:
+                kept.append(doc)
         kept.sort(key=clean.doc_order)
         for doc in kept:
             tally.keep(len(doc["text"]))

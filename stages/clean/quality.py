@@ -1,0 +1,358 @@
+"""FineWeb's quality filters for the clean stage: Gopher repetition, Gopher quality, C4, FineWeb.
+
+    GopherRepetition().check({"text": "same line\n" * 10}) == "dup_para_frac"
+    C4Quality().apply({"text": text}) == (None, {"text": <the lines C4 keeps>})
+
+Each is a frozen dataclass whose defaults are those of datatrove 0.10.1 as FineWeb's recipe
+(datatrove `examples/fineweb.py`) runs them: every filter with its defaults except
+`C4QualityFilter(filter_no_terminal_punct=False)`. Reasons are datatrove's, so a benchmark can
+compare decisions per reason, except that C4's get a `c4_` prefix (datatrove: `lorem_ipsum`,
+`curly_bracket`, `too_few_sentences`) to say which filter spoke. `clean.build_filters` runs them
+after the cheap filters, in FineWeb's order; their parameters are `clean.Config` fields.
+
+Words are `words.words(text)` (NLTK's English rules, see words.py). FineWeb itself ran datatrove
+0.2.0, whose rules differ slightly from 0.10.1's: Gopher quality counted stop-word occurrences
+(0.10.1 counts distinct stop words), Gopher repetition split lines with `splitlines` (0.10.1 on
+`\\n+`), and the FineWeb filter ended lines with `. ' " ! ?` only, compared with `<=`/`>=` and
+counted blank lines in its line ratios (0.10.1: every terminal punctuation mark, `<`/`>`, blank
+lines dropped). This module follows 0.10.1, the datatrove a benchmark installs today.
+
+Speed: everything that walks characters or words runs in C (`str.count`, `re`, `Counter`, `set`,
+`map`); the only Python loops are over lines, and over the repeated n-grams in `_repeated_chars`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+
+from stages.clean import words as words_lib
+
+# datatrove's TERMINAL_PUNCTUATION and PUNCTUATION_SET (utils/text.py), sorted: the sentence-ending
+# marks of many scripts; ASCII and CJK punctuation and the C0/C1 control characters but tab and
+# newline. A word made only of PUNCTUATION is a symbol, not a word.
+TERMINAL_PUNCTUATION = (
+    "!.?։؝؞؟۔܀܁܂߹࠷࠹࠽࠾।॥၊။።፧፨᙮᜵᜶។៕៖៙៚᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟᭽᭾᰻᰼᱾᱿‼‽⁇⁈⁉⸮⸼⹓⹔。꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗！．？｡"
+    "\U00010a56\U00010a57\U00010f55\U00010f56\U00010f57\U00010f58\U00010f59\U00010f86\U00010f87"
+    "\U00010f88\U00010f89\U00011047\U00011048\U000110be\U000110bf\U000110c0\U000110c1\U00011141"
+    "\U00011142\U00011143\U000111c5\U000111c6\U000111cd\U000111de\U000111df\U00011238\U00011239"
+    "\U0001123b\U0001123c\U000112a9\U0001144b\U0001144c\U000115c2\U000115c3\U000115c9\U000115ca"
+    "\U000115cb\U000115cc\U000115cd\U000115ce\U000115cf\U000115d0\U000115d1\U000115d2\U000115d3"
+    "\U000115d4\U000115d5\U000115d6\U000115d7\U00011641\U00011642\U0001173c\U0001173d\U0001173e"
+    "\U00011944\U00011946\U00011a42\U00011a43\U00011a9b\U00011a9c\U00011c41\U00011c42\U00011ef7"
+    "\U00011ef8\U00011f43\U00011f44\U00016a6e\U00016a6f\U00016af5\U00016b37\U00016b38\U00016b44"
+    "\U00016e98\U0001bc9f\U0001da88"
+)
+PUNCTUATION = ("!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»"
+               + "".join(map(chr, (*range(0, 9), *range(11, 32), *range(127, 160))))
+               + TERMINAL_PUNCTUATION)
+_SYMBOL_WORD = re.compile(f"^[{re.escape(PUNCTUATION)}]+$", re.M)
+# A word without a letter: every character is a non-word character, a digit or `_` (words hold no
+# whitespace). Python's \w is str.isalnum, so a word whose only "letters" are numerals like ² or ½
+# counts as having a letter here and not in datatrove (`str.isalpha`).
+_NO_LETTER_WORD = re.compile(r"^(?:[^\w\s]|[\d_])+$", re.M)
+STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+_PARAGRAPHS = re.compile(r"\n{2,}")
+_LINES = re.compile(r"\n+")
+_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
+                  "use cookies")
+
+
+@dataclasses.dataclass(frozen=True)
+class GopherRepetition:
+    """Drops documents that repeat themselves (Gopher, Rae et al. 2021, table A1): duplicated
+    paragraphs and lines (as a fraction of the count and of the characters), the most frequent 2-,
+    3-, 4-gram of words, and the characters in repeated 5- to 10-grams. A threshold of 0 is off."""
+
+    dup_line_frac: float = 0.3
+    dup_para_frac: float = 0.3
+    dup_line_char_frac: float = 0.2
+    dup_para_char_frac: float = 0.2
+    top_n_grams: tuple[tuple[int, float], ...] = ((2, 0.2), (3, 0.18), (4, 0.16))
+    dup_n_grams: tuple[tuple[int, float], ...] = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11),
+                                                  (10, 0.10))
+
+    def __post_init__(self):
+        _in_unit_interval(self, "dup_line_frac", "dup_para_frac", "dup_line_char_frac", "dup_para_char_frac")
+        for name in ("top_n_grams", "dup_n_grams"):
+            pairs = tuple(tuple(pair) for pair in getattr(self, name))   # gin may give lists
+            if not all(len(p) == 2 and isinstance(p[0], int) and p[0] >= 1 and 0 <= p[1] <= 1 for p in pairs):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be pairs (n >= 1, fraction in "
+                                 "[0, 1]), e.g. ((2, 0.2), (3, 0.18))")
+            object.__setattr__(self, name, pairs)
+
+    def check(self, doc: dict) -> str | None:
+        text = doc["text"]
+        chars = len(text)
+        paragraphs = _PARAGRAPHS.split(text.strip())
+        repeats, repeat_chars = _duplicates(paragraphs)
+        if self.dup_para_frac and repeats / len(paragraphs) > self.dup_para_frac:
+            return "dup_para_frac"
+        if self.dup_para_char_frac and repeat_chars / chars > self.dup_para_char_frac:
+            return "dup_para_char_frac"
+        lines = _LINES.split(text)
+        repeats, repeat_chars = _duplicates(lines)
+        if self.dup_line_frac and repeats / len(lines) > self.dup_line_frac:
+            return "dup_line_frac"
+        if self.dup_line_char_frac and repeat_chars / chars > self.dup_line_char_frac:
+            return "dup_line_char_frac"
+        words = words_lib.words(text)
+        for n, limit in self.top_n_grams:
+            if len(words) >= n and _top_n_gram_chars(words, n) / chars > limit:
+                return f"top_{n}_gram"
+        for n, limit in self.dup_n_grams:
+            if len(words) >= n and _repeated_chars(words, n) / chars > limit:
+                return f"duplicated_{n}_n_grams"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class GopherQuality:
+    """Drops documents that do not read like prose (Gopher): too few or too many words, words too
+    short or too long on average, too many `#` or ellipses per word, lines that are mostly bullets
+    or end in an ellipsis, too few words with a letter, fewer than `min_stop_words` distinct English
+    stop words. A word count or ratio of 0 is off."""
+
+    min_doc_words: int = 50
+    max_doc_words: int = 100_000
+    min_avg_word_length: float = 3
+    max_avg_word_length: float = 10
+    max_symbol_word_ratio: float = 0.1
+    max_bullet_lines_ratio: float = 0.9
+    max_ellipsis_lines_ratio: float = 0.3
+    min_alpha_words_ratio: float = 0.8      # datatrove's max_non_alpha_words_ratio (a minimum, as it says)
+    min_stop_words: int = 2
+
+    def __post_init__(self):
+        _in_unit_interval(self, "max_symbol_word_ratio", "max_bullet_lines_ratio", "max_ellipsis_lines_ratio",
+                          "min_alpha_words_ratio")
+        _at_least(self, 0, "min_doc_words", "max_doc_words", "min_avg_word_length", "max_avg_word_length",
+                  "min_stop_words")
+
+    def check(self, doc: dict) -> str | None:
+        text = doc["text"]
+        words = words_lib.words(text)
+        n_words = len(words) or 1
+        joined = "\n".join(words)
+        symbols = _SYMBOL_WORD.findall(joined)        # words made only of punctuation
+        n_real = len(words) - len(symbols)
+        if self.min_doc_words and n_real < self.min_doc_words:
+            return "gopher_short_doc"
+        if self.max_doc_words and n_real > self.max_doc_words:
+            return "gopher_long_doc"
+        if n_real:   # datatrove takes the mean of nothing (nan), which passes both bounds
+            mean_length = (len(joined) - len(words) + 1 - sum(map(len, symbols))) / n_real
+            if self.min_avg_word_length and mean_length < self.min_avg_word_length:
+                return "gopher_below_avg_threshold"
+            if self.max_avg_word_length and mean_length > self.max_avg_word_length:
+                return "gopher_above_avg_threshold"
+        if self.max_symbol_word_ratio and text.count("#") / n_words > self.max_symbol_word_ratio:
+            return "gopher_too_many_hashes"
+        if (self.max_symbol_word_ratio
+                and (text.count("...") + text.count("…")) / n_words > self.max_symbol_word_ratio):
+            return "gopher_too_many_ellipsis"
+        lines = text.splitlines() or [""]
+        if self.max_bullet_lines_ratio:
+            bullets = sum(1 for line in lines if line.lstrip().startswith(("•", "-")))
+            if bullets / len(lines) > self.max_bullet_lines_ratio:
+                return "gopher_too_many_bullets"
+        if self.max_ellipsis_lines_ratio:
+            trailing = sum(1 for line in lines if line.rstrip().endswith(("...", "…")))
+            if trailing / len(lines) > self.max_ellipsis_lines_ratio:
+                return "gopher_too_many_end_ellipsis"
+        if self.min_alpha_words_ratio:
+            with_letter = len(words) - len(_NO_LETTER_WORD.findall(joined))
+            if with_letter / n_words < self.min_alpha_words_ratio:
+                return "gopher_below_alpha_threshold"
+        if self.min_stop_words and len(set(STOP_WORDS).intersection(words)) < self.min_stop_words:
+            return "gopher_enough_stop_words"     # datatrove's name for "not enough stop words"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class C4Quality:
+    """C4's line rules (Raffel et al. 2020), which also REWRITE the text to the lines they keep.
+
+    Per line (stripped): dropped when a word is longer than `max_word_length`, when it has fewer
+    than `min_words_per_line` words, mentions javascript, or a cookie/terms-of-use phrase, or (with
+    `filter_no_terminal_punct`) does not end in `. ? ! " '` or ends in `...`; Wikipedia citation
+    marks (`[1]`, `[edit]`) are removed from kept lines. The document is dropped for `lorem ipsum`
+    (`c4_lorem_ipsum`), a curly bracket (`c4_curly_bracket`) in a line that got that far, or fewer
+    than `min_num_sentences` sentences in the kept lines (`c4_too_few_sentences`). A count of -1 is
+    off. FineWeb runs it with `filter_no_terminal_punct=False`, the default here.
+    """
+
+    filter_no_terminal_punct: bool = False
+    min_num_sentences: int = 5
+    min_words_per_line: int = 3
+    max_word_length: int = 1000
+    remove_citations: bool = True
+    filter_lorem_ipsum: bool = True
+    filter_javascript: bool = True
+    filter_curly_bracket: bool = True
+    filter_policy: bool = True
+
+    def __post_init__(self):
+        _at_least(self, -1, "min_num_sentences", "min_words_per_line", "max_word_length")
+
+    def check(self, doc: dict) -> str | None:
+        return self.apply(doc)[0]
+
+    def apply(self, doc: dict) -> tuple[str | None, dict]:
+        """(reason or None, the document with its text rewritten to the kept lines when kept)."""
+        kept: list[str] = []
+        sentences = 0
+        for line in doc["text"].splitlines():
+            line = line.strip()
+            n_words = len(line.split())
+            if self.max_word_length != -1 and len(line) > self.max_word_length and any(
+                    len(word) > self.max_word_length for word in line.split()):
+                continue
+            if self.remove_citations and "[" in line:
+                line = _CITATION.sub("", line)
+            if self.filter_no_terminal_punct and (not line.endswith((".", "?", "!", '"', "'"))
+                                                  or line.endswith("...")):
+                continue
+            if n_words < self.min_words_per_line:    # words counted before citations were removed
+                continue
+            lower = line.lower()
+            if self.filter_lorem_ipsum and "lorem ipsum" in lower:
+                return "c4_lorem_ipsum", doc
+            if self.filter_javascript and "javascript" in lower:
+                continue
+            if self.filter_curly_bracket and "{" in line:
+                return "c4_curly_bracket", doc
+            if self.filter_policy and any(phrase in lower for phrase in POLICY_PHRASES):
+                continue
+            if self.min_num_sentences != -1:
+                sentences += words_lib.sentences(line)
+            kept.append(line)
+        if sentences < self.min_num_sentences:
+            return "c4_too_few_sentences", doc
+        return None, {**doc, "text": "\n".join(kept).strip()}
+
+
+@dataclasses.dataclass(frozen=True)
+class FineWebQuality:
+    """FineWeb's own rules (Penedo et al. 2024), over the non-blank lines: too few lines ending in
+    terminal punctuation (`line_punct_ratio`), too many lines of at most `short_line_length`
+    characters (`short_line_ratio`), too many characters in duplicated lines (`char_dup_ratio`),
+    too many line breaks per word (`list_ratio`)."""
+
+    line_punct_thr: float = 0.12
+    line_punct_exclude_zero: bool = False
+    short_line_thr: float = 0.67
+    short_line_length: int = 30
+    char_duplicates_ratio: float = 0.01
+    new_line_ratio: float = 0.3
+
+    def __post_init__(self):
+        _in_unit_interval(self, "line_punct_thr", "short_line_thr", "char_duplicates_ratio")
+        _at_least(self, 0, "short_line_length", "new_line_ratio")
+
+    def check(self, doc: dict) -> str | None:
+        text = doc["text"]
+        lines = [line for line in text.split("\n") if line.strip()]
+        if not lines:
+            return "empty"
+        ratio = sum(1 for line in lines if line.endswith(_TERMINAL)) / len(lines)
+        if ratio < self.line_punct_thr and not (ratio == 0 and self.line_punct_exclude_zero):
+            return "line_punct_ratio"
+        if sum(1 for line in lines if len(line) <= self.short_line_length) / len(lines) > self.short_line_thr:
+            return "short_line_ratio"
+        if _duplicates(lines)[1] / max(len(text) - text.count("\n"), 1) > self.char_duplicates_ratio:
+            return "char_dup_ratio"
+        if text.count("\n") / max(len(words_lib.words(text)), 1) > self.new_line_ratio:
+            return "list_ratio"
+        return None
+
+
+_TERMINAL = tuple(TERMINAL_PUNCTUATION)
+
+# clean.Config's switch for each filter, in FineWeb's order, and the prefix of its parameters there:
+# `clean.Config.gopher_rep_dup_line_frac` is `GopherRepetition.dup_line_frac`.
+CONFIG_FIELDS = {"gopher_repetition": (GopherRepetition, "gopher_rep_"),
+                 "gopher_quality": (GopherQuality, "gopher_"),
+                 "c4_quality": (C4Quality, "c4_"),
+                 "fineweb_quality": (FineWebQuality, "fineweb_")}
+
+
+def from_config(config) -> tuple:
+    """The filters a `clean.Config` switches on, in FineWeb's order. Builds every one, switched on or
+    not, so a bad value fails when the config is made, naming its `clean.Config` field."""
+    out = []
+    for switch, (cls, prefix) in CONFIG_FIELDS.items():
+        try:
+            built = cls(**{f.name: getattr(config, prefix + f.name) for f in dataclasses.fields(cls)})
+        except ValueError as e:   # the message starts with the filter's field name
+            raise ValueError(f"clean.Config.{prefix}{e}") from None
+        if getattr(config, switch):
+            out.append(built)
+    return tuple(out)
+
+
+def _in_unit_interval(obj, *names: str) -> None:
+    for name in names:
+        if not 0 <= getattr(obj, name) <= 1:
+            raise ValueError(f"{name}={getattr(obj, name)!r} must be in [0, 1] (0 turns the rule off)")
+
+
+def _at_least(obj, low: int, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < low:
+            raise ValueError(f"{name}={getattr(obj, name)!r} must be >= {low} ({low} turns the rule off)")
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(how many items repeat an earlier one, their characters)."""
+    counts = Counter(items)
+    if len(counts) == len(items):
+        return 0, 0
+    repeats = [(c - 1, len(item)) for item, c in counts.items() if c > 1]
+    return sum(r for r, _ in repeats), sum(r * n for r, n in repeats)
+
+
+def _n_grams(words: tuple[str, ...], n: int, sep: str) -> list[str]:
+    return list(map(sep.join, zip(*(words[i:] for i in range(n)))))
+
+
+def _top_n_gram_chars(words: tuple[str, ...], n: int) -> int:
+    """Characters of the most frequent n-gram (joined by spaces) times its count; the first one seen
+    wins a tie, as in `Counter.most_common`."""
+    counts = Counter(zip(*(words[i:] for i in range(n))))
+    gram, count = max(counts.items(), key=lambda kv: kv[1])
+    return (sum(map(len, gram)) + n - 1) * count
+
+
+def _repeated_chars(words: tuple[str, ...], n: int) -> int:
+    """Characters in repeated n-grams, counted as Gopher (and datatrove) count them: walk the words;
+    an n-gram seen before adds its characters (joined without spaces) and the walk jumps past it,
+    else it is remembered and the walk steps one word.
+
+    The walk only has to stop at positions whose n-gram occurred earlier, so it visits those in
+    Python and skips the rest: most documents have few or none.
+    """
+    grams = _n_grams(words, n, "")
+    first = dict(zip(reversed(grams), range(len(grams) - 1, -1, -1)))   # n-gram -> first position
+    if len(first) == len(grams):
+        return 0
+    later = [i for i, gram in enumerate(grams) if first[gram] != i]
+    # An n-gram is remembered when the walk has stood on any of its positions. Every position not
+    # jumped over is stood on; `jumped` holds the positions jumped over.
+    seen: set[str] = set()
+    jumped: set[int] = set()
+    position = total = 0
+    for i in later:
+        if i < position:
+            continue
+        gram = grams[i]
+        if gram in seen or first[gram] not in jumped:
+            total += len(gram)
+            jumped.update(range(i + 1, i + n))
+            position = i + n
+        else:
+            position = i + 1
+        seen.add(gram)
+    return total

@@ -1,0 +1,339 @@
+"""FineWeb's quality filters (stages/clean/quality.py) and their word splitter (words.py): one document
+per reason that trips exactly that rule and a near miss that passes, C4's rewrite, the config and gin
+wiring, and the reasons counted by the real clean stage."""
+
+import random
+
+import pytest
+
+from pipeline import cache
+from pipeline import config as pipeline_config
+from stages import clean
+from stages.clean import quality, words
+from stages.io import documents, storage
+from tests.conftest import REPO
+
+# Sentences with many distinct words, so that nothing repeats unless a test makes it repeat.
+RNG = random.Random(0)
+VOCAB = [f"{a}{b}" for a in ("alp", "bet", "gam", "del", "eps", "zet", "eta", "the", "iot", "kap")
+         for b in ("ar", "en", "ix", "os", "um", "ed", "ing", "ly")]
+
+
+def prose(sentences: int, seed: int = 0) -> str:
+    """Varied English-looking sentences, one per line, with stop words: passes every filter."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(sentences):
+        body = rng.sample(VOCAB, 10)
+        for stop in ("the", "of", "and"):
+            body.insert(rng.randrange(1, len(body)), stop)
+        lines.append(" ".join([body[0].capitalize(), *body[1:]]) + ".")
+    return "\n".join(lines)
+
+
+PROSE = prose(12)
+
+
+def _doc(text):
+    return {"id": "x", "text": text}
+
+
+# ---------------------------------------------------------------------------------------------
+# words.py
+
+@pytest.mark.parametrize("text, want", [
+    ("Don't stop, Mr. Smith.", ["Do", "n't", "stop", ",", "Mr.", "Smith", "."]),
+    ("It's 3,000 $ at 12:30; we'll see!",
+     ["It", "'s", "3,000", "$", "at", "12:30", ";", "we", "'ll", "see", "!"]),
+    ('He said "hi." (maybe) -- ok...',
+     ["He", "said", "``", "hi", ".", "''", "(", "maybe", ")", "--", "ok", "..."]),
+    ("I cannot; e.g. the U.S. and J. Doe.",
+     ["I", "can", "not", ";", "e.g.", "the", "U.S.", "and", "J.", "Doe", "."]),
+    ("well-known and/or example.com o'clock", ["well-known", "and/or", "example.com", "o'clock"]),
+    ("dogs' bones 'quoted' they're", ["dogs", "'", "bones", "'", "quoted", "'", "they", "'re"]),
+    ("a—b “c” #1 50% x*y", ["a", "—", "b", "“", "c", "”", "#", "1", "50", "%", "x", "*", "y"]),
+])
+def test_words_split_like_nltk(text, want):
+    assert list(words.words(text)) == want
+
+
+@pytest.mark.parametrize("line, n", [
+    ("One. Two? Three! Four.", 4), ("Mr. Smith met Dr. Jones in the U.S. today.", 1),
+    ("It costs 3.50 and that is all", 1), ("Wait... what", 1), ('He said "hi." Then left.', 2), ("  ", 0),
+])
+def test_sentences(line, n):
+    assert words.sentences(line) == n
+
+
+# ---------------------------------------------------------------------------------------------
+# Gopher repetition
+
+def _naive_repeated_chars(ws, n):
+    """Gopher's walk as written in the paper's pseudo-code, position by position."""
+    seen, i, total = set(), 0, 0
+    while i < len(ws) - n + 1:
+        gram = "".join(ws[i:i + n])
+        if gram in seen:
+            total += len(gram)
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    return total
+
+
+def test_repeated_n_gram_chars_match_the_plain_walk():
+    rng = random.Random(1)
+    for _ in range(300):
+        ws = tuple(rng.choice(["ab", "c", "d", "ab"]) for _ in range(rng.randint(0, 40)))
+        for n in (1, 2, 3, 5):
+            assert quality._repeated_chars(ws, n) == _naive_repeated_chars(ws, n), (ws, n)
+
+
+# Each text trips its rule and no rule checked before it; the near miss passes the whole filter.
+UNIQUE = [f"Paragraph {w} number {i} stands alone here." for i, w in enumerate(VOCAB[:20])]
+REPETITION = [
+    ("dup_para_frac", "\n\n".join(UNIQUE[:6] + [UNIQUE[0]] * 3),
+     "\n\n".join(UNIQUE[:7] + [UNIQUE[0]] * 3)),                                   # 3/9 > 0.3; 3/10 is not
+    ("dup_para_char_frac", "\n\n".join(UNIQUE[:3] + ["x" * 100] * 2),
+     "\n\n".join(UNIQUE[:8] + ["x" * 100] * 2)),
+    ("dup_line_frac", "\n".join(UNIQUE[:6] + [UNIQUE[0]] * 3),
+     "\n".join(UNIQUE[:7] + [UNIQUE[0]] * 3)),
+    ("dup_line_char_frac", "\n".join(UNIQUE[:3] + ["y" * 100] * 2), "\n".join(UNIQUE[:9] + ["y" * 100] * 2)),
+    ("top_2_gram", " ".join(["hello world"] * 3 + VOCAB[:20]), " ".join(["hello world"] * 3 + VOCAB[:40])),
+    ("top_3_gram", " ".join(["aa bb cc", *VOCAB[:4], "aa bb cc", *VOCAB[4:8], "aa bb cc"] + VOCAB[8:14]),
+     " ".join(["aa bb cc", *VOCAB[:4], "aa bb cc", *VOCAB[4:8], "aa bb cc"] + VOCAB[8:40])),
+    ("top_4_gram", " ".join(["a b c d", *VOCAB[:4], "a b c d", *VOCAB[4:8], "a b c d"] + VOCAB[8:9]),
+     " ".join(["a b c d", *VOCAB[:4], "a b c d", *VOCAB[4:8], "a b c d"] + VOCAB[8:20])),
+    ("duplicated_5_n_grams", " ".join(VOCAB[:5] * 2 + VOCAB[10:25]), " ".join(VOCAB[:5] * 2 + VOCAB[10:40])),
+]
+
+
+def _only(reason):
+    """GopherRepetition with every rule off but the one that gives `reason`, at its default."""
+    default = quality.GopherRepetition()
+    off = {"dup_line_frac": 0, "dup_para_frac": 0, "dup_line_char_frac": 0, "dup_para_char_frac": 0,
+           "top_n_grams": (), "dup_n_grams": ()}
+    if reason.startswith("top_"):
+        return quality.GopherRepetition(**{**off, "top_n_grams": (default.top_n_grams[int(reason[4]) - 2],)})
+    if reason.startswith("duplicated_"):
+        n = int(reason.split("_")[1])
+        return quality.GopherRepetition(**{**off, "dup_n_grams": (default.dup_n_grams[n - 5],)})
+    return quality.GopherRepetition(**{**off, reason: getattr(default, reason)})
+
+
+@pytest.mark.parametrize("reason, trips, near_miss", REPETITION, ids=[r[0] for r in REPETITION])
+def test_gopher_repetition_reasons(reason, trips, near_miss):
+    # rules interact (a repeated line also repeats its n-grams), so each is tested on its own ...
+    assert _only(reason).check(_doc(trips)) == reason
+    assert _only(reason).check(_doc(near_miss)) is None
+    # ... and with all rules on, the document stops at this rule or an earlier one
+    order = ["dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac", "top_2_gram",
+             "top_3_gram", "top_4_gram", "duplicated_5_n_grams"]
+    assert order.index(quality.GopherRepetition().check(_doc(trips))) <= order.index(reason)
+
+
+def test_gopher_repetition_longer_n_grams_and_switching_rules_off():
+    text = " ".join(VOCAB[:6] * 2 + VOCAB[10:40])    # a repeated 6-gram
+    only_n_grams = {"top_n_grams": ()}
+    assert quality.GopherRepetition(**only_n_grams, dup_n_grams=((5, 0.5), (6, 0.1))).check(_doc(text)) == \
+        "duplicated_6_n_grams"
+    assert quality.GopherRepetition(**only_n_grams, dup_n_grams=((5, 0.5), (6, 0.2))).check(_doc(text)) \
+        is None
+    lines = "\n".join(UNIQUE[:6] + [UNIQUE[0]] * 3)
+    assert quality.GopherRepetition(dup_para_frac=0, dup_line_frac=0).check(_doc(lines)) == \
+        "dup_line_char_frac"
+    all_off = {"dup_para_frac": 0, "dup_line_frac": 0, "dup_line_char_frac": 0, "dup_para_char_frac": 0,
+               "top_n_grams": (), "dup_n_grams": ()}
+    assert quality.GopherRepetition(**all_off).check(_doc(lines)) is None
+    assert quality.GopherRepetition().check(_doc(PROSE)) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Gopher quality
+
+def _sentence(n_words, word="word"):
+    return " ".join(["the", "cat", "and", *[word] * (n_words - 3)])
+
+
+GOPHER = [
+    ("gopher_short_doc", _sentence(49) + " .", _sentence(50) + " ."),          # punctuation is not a word
+    ("gopher_long_doc", _sentence(100_001), _sentence(100_000)),
+    ("gopher_below_avg_threshold", " ".join(["the", "and"] + ["ab"] * 60),
+     " ".join(["the", "and"] + ["abc"] * 60)),
+    ("gopher_above_avg_threshold", " ".join(["the", "and"] + ["x" * 11] * 60),
+     " ".join(["the", "and"] + ["x" * 10] * 60)),
+    ("gopher_too_many_hashes", _sentence(60, "tag") + " #" * 7, _sentence(60, "tag") + " #" * 6),
+    ("gopher_too_many_ellipsis", _sentence(60) + " wait..." * 8 + " end.",
+     _sentence(60) + " wait..." * 7 + " end."),
+    ("gopher_too_many_bullets", "\n".join(["intro " + _sentence(20)] + ["- " + _sentence(20)] * 10),
+     "\n".join(["intro " + _sentence(20)] * 2 + ["• " + _sentence(20)] * 10)),
+    ("gopher_too_many_end_ellipsis", "\n".join([_sentence(20)] * 2 + [_sentence(20) + " and so…"]),
+     "\n".join([_sentence(20)] * 3 + [_sentence(20) + " and so…"])),
+    ("gopher_below_alpha_threshold", _sentence(60) + " 1" * 16, _sentence(60) + " 1" * 15),
+    ("gopher_enough_stop_words", " ".join(["the"] * 3 + ["word"] * 60),
+     " ".join(["the", "of"] + ["word"] * 60)),
+]
+
+
+@pytest.mark.parametrize("reason, trips, near_miss", GOPHER, ids=[g[0] for g in GOPHER])
+def test_gopher_quality_reasons(reason, trips, near_miss):
+    f = quality.GopherQuality()
+    assert f.check(_doc(trips)) == reason
+    assert f.check(_doc(near_miss)) is None
+
+
+def test_gopher_quality_counts_punctuation_as_words_but_not_as_long_words():
+    # 60 words and 60 commas: the commas count for the alpha ratio (60 / 120 < 0.8) ...
+    assert quality.GopherQuality().check(_doc(" ".join(["the", "and"] + ["word,"] * 58))) == \
+        "gopher_below_alpha_threshold"
+    # ... and not for the word count or the mean word length
+    text = " ".join(["the", "and"] + ["word,"] * 58)
+    assert quality.GopherQuality(min_alpha_words_ratio=0).check(_doc(text)) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# C4
+
+def test_c4_rewrites_the_text_to_the_lines_it_keeps():
+    text = "\n".join([
+        "A first line of prose [1] with a citation[edit].",
+        "Too short",                                     # fewer than 3 words
+        "Enable JavaScript to see this page properly.",  # javascript
+        "By using this site you accept the Privacy Policy.",
+        "  Second kept line, no terminal punctuation  ",  # kept: FineWeb does not require it
+        "word " + "x" * 1001 + " here",                  # a word over 1000 characters
+        "Third kept line. It has two sentences.",
+        "Fourth kept line is here.",
+    ])
+    reason, doc = quality.C4Quality().apply({"id": "a", "url": "u", "text": text})
+    assert reason is None
+    assert doc == {"id": "a", "url": "u", "text": "\n".join([
+        "A first line of prose  with a citation.", "Second kept line, no terminal punctuation",
+        "Third kept line. It has two sentences.", "Fourth kept line is here."])}
+    assert quality.C4Quality().check({"text": text}) is None
+    # datatrove's own default drops lines without terminal punctuation: then 4 sentences are left
+    assert quality.C4Quality(filter_no_terminal_punct=True).apply({"text": text})[0] == "c4_too_few_sentences"
+
+
+C4 = [
+    ("c4_too_few_sentences", "One two three.\nFour five six. Seven eight nine.\nTen eleven twelve?\nhi there",
+     "One two three.\nFour five six. Seven eight nine.\nTen eleven twelve? Yes no maybe.\nhi there"),
+    ("c4_lorem_ipsum", PROSE + "\nLorem ipsum dolor sit amet.",
+     PROSE + "\nLorem ipsum."),                            # a 2-word line is dropped before the check
+    ("c4_curly_bracket", PROSE + "\nvar x = {a: 1};", PROSE + "\nenable javascript {a: 1};"),
+]
+
+
+@pytest.mark.parametrize("reason, trips, near_miss", C4, ids=[c[0] for c in C4])
+def test_c4_reasons(reason, trips, near_miss):
+    f = quality.C4Quality()
+    assert f.apply(_doc(trips)) == (reason, _doc(trips))      # a dropped document keeps its text
+    assert f.apply(_doc(near_miss))[0] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# FineWeb
+
+LONG = "This line is long enough to not count as a short one"
+FINEWEB = [
+    ("line_punct_ratio", "\n".join([LONG + "."] + [LONG + f" {i}" for i in range(8)]),
+     "\n".join([LONG + "."] + [LONG + f" {i}" for i in range(7)])),      # 1/9 < 0.12 <= 1/8
+    ("short_line_ratio", "\n".join([LONG + "."] + [f"Short {i}." for i in range(3)]),
+     "\n".join([LONG + "."] + [f"Short {i}." for i in range(2)])),      # 3/4 > 0.67 >= 2/3
+    ("char_dup_ratio", "\n".join([LONG + f" {i}." for i in range(20)] + ["Again and again."] * 2),
+     "\n".join([LONG + f" {i}." for i in range(60)] + ["Again and again."] * 2)),
+    ("list_ratio", "\n".join(f"{'x' * 30}_{i}." for i in range(10)),         # 9 breaks / 20 words
+     "\n".join(f"{'x' * 30}_{i} and more." for i in range(10))),             # 9 / 40
+]
+
+
+@pytest.mark.parametrize("reason, trips, near_miss", FINEWEB, ids=[f[0] for f in FINEWEB])
+def test_fineweb_reasons(reason, trips, near_miss):
+    f = quality.FineWebQuality()
+    assert f.check(_doc(trips)) == reason
+    assert f.check(_doc(near_miss)) is None
+
+
+def test_fineweb_empty_after_c4_removed_every_line():
+    assert quality.FineWebQuality().check(_doc("\n \n")) == "empty"
+
+
+# ---------------------------------------------------------------------------------------------
+# Config, gin, build_filters, clean_document
+
+def test_config_defaults_are_the_filters_defaults_and_off():
+    config = clean.Config()
+    assert clean.build_filters(config) == clean.build_filters(clean.Config(min_chars=200))
+    assert not any(isinstance(f, tuple(c for c, _ in quality.CONFIG_FIELDS.values()))
+                   for f in clean.build_filters(config))
+    for switch, (cls, prefix) in quality.CONFIG_FIELDS.items():
+        assert getattr(config, switch) is False
+        for field in cls.__dataclass_fields__.values():
+            assert getattr(config, prefix + field.name) == field.default, (switch, field.name)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gopher_rep_dup_line_frac": 1.5}, r"clean.Config.gopher_rep_dup_line_frac=1.5 must be in \[0, 1\]"),
+    ({"gopher_rep_top_n_grams": ((0, 0.2),)},
+     r"clean.Config.gopher_rep_top_n_grams=\(\(0, 0.2\),\) must be pairs"),
+    ({"gopher_min_doc_words": -1}, "clean.Config.gopher_min_doc_words=-1 must be >= 0"),
+    ({"c4_min_num_sentences": -2},
+     r"clean.Config.c4_min_num_sentences=-2 must be >= -1 \(-1 turns the rule off\)"),
+    ({"fineweb_short_line_thr": 2}, r"clean.Config.fineweb_short_line_thr=2 must be in \[0, 1\]"),
+])
+def test_config_rejects_bad_quality_values_naming_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        clean.Config(**kwargs)
+
+
+def test_gin_binds_the_quality_fields():
+    config = pipeline_config.load([f"{REPO}/gin/tiny.gin"], [
+        "clean.Config.gopher_repetition = True", "clean.Config.c4_quality = True",
+        "clean.Config.c4_min_num_sentences = 3", "clean.Config.gopher_rep_top_n_grams = ((2, 0.3),)",
+        "clean.Config.fineweb_quality = True"]).stages["clean"].config
+    built = clean.build_filters(config)
+    assert [type(f) for f in built[2:]] == \
+        [quality.GopherRepetition, quality.C4Quality, quality.FineWebQuality]
+    assert built[2].top_n_grams == ((2, 0.3),) and built[3].min_num_sentences == 3
+
+
+def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite():
+    config = clean.Config(gopher_repetition=True, gopher_quality=True, c4_quality=True, fineweb_quality=True)
+    doc_filters = clean.build_filters(config)
+    text = PROSE + "\nPlease enable javascript to view this page correctly."
+    reason, doc = clean.clean_document({"id": "a", "text": text}, config, doc_filters)
+    assert reason is None and doc["text"] == PROSE
+    assert clean.clean_document({"id": "b", "text": PROSE + "\nvar x = {a: 1};"}, config, doc_filters)[0] == \
+        "c4_curly_bracket"
+
+
+# ---------------------------------------------------------------------------------------------
+# The real clean stage counts the new reasons
+
+def test_clean_stage_counts_quality_reasons_in_stats(tmp_path):
+    root = str(tmp_path)
+    docs = [
+        {"id": "keep", "text": PROSE + "\nEnable javascript please for this site."},
+        {"id": "rep", "text": "\n".join([PROSE.splitlines()[0]] * 8)},
+        {"id": "gopher", "text": " ".join(["The", "of", *VOCAB[:45]]) + "."},       # 47 words
+        {"id": "c4", "text": PROSE + "\nLorem ipsum dolor sit amet."},
+        {"id": "fineweb", "text": "\n".join(line.rstrip(".") for line in prose(12, seed=1).splitlines())},
+    ]
+
+    def write(config, inputs, out_dir, work_dir):
+        documents.write(storage.join(out_dir, documents.shard_name(0, 1)), docs)
+
+    download = cache.run_stage(cache_root=root, stage="download", key="d", config=clean.Config(), upstream={},
+                               fn=write)
+    no_minhash = {"minhash": False} if "minhash" in clean.Config.__dataclass_fields__ else {}
+    config = clean.Config(num_shards=1, gopher_repetition=True, gopher_quality=True, c4_quality=True,
+                          fineweb_quality=True, **no_minhash)
+    done = cache.run_stage(cache_root=root, stage="clean", key="c", config=config,
+                           upstream={"download": download}, fn=clean.run)
+    stats = storage.read_json(done.file("stats.json"))
+    assert stats["dropped"] == {"dup_line_frac": 1, "gopher_short_doc": 1, "c4_lorem_ipsum": 1,
+                                "line_punct_ratio": 1}
+    kept = [d for path in documents.shards_of(done) for d in documents.read(path)]
+    assert [(d["id"], d["text"]) for d in kept] == [("keep", PROSE)]     # C4 removed the javascript line
+    assert stats["chars_kept"] == len(PROSE)
