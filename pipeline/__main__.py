@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     elif problem := _unreachable(plan):
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.command != "plan" and (problem := _unknown_keys(plan)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.command == "status":
         print(status_table(plan))
         return 0
@@ -67,6 +70,16 @@ def _unreachable(plan: config.Plan) -> str:
         storage.exists(plan.cache_root)
     except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
         return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
+    return ""
+
+
+def _unknown_keys(plan: config.Plan) -> str:
+    """Why a key cannot be computed (a stage's inputs cannot be listed), or "" when every key can."""
+    try:
+        for sp in plan.stages.values():
+            sp.key   # noqa: B018 - computed here so a listing failure is one line, not a traceback
+    except config.InputsError as e:
+        return str(e)
     return ""
 
 
@@ -109,6 +122,10 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
     except (config.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for plan in plans.values():
+        if problem := _unknown_keys(plan):
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     result = tasks.build(plans.values(), _targets(args), workers=args.workers, scheduler=args.scheduler)
     if not result.ok:
         print(result.summary, file=sys.stderr)
@@ -134,8 +151,15 @@ def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[
                  check_cache: bool = True) -> str:
     stages = dag.closure(*targets) if targets else list(plan.stages)
     rows = [("stage", "key", "status", "size", "wall", "path")]
+    unknown = ""
     for name in stages:
         sp = plan.stages[name]
+        try:
+            sp.key   # noqa: B018
+        except config.InputsError as e:   # `plan` offline: the configs are known, this key is not
+            unknown = unknown or str(e)
+            rows.append((name, "?", "unknown", "-", "-", "-"))
+            continue
         done = cache.load(plan.cache_root, name, sp.key) if check_cache else None
         if done is None:
             state = "missing" if check_cache else "-"
@@ -147,7 +171,8 @@ def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[
             path = done.path
         rows.append((name, sp.key[:12], state, size, wall, path))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+    return table + (f"\nnote: {unknown}" if unknown else "")
 
 
 def _highlight(plan: config.Plan, stage: str) -> str:

@@ -9,9 +9,11 @@ A stage is done when `_SUCCESS.json` exists and every file it lists is present i
 attempt with the listed size. Nothing is ever renamed (GCS has no directory rename), so a crashed
 attempt is just a directory no manifest points at; the next commit removes it.
 
-The key is `sha256(stage name, VERSION, canonical JSON of the Config, upstream keys)` and
+The key is `sha256(stage name, VERSION, canonical JSON of the Config, upstream keys, inputs)` and
 nothing else. Config fields declared with `metadata={"key": False}` (how a stage runs, such as
-the Beam runner, not what it computes) stay out of the key.
+the Beam runner, not what it computes) stay out of the key. `inputs` is what a stage reads from
+outside the cache, as its module's optional `key_inputs(config)` states it (download: a fingerprint
+of its source's files); stages without one read only their upstream stages, and leave it out.
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ def config_to_json(config: Any, *, for_key: bool = False) -> Any:
     raise TypeError(f"config value {config!r} of type {type(config).__name__} is not JSON-able")
 
 
-def stage_key(stage: str, version: str, config: Any, upstream_keys: Mapping[str, str]) -> str:
-    payload = json.dumps(
-        {"stage": stage, "version": version, "config": config_to_json(config, for_key=True),
-         "upstream": dict(sorted(upstream_keys.items()))},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+def stage_key(stage: str, version: str, config: Any, upstream_keys: Mapping[str, str],
+              inputs: Any = None) -> str:
+    """The cache key. `inputs` (JSON-able) is what the stage reads from outside the cache; None, for a
+    stage that reads only its upstream stages, leaves the payload (and so the key) as it was without it."""
+    content = {"stage": stage, "version": version, "config": config_to_json(config, for_key=True),
+               "upstream": dict(sorted(upstream_keys.items()))}
+    if inputs is not None:
+        content["inputs"] = inputs
+    payload = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -1,7 +1,7 @@
 """Gin at the edge: gin files + overrides -> a `Plan` of frozen stage Configs and their cache keys.
 
     plan = config.load(["gin/tiny.gin"], ["tokenizer.Config.vocab_size = 3000"])
-    plan.stages["tokenizer"].key     # sha256 of (name, VERSION, config, upstream keys)
+    plan.stages["tokenizer"].key     # sha256 of (name, VERSION, config, upstream keys[, inputs])
 
 Gin names: every stage's `Config` is `<stage>.Config` (so `clean.Config.min_chars = 100`), other
 configurable dataclasses a stage lists in `CONFIGURABLES` are `<stage>.<Class>`
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 import re
@@ -43,11 +44,52 @@ class Settings:
 
 @dataclasses.dataclass(frozen=True)
 class StagePlan:
+    """One stage of a plan: its config, and its cache key, computed when first asked for.
+
+    A stage whose module defines `key_inputs(config)` (download) lists what it reads from outside the
+    cache for its key, which can take a listing call or the network; configs, placeholders and the train
+    plan need no key, so `make plan` works offline and loading a config stays cheap.
+    """
+
     name: str
     config: Any
-    upstream: tuple[str, ...]
-    key: str
     version: str
+    upstream_plans: tuple[StagePlan, ...] = dataclasses.field(default=(), repr=False, compare=False)
+
+    @property
+    def upstream(self) -> tuple[str, ...]:
+        return tuple(u.name for u in self.upstream_plans)
+
+    @functools.cached_property
+    def key(self) -> str:
+        """sha256 of (name, VERSION, config, upstream keys, inputs); InputsError when the inputs cannot be
+        listed, here or upstream."""
+        return cache.stage_key(self.name, self.version, self.config,
+                               {u.name: u.key for u in self.upstream_plans}, self.inputs)
+
+    @property
+    def inputs(self) -> Any:
+        """What the stage reads from outside the cache (`key_inputs(config)`), or None for a stage that
+        reads only its upstream stages."""
+        value, error = self._inputs
+        if error is not None:
+            raise error
+        return value
+
+    @functools.cached_property
+    def _inputs(self) -> tuple[Any, InputsError | None]:
+        # The failure is kept too: every downstream key asks again, and listing again (offline: waiting
+        # for the network again) would only repeat it.
+        key_inputs = getattr(dag.module(self.name), "key_inputs", None)
+        if key_inputs is None:
+            return None, None
+        try:
+            return key_inputs(self.config), None
+        except Exception as e:  # noqa: BLE001 - whatever stops the listing, the key is unknown: say why
+            error = InputsError(f"{self.name}: cannot list what it reads, so its cache key and every key "
+                                f"after it are unknown: {type(e).__name__}: {e}")
+            error.__cause__ = e
+            return None, error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +106,10 @@ PLACEHOLDER = "YOUR_"      # how a shipped config marks a value the user must fi
 
 class ConfigError(ValueError):
     """A gin file or override that cannot produce valid stage configs; the message says why."""
+
+
+class InputsError(ValueError):
+    """A stage's inputs cannot be listed (offline, a glob that matches nothing), so its key is unknown."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,9 +134,7 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     for name in dag.STAGES:
         module = dag.module(name)
         config = _build(f"{name}.Config", registry, gin_files, gin_params)
-        ups = dag.upstream(name)
-        key = cache.stage_key(name, module.VERSION, config, {u: stages[u].key for u in ups})
-        stages[name] = StagePlan(name, config, ups, key, module.VERSION)
+        stages[name] = StagePlan(name, config, module.VERSION, tuple(stages[u] for u in dag.upstream(name)))
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
 

@@ -6,12 +6,33 @@
 Writes into `out_dir`:
     docs-00000-of-0000N.parquet   columns id, text, url, source, error (see `stages.io.documents`)
     stats.json                    {"docs", "bytes" (UTF-8 bytes of text), "shards", "units",
-                                   "errors": {reason: docs}, "by_source": {source: docs}}
+                                   "errors": {reason: docs}, "by_source": {source: docs},
+                                   "bad_files": {path: why it could not be read to its end}}
 
 A source lists its work as units (a batch of files, a parquet row group, a range of records,
 see `sources.py`). The driver deals them round-robin into `min(num_shards, len(units))` groups;
 a Beam worker streams each group's units, in order, into one shard. Elements are groups, never
 documents, and the same source and config always give the same bytes.
+
+The key covers the inputs (`key_inputs`): each source states what it will read as a fingerprint,
+from a listing and never by reading a file, and that goes into the download key and so into every
+key after it. Adding, removing or rewriting an input changes it; rerunning, another cache root or
+host, or a file the globs do not match does not.
+
+    local files     path, size and modification time in ns (touching a file counts as rewriting it:
+                    the content is not read; a rewrite that keeps both size and time is not seen)
+    gs:// objects   path and generation (every upload gets a new one)
+    FineWeb         each file's git blob id on the hub (a content hash; one listing call, which needs
+                    the network: offline, `plan` shows the download key as unknown and `run` stops)
+    Tfds            the dataset name (with its version, if given) and the installed TFDS version
+    Embedded        the interpreter and its version, whose standard library is the corpus
+
+`--force` reruns the stage into the key of the inputs as they are now, reading them again.
+
+A corrupt or truncated file (`document.BadFile`) fails the stage with its path and how far reading
+got; with `skip_bad_files` the documents read before the damage are kept, the file is listed under
+`bad_files` in stats.json and the rest is read. Fewer than `min_docs` documents with text fail the
+stage, naming the source (an empty glob result is already an error when planning).
 """
 
 from __future__ import annotations
@@ -22,7 +43,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stages import beam_runner
+from stages.download.document import BadFile
 from stages.download.sources import SOURCES, Embedded, Files, FineWeb, Tfds
+from stages.io import storage
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +56,9 @@ class Config:
 
     source: Embedded | Files | Tfds | FineWeb = dataclasses.field(default_factory=Embedded)
     num_shards: int = 8   # output shards; fewer when the source has fewer units
+    # Both in the key: a cached output must be one that met them (a skipped file, an empty output).
+    skip_bad_files: bool = False   # a damaged file: fail naming it, or (True) keep what was read and count it
+    min_docs: int = 1              # fail when fewer documents with text come out; 0 allows an empty output
     runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
                                                    metadata={"key": False})
 
@@ -42,10 +68,22 @@ class Config:
                              f"{', '.join('@download.' + s.__name__ + '()' for s in SOURCES)}")
         if isinstance(self.num_shards, int) and self.num_shards < 1:
             raise ValueError(f"num_shards={self.num_shards!r} must be >= 1")
+        if isinstance(self.min_docs, int) and self.min_docs < 0:
+            raise ValueError(f"min_docs={self.min_docs!r} must be >= 0")
 
 
 CONFIGURABLES = (Config, *SOURCES)
-VERSION = "1"
+VERSION = "2"   # 2: stats.json lists bad_files
+
+
+def key_inputs(config: Config) -> Any:
+    """What the source will read (its fingerprint), for the cache key: see the module docstring."""
+    try:
+        return config.source.fingerprint()
+    except ValueError:
+        raise                  # already names the glob (one that matches nothing)
+    except Exception as e:     # a listing that failed (offline, no access): name what was being listed
+        raise OSError(f"listing the files of {config.source!r}: {type(e).__name__}: {e}") from e
 
 
 def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) -> None:
@@ -55,17 +93,42 @@ def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) 
     groups = deal(units, config.num_shards)
     log.info("download: %d units from %s -> %d shards in %s", len(units), type(config.source).__name__,
              len(groups), out_dir)
-    with beam_runner.pipeline(config.runner) as p:
-        beam_graph.build(p, config.source, groups, out_dir)
+    try:
+        with beam_runner.pipeline(config.runner) as p:
+            beam_graph.build(p, config.source, groups, out_dir, skip_bad_files=config.skip_bad_files)
+    except Exception as e:
+        bad = _bad_file(e)
+        if bad is None:
+            raise
+        raise BadFile(*bad.args) from None   # the one line that matters, not Beam's wrapping of it
+    stats = storage.read_json(storage.join(out_dir, "stats.json"))
+    with_text = stats["docs"] - sum(stats["errors"].values())
+    if with_text < config.min_docs:
+        raise ValueError(f"download: {with_text} documents with text (min_docs={config.min_docs}) from "
+                         f"{len(units)} units of {config.source!r}; records without text: "
+                         f"{stats['errors'] or 'none'}; files that could not be read: "
+                         f"{stats['bad_files'] or 'none'}. Point the source at non-empty inputs, "
+                         "or set download.Config.min_docs = 0 to allow an empty output")
 
 
 def summary(out) -> str:
     """One line for the run summary, from a committed download (`pipeline.cache.Committed`)."""
-    from stages.io import storage
-
     s = storage.read_json(out.file("stats.json"))
     errors = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"
-    return f"{s['docs']:,} docs, {s['bytes'] / 1e6:.1f} MB in {s['shards']} shards; bad records: {errors}"
+    bad = f"; bad files: {len(s['bad_files'])}" if s.get("bad_files") else ""
+    return (f"{s['docs']:,} docs, {s['bytes'] / 1e6:.1f} MB in {s['shards']} shards; "
+            f"bad records: {errors}{bad}")
+
+
+def _bad_file(e: BaseException | None) -> BadFile | None:
+    """The first `BadFile` raised under a Beam failure, if any: the innermost of its chain of causes, since
+    Beam re-raises an exception as a copy with "[while running 'Step']" added to its first argument."""
+    found, seen = None, set()
+    while e is not None and id(e) not in seen:
+        found = e if isinstance(e, BadFile) else found
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return found
 
 
 def deal(units: Sequence, num_shards: int) -> list[list]:

@@ -13,38 +13,53 @@ from typing import Any
 
 import apache_beam as beam
 
+from stages.download.document import BadFile
 from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
 MB = 1e6
 
 
-def build(p: beam.Pipeline, source: Any, groups: list[list], out_dir: str) -> None:
+def build(p: beam.Pipeline, source: Any, groups: list[list], out_dir: str,
+          skip_bad_files: bool = False) -> None:
     n = len(groups)
     _ = (p
          | "Groups" >> beam.Create(list(enumerate(groups)))
          | "Spread" >> beam.Reshuffle()   # so a distributed runner spreads the groups over workers
-         | "WriteShards" >> beam.Map(write_shard, source=source, out_dir=out_dir, num_shards=n)
+         | "WriteShards" >> beam.Map(write_shard, source=source, out_dir=out_dir, num_shards=n,
+                                     skip_bad_files=skip_bad_files)
          | "SumCounts" >> beam.CombineGlobally(sum_counts)
          | "WriteStats" >> beam.Map(write_stats, out_dir=out_dir, num_shards=n))
 
 
-def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shards: int) -> dict:
-    """Streams every document of the group's units, in order, into its shard; returns its counts."""
+def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shards: int,
+                skip_bad_files: bool = False) -> dict:
+    """Streams every document of the group's units, in order, into its shard; returns its counts.
+
+    A damaged file (`BadFile`) fails the shard, or with `skip_bad_files` keeps the documents read before
+    the damage and is counted under `bad_files` (path -> reason).
+    """
     index, units = group
     counts = empty_counts() | {"units": len(units)}
     start = time.monotonic()
 
     def docs() -> Iterable[dict]:
         for done, unit in enumerate(units, 1):
-            for doc in source.read(unit):
-                text = doc["text"]
-                counts["docs"] += 1
-                counts["bytes"] += len(text.encode("utf-8")) if text is not None else 0
-                counts["by_source"][doc["source"]] += 1
-                if doc["error"]:
-                    counts["errors"][doc["error"]] += 1
-                yield doc
+            try:
+                for doc in source.read(unit):
+                    text = doc["text"]
+                    counts["docs"] += 1
+                    counts["bytes"] += len(text.encode("utf-8")) if text is not None else 0
+                    counts["by_source"][doc["source"]] += 1
+                    if doc["error"]:
+                        counts["errors"][doc["error"]] += 1
+                    yield doc
+            except BadFile as e:
+                if not skip_bad_files:
+                    raise
+                reason = f"{e.reason} ({e.where})" if e.where else e.reason
+                log.warning("download: skipping the rest of %s: %s", e.path, reason)
+                counts["bad_files"][e.path] = reason
             secs = max(time.monotonic() - start, 1e-9)
             log.info("download shard %d/%d: unit %d/%d done, %d docs, %.1f MB, %.0f docs/s, %.1f MB/s",
                      index, num_shards, done, len(units), counts["docs"], counts["bytes"] / MB,
@@ -56,7 +71,7 @@ def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shard
 
 def empty_counts() -> dict:
     return {"docs": 0, "bytes": 0, "units": 0,
-            "errors": collections.Counter(), "by_source": collections.Counter()}
+            "errors": collections.Counter(), "by_source": collections.Counter(), "bad_files": {}}
 
 
 def sum_counts(parts: Iterable[dict]) -> dict:
@@ -66,11 +81,13 @@ def sum_counts(parts: Iterable[dict]) -> dict:
             total[name] += part[name]
         for name in ("errors", "by_source"):
             total[name].update(part[name])
+        for path, reason in part["bad_files"].items():   # damaged row groups of a file: same answer each run
+            total["bad_files"][path] = min(reason, total["bad_files"].get(path, reason))
     return total
 
 
 def write_stats(total: dict, *, out_dir: str, num_shards: int) -> None:
-    stats = {name: dict(v) if isinstance(v, collections.Counter) else v for name, v in total.items()}
+    stats = {name: dict(v) if isinstance(v, dict) else v for name, v in total.items()}
     stats["shards"] = num_shards
     storage.write_json(storage.join(out_dir, "stats.json"), stats)
     log.info("download: %d docs, %.1f MB, %d shards, errors %s", stats["docs"], stats["bytes"] / MB,

@@ -10,6 +10,11 @@ record is counted (by this stage's stats and by clean) instead of crashing the r
     missing_text      the text field is absent or null
     non_string_text   the text field is a number, list, object, ...
     syntax_error      an embedded standard-library file that does not parse
+
+A file that cannot be read to its end (a corrupt or truncated gzip stream, a broken parquet file) is
+not a bad record: reading it raises `BadFile`, which names the file, what the library said and how far
+reading got. The stage fails with it, or with `download.Config.skip_bad_files` keeps the records read
+before the damage and lists the file under `bad_files` in stats.json.
 """
 
 from __future__ import annotations
@@ -18,6 +23,19 @@ import hashlib
 from typing import Any
 
 ID_HEX_CHARS = 24   # 96 bits: no collision in practice even at 10^10 documents
+
+
+class BadFile(Exception):
+    """A corrupt or truncated file: `path`, the library's complaint (`reason`) and `where` it stopped."""
+
+    def __init__(self, path: str, reason: str, where: str = ""):
+        super().__init__(path, reason, where)   # all in args, so the exception pickles (Beam workers)
+        self.path, self.reason, self.where = path, reason, where
+
+    def __str__(self) -> str:
+        where = f" ({self.where})" if self.where else ""
+        return (f"{self.path} is corrupt or truncated{where}: {self.reason}; replace the file, or set "
+                f"download.Config.skip_bad_files = True to keep what can be read and list it in stats.json")
 
 
 def doc_id(source: str, *position: Any) -> str:

@@ -4,7 +4,7 @@ One document per docstring (module, class, function) of the standard library's `
 with `ast` without importing anything, plus one per pydoc help topic (the `topics` dict literal in
 `pydoc_data/topics.py`). On CPython 3.11 that is ~7.7k docstrings (1.6 MB) and 79 topics (0.46 MB).
 The corpus is whatever the running interpreter ships, so a different Python version gives
-different (equally valid) text.
+different (equally valid) text; `version()` names it, and goes into the download key.
 
 Units are batches of paths relative to the stdlib directory, so a worker whose Python lives
 elsewhere resolves them against its own stdlib.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ast
 import os
+import platform
+import sys
 import sysconfig
 from collections.abc import Iterator
 
@@ -38,6 +40,12 @@ def units(max_files: int = 0, include_topics: bool = True) -> list[tuple[str, ..
     if include_topics:
         files.append(TOPICS)
     return [tuple(files[i:i + FILES_PER_UNIT]) for i in range(0, len(files), FILES_PER_UNIT)]
+
+
+def version() -> str:
+    """What the corpus is: the interpreter and its exact version ("cpython-3.11.9"), whose stdlib it reads.
+    Not the stdlib's path or file times, which differ between two installs of the same Python."""
+    return f"{sys.implementation.name}-{platform.python_version()}"
 
 
 def read(unit: tuple[str, ...]) -> Iterator[dict]:

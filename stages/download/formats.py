@@ -4,6 +4,10 @@ A unit of work is `(path, part)`: `part` is a parquet row group, or 0 for a file
 (gzip cannot be split). Ids and URLs fall back to the position in the file when a record
 carries none: `path:line` (1-based) for jsonl and paragraphs, `path:row` (0-based) for parquet.
 
+A damaged file (a corrupt or truncated gzip stream, a broken parquet footer or page) raises
+`document.BadFile` naming it and how far reading got, after the records before the damage: jsonl
+keeps every line before it, parquet every batch before it, a txt file nothing (it is one read).
+
     units = formats.units(["data/a.jsonl.gz", "data/b.parquet"], text_field="text")
     for doc in formats.read(*units[0], fields=formats.Fields(text="text")): ...
 """
@@ -11,13 +15,15 @@ carries none: `path:line` (1-based) for jsonl and paragraphs, `path:row` (0-base
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import io
 import json
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO
 
-from stages.download.document import doc_id, plain_str, text_or_error
+from stages.download.document import BadFile, doc_id, plain_str, text_or_error
 from stages.io import documents, storage
 
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".txt": "txt", ".txt.gz": "txt", ".parquet": "parquet"}
@@ -66,8 +72,12 @@ def read(path: str, part: int, fields: Fields) -> Iterator[dict]:
 # ---------------------------------------------------------------------------------------------
 
 def _jsonl(path: str, fields: Fields) -> Iterator[dict]:
-    with _lines(path) as f:
+    line, offset = 0, 0
+    text = "of the decompressed text" if path.endswith(".gz") else "of the file"
+
+    with named_damage(path, lambda: f"after line {line}, byte {offset:,} {text}"), _lines(path) as f:
         for line, raw in enumerate(f, 1):
+            offset += len(raw)
             if not raw.strip():
                 continue
             where = f"{path}:{line}"
@@ -96,7 +106,7 @@ def _lines(path: str) -> IO[bytes]:
 
 
 def _txt(path: str, fields: Fields) -> Iterator[dict]:
-    with storage.open(path, "rb", compression="infer") as f:
+    with named_damage(path), storage.open(path, "rb", compression="infer") as f:
         data = f.read()
     text, error = text_or_error(data)
     if error or fields.txt_unit == "file":
@@ -124,7 +134,7 @@ def paragraphs(text: str) -> Iterator[tuple[int, str]]:
 
 def _parquet(path: str, row_group: int, fields: Fields) -> Iterator[dict]:
     columns = [c for c in (fields.text, fields.id, fields.url) if c]
-    for row, record in documents.rows(path, columns, row_group):
+    for row, record in parquet_rows(path, columns, row_group):
         doc = {"id": doc_id(fields.source, path, row), "text": None, "url": f"{path}:{row}",
                "source": fields.source, "error": None}
         yield _from_record(doc, record, fields)
@@ -139,15 +149,59 @@ def _from_record(doc: dict, record: dict, fields: Fields) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# Damaged files
+
+# A missing file, a refused permission or a network failure is an OSError too, but says nothing about
+# the file's bytes: it is never a bad file (a retry or a fix elsewhere is what it needs).
+NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
+
+
+@contextlib.contextmanager
+def named_damage(path: str, where: Callable[[], str] = str, parquet: bool = False) -> Iterator[None]:
+    """Turns what a damaged file raises into `BadFile(path, reason, where())`: gzip's BadGzipFile (an
+    OSError), zlib.error, EOFError (a stream that ends early) and, for parquet, pyarrow's ArrowException
+    and the OSErrors of its decoders."""
+    damage: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
+    if parquet:
+        import pyarrow as pa
+
+        damage += (pa.ArrowException,)
+    try:
+        yield
+    except NOT_DAMAGE:
+        raise
+    except damage as e:
+        kind = type(e).__qualname__
+        kind = kind if type(e).__module__ == "builtins" else f"{type(e).__module__}.{kind}"
+        raise BadFile(path, f"{kind}: {e}", where()) from e
+
+
+def parquet_rows(path: str, columns: Sequence[str], row_group: int) -> Iterator[tuple[int, dict]]:
+    """`documents.rows` of one row group, with damage named (`BadFile`) after the rows read before it."""
+    row = None
+    with named_damage(path, lambda: f"row group {row_group}" + ("" if row is None else f", after row {row}"),
+                      parquet=True):
+        for row, record in documents.rows(path, columns, row_group):
+            yield row, record
+
+
+# ---------------------------------------------------------------------------------------------
 # Parquet footers, shared with the FineWeb source
 
 def parquet_row_groups(paths: Sequence[str], required_column: str, hint: str = "") -> list[int]:
-    """The row-group count of each file; a file without `required_column` is a ValueError."""
+    """The row-group count of each file; a file without `required_column` is a ValueError.
+
+    A file whose footer is damaged counts one row group: reading that unit raises `BadFile`, so a broken
+    file fails the stage, or is skipped and counted, in one place (the worker), like any other damage.
+    """
     def footer(path: str) -> int:
         import pyarrow.parquet as pq
 
-        with storage.open(path, "rb") as f:
-            meta = pq.read_metadata(f)
+        try:
+            with named_damage(path, parquet=True), storage.open(path, "rb") as f:
+                meta = pq.read_metadata(f)
+        except BadFile:
+            return 1
         names = meta.schema.to_arrow_schema().names
         if required_column not in names:
             raise ValueError(f"{path} has no column {required_column!r}; its columns are {names}{hint}")

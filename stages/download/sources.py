@@ -3,14 +3,18 @@
     download.Config.source = @download.Files()
     download.Files.paths = ["gs://bucket/crawl/*.jsonl.gz"]
 
-A source has two methods:
+A source has three methods:
 
+    fingerprint() -> JSON   what it will read, without reading it, for the download key (on the
+                            planning machine, whenever a plan is made): it changes when an input is
+                            added, removed or rewritten, and nothing else changes it
     units() -> list         cheap, deterministic, sorted, picklable pieces of work (on the driver)
     read(unit) -> Iterator  the documents of one unit, in order (on a Beam worker), as dicts with
                             the `stages.io.documents` columns; bad records become documents with an
-                            `error` (see `document.py`) rather than exceptions
+                            `error` (see `document.py`) rather than exceptions, a damaged file raises
+                            `document.BadFile` after the documents read before the damage
 
-Add a source: a dataclass here with those two methods, appended to `SOURCES`.
+Add a source: a dataclass here with those three methods, appended to `SOURCES`.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator
+from importlib import metadata
 
 from stages.download import embedded, formats
 from stages.download.document import doc_id, plain_str, text_or_error
-from stages.io import documents, storage
+from stages.io import storage
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,9 @@ class Embedded:
 
     def __post_init__(self):
         _check_at_least("Embedded.max_files", self.max_files, 0)
+
+    def fingerprint(self) -> dict:
+        return {"corpus": embedded.version()}
 
     def units(self) -> list[tuple[str, ...]]:
         return embedded.units(self.max_files, self.include_topics)
@@ -70,13 +78,17 @@ class Files:
         if self.txt_unit not in self.TXT_UNITS:
             raise ValueError(f"Files.txt_unit={self.txt_unit!r} is not one of {self.TXT_UNITS}")
 
+    def fingerprint(self) -> dict[str, str]:
+        """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
+        found: dict[str, str] = {}
+        for pattern in self.paths:
+            found.update(_matching(storage.versions(pattern), f"download.Files.paths: {pattern!r}"))
+        return dict(sorted(found.items()))
+
     def units(self) -> list[tuple[str, int]]:
         found: set[str] = set()
         for pattern in self.paths:
-            matches = storage.glob(pattern)
-            if not matches:
-                raise ValueError(f"download.Files.paths: {pattern!r} matches no files")
-            found.update(matches)
+            found.update(_matching(storage.glob(pattern), f"download.Files.paths: {pattern!r}"))
         return formats.units(sorted(found), self.text_field,
                              hint="; set download.Files.text_field to the text column")
 
@@ -111,6 +123,15 @@ class Tfds:
     @property
     def source(self) -> str:
         return f"tfds/{self.name}"
+
+    def fingerprint(self) -> dict:
+        # A TFDS version names its content; a name without one means the newest version the installed
+        # library knows, so the library's version stands in for it (read without importing TFDS).
+        try:
+            library = metadata.version("tensorflow-datasets")
+        except metadata.PackageNotFoundError:
+            library = "not installed"
+        return {"dataset": self.name, "tensorflow-datasets": library}
 
     def units(self) -> list[tuple[int, int]]:
         count = len(self._records(prepare=True))
@@ -150,6 +171,7 @@ class FineWeb:
     max_files: int = 0                       # 0 = every matching file; N = the first N in sorted order
 
     COLUMNS = ("text", "id", "dump", "url")
+    HINT = " (check root and pattern)"
 
     def __post_init__(self):
         if self.root == "" or self.pattern == "":
@@ -157,18 +179,27 @@ class FineWeb:
                              "must both be set")
         _check_at_least("FineWeb.max_files", self.max_files, 0)
 
+    def fingerprint(self) -> dict[str, str]:
+        """Every file it reads -> its version: on the hub its git blob id (a hash of its content), from the
+        same kind of listing `units` makes (a network call; offline, planning says it cannot list)."""
+        versions = _matching(storage.versions(self.glob), f"download.FineWeb: {self.glob!r}", self.HINT)
+        return {path: versions[path] for path in self._first(sorted(versions))}
+
     def units(self) -> list[tuple[str, int]]:
-        glob = storage.join(self.root, self.pattern)
-        files = storage.glob(glob)
-        if not files:
-            raise ValueError(f"download.FineWeb: {glob!r} matches no files (check root and pattern)")
-        files = files[:self.max_files] if self.max_files else files
+        files = self._first(_matching(storage.glob(self.glob), f"download.FineWeb: {self.glob!r}", self.HINT))
         counts = formats.parquet_row_groups(files, "text")
         return [(path, g) for path, n in zip(files, counts) for g in range(n)]
 
+    @property
+    def glob(self) -> str:
+        return storage.join(self.root, self.pattern)
+
+    def _first(self, files: list[str]) -> list[str]:
+        return files[:self.max_files] if self.max_files else files
+
     def read(self, unit: tuple[str, int]) -> Iterator[dict]:
         path, row_group = unit
-        for row, record in documents.rows(path, self.COLUMNS, row_group):
+        for row, record in formats.parquet_rows(path, self.COLUMNS, row_group):
             source = f"fineweb/{plain_str(record['dump']) or 'unknown'}"
             text, error = text_or_error(record["text"])
             yield {"id": plain_str(record["id"]) or doc_id("fineweb", path, row), "text": text,
@@ -176,6 +207,13 @@ class FineWeb:
 
 
 SOURCES = (Embedded, Files, Tfds, FineWeb)
+
+
+def _matching(found, what: str, hint: str = ""):
+    """`found` (a glob's matches), or a ValueError naming the glob that matched nothing."""
+    if not found:
+        raise ValueError(f"{what} matches no files{hint}")
+    return found
 
 
 def _check_at_least(name: str, value: object, low: int) -> None:

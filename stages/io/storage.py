@@ -19,6 +19,7 @@ import json
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -178,7 +179,50 @@ def listdir(directory: str) -> list[str]:
 def glob(pattern: str) -> list[str]:
     """Sorted full paths (with their scheme) matching a glob such as `gs://b/data/*.jsonl.gz`."""
     fs, p = filesystem(pattern)
+    fs.invalidate_cache()   # fsspec reuses filesystems and their listings: a file added since must show
     return sorted(_unstrip(fs, m) for m in fs.glob(p))
+
+
+# What identifies a file's content in a listing, best first: a GCS object's generation (every upload of
+# the object gets a new one), a hub file's git blob id (a hash of its content), an S3-style ETag, checksums.
+CONTENT_IDS = ("generation", "blob_id", "ETag", "etag", "md5Hash", "crc32c")
+MODIFIED = ("mtime", "updated", "LastModified", "last_modified")
+
+
+def versions(pattern: str) -> dict[str, str]:
+    """Every file matching the glob `pattern` (full path, as `glob` spells it) -> a string that changes
+    when the file is rewritten, taken from one listing: no file is opened or read, so this costs what
+    `glob` costs (plus one `stat` per local file).
+
+        local   "size=<bytes>,mtime_ns=<modification time in ns>": touching a file counts as a rewrite
+                (the content is not read), and a rewrite that keeps both size and time is not seen
+        gs://   "generation=<n>"
+        hf://   "blob_id=<git blob sha>": the file's content, whatever else changes in the repository
+        other   the first of `CONTENT_IDS` the listing has, else its size and modification time
+    """
+    fs, p = filesystem(pattern)
+    if is_local(pattern):
+        out = {}
+        for path in fs.glob(p):
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                out[_unstrip(fs, path)] = f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+        return dict(sorted(out.items()))
+    fs.invalidate_cache()
+    found = fs.glob(p, detail=True)
+    return {_unstrip(fs, name): _version(_unstrip(fs, name), info)
+            for name, info in sorted(found.items()) if info.get("type") != "directory"}
+
+
+def _version(path: str, info: dict) -> str:
+    for field in CONTENT_IDS:
+        if info.get(field):
+            return f"{field}={info[field]}"
+    for field in MODIFIED:
+        if info.get(field) is not None:
+            return f"size={info.get('size')},{field}={info[field]}"
+    raise ValueError(f"cannot tell whether {path} changed without reading it: its listing has only "
+                     f"{sorted(info)}; expected one of {', '.join(CONTENT_IDS + MODIFIED)}")
 
 
 def remove(path: str) -> None:

@@ -1,5 +1,6 @@
 """A tiny stage for testing the cache and the Luigi wiring without Beam: it writes `out.txt`
-holding its value and its upstream outputs, and appends its name to a log to count runs."""
+holding its value and its upstream outputs, and appends its name to a log to count runs. With `reads`
+(a glob) it also reads files from outside the cache, and states them for its key (`key_inputs`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ class Config:
     fail: bool = False
     name: str = "x"
     log: str = dataclasses.field(default="", metadata={"key": False})
+    reads: str = ""
+
+
+def key_inputs(config: Config):
+    if not config.reads:
+        return None          # reads only its upstream stages: the key is as it was without the hook
+    found = storage.versions(config.reads)
+    if not found:
+        raise ValueError(f"{config.reads!r} matches no files")
+    return found
 
 
 CONFIGURABLES = (Config,)
@@ -25,6 +36,7 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
         with open(config.log, "a") as f:
             f.write(config.name + "\n")
     up = "".join(storage.read_text(c.file("out.txt")) for _, c in sorted(inputs.items()))
+    up += "".join(storage.read_text(p) for p in storage.glob(config.reads)) if config.reads else ""
     storage.write_text(storage.join(out_dir, "out.txt"), f"{up}{config.name}={config.value};")
     if config.fail:
         raise RuntimeError(f"stage {config.name} failed on purpose")

@@ -128,3 +128,12 @@ def test_committed_paths_come_from_the_manifest_not_the_directory(tmp_path):
     assert done.paths("*.txt") == [storage.join(done.path, "out.txt")]
     with pytest.raises(FileNotFoundError, match="has no 'stray.txt'"):
         done.file("stray.txt")
+
+
+def test_inputs_enter_the_key_only_when_a_stage_states_them():
+    c = fake_stage.Config(value=1)
+    k = cache.stage_key("a", "1", c, {})
+    assert cache.stage_key("a", "1", c, {}, inputs=None) == k                 # no hook: the key of old
+    with_inputs = cache.stage_key("a", "1", c, {}, inputs={"/d/x": "size=1,mtime_ns=5"})
+    assert len({k, with_inputs, cache.stage_key("a", "1", c, {}, inputs={"/d/x": "size=1,mtime_ns=6"}),
+                cache.stage_key("a", "1", c, {}, inputs={})}) == 4

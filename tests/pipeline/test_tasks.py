@@ -114,3 +114,34 @@ def test_overrides_string_keeps_gin_quotes():
     assert cli._split_overrides('a.b = 1 c.d= "x"') == ["a.b = 1", 'c.d= "x"']
     assert cli._split_overrides('f.paths=["a b", "c"]  g=(1, 2)') == ['f.paths=["a b", "c"]', "g=(1, 2)"]
     assert cli._split_overrides("") == []
+
+
+def test_a_stage_that_reads_files_keys_them_and_reruns_with_everything_after_it_when_they_change(
+        fake_dag, tmp_path, capsys):
+    """The generic hook: a stage module's `key_inputs(config)` goes into its key (here stage a's files)."""
+    base, runs = fake_dag
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/x.txt").write_text("one;")
+    reads = base + [f'a.Config.reads = "{tmp_path}/in/*.txt"']
+    assert _build(reads).ran == ["a", "b", "c", "d"] and runs() == ["a", "b", "c", "d"]
+    assert _build(reads).ran == []                                            # rerun: nothing changed
+    (tmp_path / "in/x.txt").write_text("two;")
+    assert _build(reads).ran == ["a", "b", "c", "d"]                           # rewritten: every key moves
+    assert runs() == ["a", "b", "c", "d"]
+    plan = config.load([], reads)
+    assert storage.read_text(cache.load(plan.cache_root, "c", plan.stages["c"].key).file("out.txt")) == (
+        "two;a=0;b=0;c=0;")
+    assert plan.stages["a"].inputs == storage.versions(f"{tmp_path}/in/*.txt")
+    assert plan.stages["b"].inputs is None
+
+    # Inputs that cannot be listed: `plan` shows the keys as unknown and says why; status and run stop.
+    gone = base + [f'a.Config.reads = "{tmp_path}/nowhere/*.txt"']
+    assert cli.main(["plan"] + [f"--gin-param={p}" for p in gone]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[1:3] for line in out.splitlines()[1:5]] == [["?", "unknown"]] * 4
+    assert "note: a: cannot list what it reads, so its cache key and every key after it are unknown" in out
+    assert "nowhere/*.txt' matches no files" in out
+    for command in ("status", "run"):
+        assert cli.main([command] + [f"--gin-param={p}" for p in gone]) == 2
+        assert "error: a: cannot list what it reads" in capsys.readouterr().err
+    assert runs() == []
