@@ -16,6 +16,13 @@ tokenizer never saw a validation document.
 Sentencepiece silently drops every training sentence longer than `max_sentence_length` bytes and
 cannot take a newline inside one, so documents are fed as lines, and over-long lines are cut into
 pieces (counted in stats.json): nothing is dropped.
+
+Two guards run on the sample before training (`check_vocab_size`) and after it (`check_heldout`):
+a vocabulary out of proportion to the sampled text fails the stage, naming the largest sensible size
+(`allow_large_vocab=True` only warns), and held-out text under `MIN_HELDOUT_BYTES` is warned about,
+since bytes per token measured on it is noisy:
+
+    make stage STAGE=tokenizer OVERRIDES='tokenizer.Config.allow_large_vocab=True'
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -37,6 +45,15 @@ MAX_VOCAB = 1 << 20
 # unk, bos, eos are pieces 0, 1, 2 (Llama's layout); no pad piece: shards pack documents with no
 # padding and a loss mask covers any padding the trainer adds.
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, -1
+MIN_HELDOUT_BYTES = 100_000     # less held-out text than this: bytes per token is a noisy estimate
+# `check_vocab_size`: pieces per word that occurs at least twice. On the embedded corpus and its twins'
+# filtered subset, about 30% of the learned pieces then occur at most once in the text they were learned
+# from (8% at one piece per word); past it, most new pieces spell out single occurrences.
+PIECES_PER_REPEATED_WORD = 2
+# Sentencepiece never lets a piece cross whitespace, a change of Unicode script (letters | punctuation)
+# or, with split_digits, a digit: the "words" a piece can grow within. `_` is punctuation to it.
+_WORDS = re.compile(r"[^\W\d_]+|[^\w\s]+|_+")
+_WORDS_AND_NUMBERS = re.compile(r"[^\W\d_]+|[^\w\s]+|_+|\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +68,8 @@ class Config:
     max_sentence_length: int = 4192         # bytes; longer lines are cut into pieces this long
     num_threads: int = 2                    # the model is byte-identical across runs for a given value
     seed: int = 0                           # which shards' rows are sampled, and sentencepiece's RNG
+    # True: a vocab_size beyond `max_vocab_size` of the sample only warns (check_vocab_size)
+    allow_large_vocab: bool = dataclasses.field(default=False, metadata={"key": False})
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
@@ -83,6 +102,7 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     sentences, heldout, stats = sample(shards, config)
     if not sentences:
         raise ValueError(f"no training text in {len(shards)} clean shards under {inputs['clean'].path}")
+    check_vocab_size(config, sentences, stats, inputs["clean"].path)
     log.info("training a %s tokenizer (vocab %d) on %d sentences, %d chars",
              config.model_type, config.vocab_size, stats["sentences"], stats["sampled_chars"])
 
@@ -107,13 +127,86 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     stats |= {"vocab_size": sp.get_piece_size(), "model_type": config.model_type,
               "train_seconds": round(seconds, 3)} | heldout_stats(sp, heldout, config.num_threads)
     storage.write_json(storage.join(out_dir, "stats.json"), stats)
+    if warning := heldout_warning(stats):
+        log.warning("tokenizer: %s (heldout_fraction=%s)", warning, config.heldout_fraction)
 
 
 def summary(out) -> str:
     """One line for the run summary, from a committed tokenizer (`pipeline.cache.Committed`)."""
     s = storage.read_json(out.file("stats.json"))
-    return (f"{s['model_type']} vocab {s['vocab_size']:,}: {s['bytes_per_token']:.2f} bytes/token on "
-            f"{s['heldout_docs']:,} held-out docs, round trip {s['round_trip_rate']:.1%}")
+    line = f"{s['model_type']} vocab {s['vocab_size']:,}: "
+    if s["heldout_docs"]:
+        line += (f"{s['bytes_per_token']:.2f} bytes/token on {s['heldout_docs']:,} held-out docs, "
+                 f"round trip {s['round_trip_rate']:.1%}")
+    else:
+        line += "bytes/token not measured"
+    warning = heldout_warning(s)
+    return f"{line}; WARNING: {warning}" if warning else line
+
+
+def heldout_warning(stats: dict) -> str | None:
+    """Why the held-out measurement in `stats` (stats.json) is not to be trusted, or None."""
+    if not stats["heldout_docs"]:
+        return "no held-out documents; raise tokenizer.Config.heldout_fraction to measure bytes/token"
+    if stats["heldout_bytes"] < MIN_HELDOUT_BYTES:
+        return (f"only {stats['heldout_bytes'] / 1000:.1f} KB of held-out text (under "
+                f"{MIN_HELDOUT_BYTES // 1000} KB), so bytes/token is a noisy estimate; raise "
+                "tokenizer.Config.heldout_fraction or use a larger corpus")
+    return None
+
+
+def check_vocab_size(config: Config, sentences: list[str], counts: dict, where: str) -> None:
+    """Fails (warns with `allow_large_vocab`) when `vocab_size` exceeds `max_vocab_size(sentences)`.
+
+    Why that maximum: BPE learns a piece by merging the pair of pieces that occurs most often, and a
+    piece never crosses a word boundary (`_WORDS`). While some word that occurs twice or more is not yet
+    one piece, a pair that occurs twice is left to merge; once the vocabulary outgrows the repeated
+    words, merges join pairs seen once, spelling out single sentences of the sample: the tokenizer
+    memorizes its training text instead of learning reusable pieces. Measured on the embedded corpus
+    (1.5M chars, 7,827 repeated words) and its twins' filtered subset (0.29M chars, 2,848): the share of
+    learned pieces that occur at most once in the training text is 8% at one piece per repeated word,
+    about 30% at two (`PIECES_PER_REPEATED_WORD`, the maximum), and about 60% at three, the same in both.
+
+    Counting stops once the sample has shown enough repeated words for `vocab_size`, so a large sample
+    costs only the text it takes to prove the vocabulary is in proportion.
+    """
+    reserved = _reserved_pieces(config.byte_fallback)
+    needed = -(-(config.vocab_size - reserved) // PIECES_PER_REPEATED_WORD)   # repeated words it takes
+    repeated = repeated_words(sentences, config.split_digits, stop_at=needed)
+    if repeated >= needed:
+        return
+    most = max_vocab_size(repeated, config.byte_fallback)
+    message = (f"tokenizer.Config.vocab_size={config.vocab_size:,} is out of proportion to the "
+               f"{counts['sampled_chars']:,} chars sampled from {where}: they hold {repeated:,} distinct "
+               f"words that occur more than once, enough for at most {most:,} pieces ({reserved} reserved + "
+               f"{PIECES_PER_REPEATED_WORD} per repeated word); a larger vocabulary memorizes single "
+               f"occurrences. Set tokenizer.Config.vocab_size <= {most:,}, give the tokenizer more text "
+               "(tokenizer.Config.sample_chars, or a larger corpus), or set "
+               "tokenizer.Config.allow_large_vocab = True to train it anyway")
+    if not config.allow_large_vocab:
+        raise ValueError(message)
+    log.warning("tokenizer: %s (allow_large_vocab=True: training anyway)", message)
+
+
+def max_vocab_size(repeated: int, byte_fallback: bool) -> int:
+    """The largest vocabulary `check_vocab_size` accepts for a sample with `repeated` repeated words."""
+    return _reserved_pieces(byte_fallback) + PIECES_PER_REPEATED_WORD * repeated
+
+
+def repeated_words(sentences: list[str], split_digits: bool = True, stop_at: int | None = None) -> int:
+    """How many distinct words (as sentencepiece splits them, `_WORDS`) occur at least twice in
+    `sentences`; the count stops early once it reaches `stop_at`."""
+    pattern = _WORDS if split_digits else _WORDS_AND_NUMBERS
+    seen: dict[str, int] = {}
+    repeated = 0
+    for sentence in sentences:
+        for word in pattern.findall(sentence):
+            n = seen.get(word, 0) + 1
+            seen[word] = n
+            repeated += n == 2
+        if stop_at is not None and repeated >= stop_at:
+            break
+    return repeated
 
 
 def trainer_options(config: Config) -> dict:

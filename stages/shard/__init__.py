@@ -10,12 +10,19 @@ Every document becomes `[bos] tokens eos` (bos only with `add_bos`) and goes to 
 order of clean's shards and then their rows, and the stream is cut into shards of exactly
 `tokens_per_shard` tokens (the last one holds the rest), so the bytes depend only on the inputs
 and the config. The graph is in `beam_graph.py`.
+
+A validation split of fewer than `min_val_tokens` tokens (one training sequence) fails the stage,
+naming the corpus, the split and a `val_fraction` that would do (`check_val_split`); training and
+evaluation read the val split, and would otherwise fail two stages on, on a missing file:
+
+    make stage STAGE=shard OVERRIDES='shard.Config.allow_small_val=True'     # only warn
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 from stages import beam_runner
 from stages.io import documents, split_rule, storage
@@ -31,6 +38,10 @@ class Config:
     val_fraction: float = 0.005             # share of documents (by a hash of the id) held out for validation
     add_bos: bool = False                   # start every document with bos, not only end it with eos
     docs_per_batch: int = 256               # documents per sentencepiece call
+    # The val split must hold one training sequence, train.Config.seq_len + 1 tokens (here llm.c's
+    # T = 1024; this stage does not know train's seq_len). True: a smaller one only warns.
+    min_val_tokens: int = dataclasses.field(default=1025, metadata={"key": False})
+    allow_small_val: bool = dataclasses.field(default=False, metadata={"key": False})
     runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
                                                    metadata={"key": False})
 
@@ -42,6 +53,8 @@ class Config:
             raise ValueError(f"shard.Config.val_fraction={self.val_fraction} is not in [0, 1)")
         if self.docs_per_batch < 1:
             raise ValueError(f"shard.Config.docs_per_batch={self.docs_per_batch} must be >= 1")
+        if self.min_val_tokens < 0:
+            raise ValueError(f"shard.Config.min_val_tokens={self.min_val_tokens} must be >= 0")
 
 
 CONFIGURABLES = (Config,)
@@ -102,6 +115,35 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     if not manifest["splits"]["train"]["tokens"]:
         raise ValueError(f"no training documents in the {len(doc_shards)} clean shards under "
                          f"{inputs['clean'].path} (val_fraction={config.val_fraction})")
+    check_val_split(config, manifest, inputs["clean"].path)
+
+
+def check_val_split(config: Config, manifest: dict, where: str) -> None:
+    """Fails (warns with `allow_small_val`) when the val split in `manifest` holds fewer than
+    `min_val_tokens` tokens. The message suggests twice the fraction that would give them on average,
+    since documents differ in length and the split takes whole documents."""
+    train, val = manifest["splits"]["train"], manifest["splits"]["val"]
+    if val["tokens"] >= config.min_val_tokens:
+        return
+    docs, tokens = train["docs"] + val["docs"], train["tokens"] + val["tokens"]
+    fraction = 2 * config.min_val_tokens / max(tokens, 1)
+    fix = (f"raise shard.Config.val_fraction to {_round_up(fraction)} or more" if fraction <= 0.2 else
+           f"the corpus is too small to hold out {config.min_val_tokens:,} tokens: give it more text")
+    message = (f"the validation split holds {val['tokens']:,} tokens ({val['docs']:,} docs), fewer than one "
+               f"sequence (shard.Config.min_val_tokens={config.min_val_tokens:,}): "
+               f"val_fraction={config.val_fraction} of {docs:,} documents ({tokens:,} tokens) in {where}. "
+               f"Fix: {fix}; or set min_val_tokens to train.Config.seq_len + 1 if your sequences are "
+               "shorter, or shard.Config.allow_small_val = True to go on (training and evaluation read "
+               "the val split)")
+    if not config.allow_small_val:
+        raise ValueError(message)
+    log.warning("shard: %s (allow_small_val=True: going on)", message)
+
+
+def _round_up(x: float) -> str:
+    """`x` rounded up to two significant digits: 0.01234 -> '0.013'."""
+    scale = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return f"{round(math.ceil(round(x / scale, 9)) * scale, 12):g}"
 
 
 def summary(out) -> str:

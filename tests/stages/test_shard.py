@@ -108,8 +108,11 @@ def test_bytes_do_not_depend_on_chunking_or_parallelism(sharded, upstream, tmp_p
         assert storage.read_bytes(again.file(name)) == storage.read_bytes(sharded.file(name)), name
 
 
-def test_add_bos_and_no_validation_split(upstream, tmp_path):
-    out = run_shard(tmp_path, upstream, add_bos=True, val_fraction=0.0, tokens_per_shard=10**6)
+def test_add_bos_and_no_validation_split(upstream, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="stages.shard"):
+        out = run_shard(tmp_path, upstream, add_bos=True, val_fraction=0.0, tokens_per_shard=10**6,
+                        allow_small_val=True)
+    assert "the validation split holds 0 tokens (0 docs)" in caplog.text and "going on" in caplog.text
     assert sorted(out.files) == ["manifest.json", "train-00000.bin"]
     tokens = numpy_read(out.file("train-00000.bin"))[1]
     assert tokens.tolist() == expected_streams(upstream, add_bos=True, val_fraction=0.0)["train"]
@@ -134,6 +137,7 @@ def test_writes_to_gcs(upstream, gcs_bucket):
     ("val_fraction", 1.0, r"val_fraction=1.0 is not in \[0, 1\)"),
     ("val_fraction", -0.1, r"val_fraction=-0.1 is not in \[0, 1\)"),
     ("docs_per_batch", 0, r"docs_per_batch=0 must be >= 1"),
+    ("min_val_tokens", -1, r"min_val_tokens=-1 must be >= 0"),
 ])
 def test_config_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -145,3 +149,20 @@ def test_a_corpus_of_validation_documents_only_is_an_error(upstream, tmp_path):
     clean = write_clean(str(tmp_path), [val_only])
     with pytest.raises(ValueError, match="no training documents in the 1 clean shards"):
         run_shard(tmp_path, upstream | {"clean": clean}, val_fraction=0.5)
+
+
+def test_a_validation_split_shorter_than_one_sequence_fails_naming_the_fix(sharded, upstream, tmp_path):
+    m = storage.read_json(sharded.file("manifest.json"))
+    tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+    want = shard._round_up(2 * 1025 / tokens)
+    assert 0.01 < float(want) < 0.2
+    with pytest.raises(ValueError, match=(
+            r"the validation split holds \d+ tokens \(4 docs\), fewer than one sequence "
+            rf"\(shard.Config.min_val_tokens=1,025\): val_fraction=0.01 of 400 documents "
+            rf"\({tokens:,} tokens\) in .*Fix: raise shard.Config.val_fraction to {want} or more; or set "
+            r"min_val_tokens to train.Config.seq_len \+ 1 .*allow_small_val = True")):
+        run_shard(tmp_path, upstream, val_fraction=0.01)
+    with pytest.raises(ValueError, match=r"too small to hold out 1,000,000 tokens: give it more text"):
+        run_shard(tmp_path, upstream, key="s2", min_val_tokens=10**6)
+    assert run_shard(tmp_path, upstream, key="s3", val_fraction=float(want)).files   # the suggestion works
+    shard.check_val_split(shard.Config(), m, "here")     # the sharded fixture's 10% is enough

@@ -148,6 +148,49 @@ def test_config_validation_names_the_field_and_the_valid_values(field, value, me
         tokenizer.Config(**{field: value})
 
 
-def test_too_large_a_vocab_for_the_sample_says_what_to_change(clean, tmp_path):
+def test_a_vocab_out_of_proportion_to_the_sample_fails_naming_the_maximum(clean, tmp_path):
+    config = tokenizer.Config(heldout_fraction=0.1)
+    sentences, _, counts = tokenizer.sample(documents.shards_of(clean), config)
+    repeated = tokenizer.repeated_words(sentences)
+    most = tokenizer.max_vocab_size(repeated, byte_fallback=True)
+    assert 200 < repeated < 300 and most == 259 + 2 * repeated
+    message = (rf"vocab_size=700 is out of proportion to the {counts['sampled_chars']:,} chars sampled "
+               r"from .*"
+               rf"{repeated} distinct words that occur more than once, enough for at most {most} pieces .*"
+               rf"Set tokenizer.Config.vocab_size <= {most}, .*allow_large_vocab = True")
+    with pytest.raises(ValueError, match=message):
+        train(str(tmp_path), clean, vocab_size=700, heldout_fraction=0.1)
+    train(str(tmp_path), clean, vocab_size=most, heldout_fraction=0.1, key="at-most")   # the maximum passes
+
+
+def test_allow_large_vocab_only_warns(clean, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="stages.tokenizer"):
+        out = train(str(tmp_path), clean, vocab_size=700, heldout_fraction=0.1, allow_large_vocab=True)
+    assert storage.read_json(out.file("stats.json"))["vocab_size"] == 700
+    assert "vocab_size=700 is out of proportion" in caplog.text and "training anyway" in caplog.text
+    # Far beyond even sentencepiece's own limit, its error still says what to change.
     with pytest.raises(RuntimeError, match="could not train a bpe vocab of 60000 on .* Vocabulary size"):
-        train(str(tmp_path), clean, vocab_size=60_000, sample_chars=5_000)
+        train(str(tmp_path), clean, vocab_size=60_000, sample_chars=5_000, allow_large_vocab=True, key="t2")
+
+
+def test_repeated_words_are_counted_as_sentencepiece_splits_words():
+    # cat, the, "," and "_" occur twice or more; digits are pieces of their own (split_digits)
+    assert tokenizer.repeated_words(["The cat, the cat.", "the_cat, 12 12 cat_"]) == 4
+    assert tokenizer.repeated_words(["12 12 x"], split_digits=False) == 1
+    assert tokenizer.repeated_words(["a a", "b b", "c c", "d d"], stop_at=2) == 2   # stops after a sentence
+
+
+def test_summary_with_no_heldout_documents_and_with_too_little_heldout_text(clean, trained, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="stages.tokenizer"):
+        none = train(str(tmp_path), clean, heldout_fraction=0.0)
+    assert "no held-out documents" in caplog.text
+    assert tokenizer.summary(none) == ("bpe vocab 500: bytes/token not measured; WARNING: no held-out "
+                                       "documents; raise tokenizer.Config.heldout_fraction to measure "
+                                       "bytes/token")
+    stats = storage.read_json(trained.file("stats.json"))
+    assert 0 < stats["heldout_bytes"] < tokenizer.MIN_HELDOUT_BYTES
+    line = tokenizer.summary(trained)
+    assert line.startswith(f"bpe vocab 500: {stats['bytes_per_token']:.2f} bytes/token on "
+                           f"{stats['heldout_docs']} held-out docs, round trip 100.0%; WARNING: only ")
+    assert f"{stats['heldout_bytes'] / 1000:.1f} KB of held-out text (under 100 KB)" in line
+    assert tokenizer.heldout_warning(stats | {"heldout_bytes": 100_000}) is None
