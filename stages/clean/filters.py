@@ -3,21 +3,22 @@
     Length(min_chars=200, max_chars=100_000).check({"text": "too little"}) == "too_short"
 
 `check(doc)` sees one normalized document (a dict with `id, text, url, source`; `text` is a
-non-empty str) and returns None to keep it or a short reason string to drop it. The stage counts
-the reasons (`stats.json`) and samples them (`rejected/<reason>.jsonl`). It runs the filters that
-`clean.build_filters(config)` lists, in that order, and stops at the first reason, so the cheap
-checks go first: `Length` looks only at `len(text)`, so a 10 MB line is dropped before any filter
-walks its characters.
+non-empty str) and returns None to keep it or a short reason string to drop it; `reasons()` lists
+every reason it can return, in the order it checks them. The stage counts the reasons (`stats.json`),
+samples them (`rejected/<reason>.jsonl`) and charts them in that order (`report.md`, report.py).
+It runs the filters that `clean.build_filters(config)` lists, in that order, and stops at the first
+reason, so the cheap checks go first: `Length` looks only at `len(text)`, so a 10 MB line is
+dropped before any filter walks its characters.
 
 A filter that also changes the text it keeps (C4's line filter, quality.py) has a second method,
 `apply(doc) -> (reason or None, doc)`, returning the document with its new text; `clean_document`
 calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not.
 
-Adding a filter means three small edits: the class (here, or in quality.py for FineWeb's quality
-filters), the `clean.Config` fields that parameterize it, and one line in `clean.build_filters`
-placing it after the cheaper ones (language id is still to come). A filter must be
-deterministic and picklable (Beam ships it to workers); one that needs a model (language id)
-loads it lazily on first use and keeps it out of its dataclass fields.
+Adding a filter means three small edits: the class (here, or a module of its own for FineWeb's
+recipe: urls.py, langid.py, quality.py, pii.py), the `clean.Config` fields that parameterize it, and
+one line in `clean.build_filters` placing it after the cheaper ones. A filter must be
+deterministic and picklable (Beam ships it to workers); one that needs a model or large lists
+(langid.py, urls.py) loads them lazily on first use and keeps them out of its dataclass fields.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ _ASCII_RUNS = re.compile("[\x00-\x7f]+")
 class Filter(Protocol):
     def check(self, doc: dict) -> str | None: ...
 
+    def reasons(self) -> tuple[str, ...]:
+        """Every reason `check` can return, in the order it checks them (the clean report's order)."""
+
 
 class Rewriter(Filter, Protocol):
     """A filter that may change the text of a document it keeps (C4's line filter)."""
@@ -47,6 +51,9 @@ class Rewriter(Filter, Protocol):
 class Length:
     min_chars: int
     max_chars: int
+
+    def reasons(self) -> tuple[str, ...]:
+        return ("too_short", "too_long")
 
     def check(self, doc: dict) -> str | None:
         n = len(doc["text"])
@@ -64,9 +71,28 @@ class AlphaFraction:
 
     min_fraction: float
 
+    def reasons(self) -> tuple[str, ...]:
+        return ("too_few_alpha",)
+
     def check(self, doc: dict) -> str | None:
         letters, visible = letters_and_visible(doc["text"])
         return "too_few_alpha" if letters < self.min_fraction * visible else None
+
+
+def from_config(config, fields: dict) -> tuple:
+    """The filters a `clean.Config` switches on, in the order of `fields`: {switch field: (filter class,
+    prefix of its parameters in clean.Config)}, so `clean.Config.gopher_rep_dup_line_frac` is
+    `GopherRepetition.dup_line_frac`. Builds every one, switched on or not, so a bad value fails when the
+    config is made, naming its `clean.Config` field (a filter's ValueError starts with its field name)."""
+    out = []
+    for switch, (cls, prefix) in fields.items():
+        try:
+            built = cls(**{f.name: getattr(config, prefix + f.name) for f in dataclasses.fields(cls)})
+        except ValueError as e:
+            raise ValueError(f"clean.Config.{prefix}{e}") from None
+        if getattr(config, switch):
+            out.append(built)
+    return tuple(out)
 
 
 def letters_and_visible(text: str) -> tuple[int, int]:

@@ -27,6 +27,7 @@ import dataclasses
 import re
 from collections import Counter
 
+from stages.clean import filters
 from stages.clean import words as words_lib
 
 # datatrove's TERMINAL_PUNCTUATION and PUNCTUATION_SET (utils/text.py), sorted: the sentence-ending
@@ -83,6 +84,11 @@ class GopherRepetition:
                                  "[0, 1]), e.g. ((2, 0.2), (3, 0.18))")
             object.__setattr__(self, name, pairs)
 
+    def reasons(self) -> tuple[str, ...]:
+        return ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+                *(f"top_{n}_gram" for n, _ in self.top_n_grams),
+                *(f"duplicated_{n}_n_grams" for n, _ in self.dup_n_grams))
+
     def check(self, doc: dict) -> str | None:
         text = doc["text"]
         chars = len(text)
@@ -130,6 +136,12 @@ class GopherQuality:
                           "min_alpha_words_ratio")
         _at_least(self, 0, "min_doc_words", "max_doc_words", "min_avg_word_length", "max_avg_word_length",
                   "min_stop_words")
+
+    def reasons(self) -> tuple[str, ...]:
+        return ("gopher_short_doc", "gopher_long_doc", "gopher_below_avg_threshold",
+                "gopher_above_avg_threshold",
+                "gopher_too_many_hashes", "gopher_too_many_ellipsis", "gopher_too_many_bullets",
+                "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words")
 
     def check(self, doc: dict) -> str | None:
         text = doc["text"]
@@ -197,6 +209,9 @@ class C4Quality:
     def __post_init__(self):
         _at_least(self, -1, "min_num_sentences", "min_words_per_line", "max_word_length")
 
+    def reasons(self) -> tuple[str, ...]:
+        return ("c4_lorem_ipsum", "c4_curly_bracket", "c4_too_few_sentences")
+
     def check(self, doc: dict) -> str | None:
         return self.apply(doc)[0]
 
@@ -252,6 +267,9 @@ class FineWebQuality:
         _in_unit_interval(self, "line_punct_thr", "short_line_thr", "char_duplicates_ratio")
         _at_least(self, 0, "short_line_length", "new_line_ratio")
 
+    def reasons(self) -> tuple[str, ...]:
+        return ("empty", "line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio")
+
     def check(self, doc: dict) -> str | None:
         text = doc["text"]
         lines = [line for line in text.split("\n") if line.strip()]
@@ -280,17 +298,8 @@ CONFIG_FIELDS = {"gopher_repetition": (GopherRepetition, "gopher_rep_"),
 
 
 def from_config(config) -> tuple:
-    """The filters a `clean.Config` switches on, in FineWeb's order. Builds every one, switched on or
-    not, so a bad value fails when the config is made, naming its `clean.Config` field."""
-    out = []
-    for switch, (cls, prefix) in CONFIG_FIELDS.items():
-        try:
-            built = cls(**{f.name: getattr(config, prefix + f.name) for f in dataclasses.fields(cls)})
-        except ValueError as e:   # the message starts with the filter's field name
-            raise ValueError(f"clean.Config.{prefix}{e}") from None
-        if getattr(config, switch):
-            out.append(built)
-    return tuple(out)
+    """The filters a `clean.Config` switches on, in FineWeb's order (`filters.from_config`)."""
+    return filters.from_config(config, CONFIG_FIELDS)
 
 
 def _in_unit_interval(obj, *names: str) -> None:

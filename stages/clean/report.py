@@ -1,0 +1,197 @@
+"""The clean stage's `report.md` and `removed.png`: what each step removed, in pipeline order.
+
+    report.write(out_dir, stats, config, download)     # clean.run calls it after the Beam graph
+
+Reads what the stage already wrote (`stats` is stats.json, samples from `rejected/<reason>.jsonl`) and
+writes into `out_dir`:
+
+    removed.png   documents and characters removed per reason, two panels, in pipeline order
+    report.md     the same numbers as a table, the kept documents and characters, the filters that
+                  ran, and the sampled rejected documents of every reason (id, url, first 300 chars)
+
+Pipeline order (`ordered_reasons`) is the order in which a document meets the steps: download's
+errors (the names in download's stats.json), `null_text`, `empty`, the filters of
+`clean.build_filters` in order (each lists its reasons, `Filter.reasons()`), `duplicate`,
+`near_duplicate`. A reason no step names (a filter without `reasons()`, a download error when
+download's stats.json is not there) comes last, alphabetically.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from stages import clean
+from stages.clean import tally
+from stages.io import storage
+
+SAMPLE_CHARS = 300          # of each rejected document shown in report.md
+UNKNOWN = "other"           # the step of a reason that no step names
+# CommonMark lets a backslash escape any ASCII punctuation; these are the ones that can start markup
+# inside a line (emphasis, code, links and images, HTML, entities, table cells, strikethrough) in a
+# sample's text, url or id. Line-start markup (#, -, 1.) cannot occur: each sample follows "- **id**".
+_MARKUP = re.compile(r"([\\`*_\[\]<>&|~])")
+
+
+def write(out_dir: str, stats: dict, config: clean.Config, download=None) -> None:
+    """Writes removed.png and report.md for the clean output in `out_dir` (`stats`: its stats.json;
+    `download`: the committed download stage, whose stats.json names the download errors)."""
+    order = ordered_reasons(stats, steps(config, download_errors(download)))
+    samples = {reason: read_samples(out_dir, reason) for _, reason in order}
+    storage.write_bytes(storage.join(out_dir, "removed.png"), chart(stats, order))
+    storage.write_text(storage.join(out_dir, "report.md"), markdown(stats, order, samples, config))
+
+
+def download_errors(download) -> tuple[str, ...]:
+    """The error names in download's stats.json (() when it has none, or no stats.json)."""
+    if download is None or "stats.json" not in getattr(download, "files", {}):
+        return ()
+    return tuple(sorted(storage.read_json(download.file("stats.json")).get("errors", {})))
+
+
+def steps(config: clean.Config, errors: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
+    """[(step, the reasons it can give, in order)] in the order a document meets the steps."""
+    out = [("download", errors), ("text", ("null_text", "empty"))]
+    for f in clean.build_filters(config):
+        reasons = getattr(f, "reasons", None)
+        out.append((type(f).__name__, tuple(reasons()) if reasons else ()))
+    return out + [("dedup", ("duplicate",)), ("minhash", ("near_duplicate",))]
+
+
+def ordered_reasons(stats: dict, steps_: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, str]]:
+    """[(step, reason)] for every reason in stats.json's `dropped`: by the first step that names it,
+    then the reasons no step names, alphabetically, under `UNKNOWN`."""
+    dropped = stats["dropped"]
+    out, seen = [], set()
+    for step, reasons in steps_:
+        for reason in reasons:
+            if reason in dropped and reason not in seen:
+                out.append((step, reason))
+                seen.add(reason)
+    return out + [(UNKNOWN, reason) for reason in sorted(dropped) if reason not in seen]
+
+
+def read_samples(out_dir: str, reason: str) -> list[dict]:
+    path = storage.join(out_dir, "rejected", f"{tally.file_name(reason)}.jsonl")
+    if not storage.exists(path):
+        return []
+    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
+
+
+def chart(stats: dict, order: list[tuple[str, str]]) -> bytes:
+    """Two horizontal bar panels (documents, characters removed per reason), first step on top."""
+    n = max(len(order), 1)
+    fig, (docs_ax, chars_ax) = figure(width=10, height=1.4 + 0.26 * n)
+    labels = [f"{reason} ({step})" for step, reason in order]
+    ys = list(range(len(order)))
+    panels = ((docs_ax, stats["dropped"], "documents removed", stats["docs_in"], stats["docs_kept"], "docs"),
+              (chars_ax, stats["dropped_chars"], "characters removed", stats["chars_in"], stats["chars_kept"],
+               "chars"))
+    step_colors = {step: f"C{i % 10}" for i, step in enumerate(dict.fromkeys(step for step, _ in order))}
+    for ax, counts, xlabel, total, kept, unit in panels:
+        values = [counts.get(reason, 0) for _, reason in order]
+        ax.barh(ys, values, color=[step_colors[step] for step, _ in order])   # one colour per step
+        for y, v in zip(ys, values):
+            ax.annotate(f"{v:,}", (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.set(xlabel=xlabel, title=f"kept {kept:,} of {total:,} {unit}")
+        ax.set_yticks(ys, labels if ax is docs_ax else [])
+        ax.invert_yaxis()                 # the first step on top
+        ax.grid(axis="x", alpha=0.3)
+        ax.margins(x=0.15)
+        if not order:
+            ax.text(0.5, 0.5, "nothing removed", transform=ax.transAxes, ha="center", va="center")
+    return png(fig)
+
+
+def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[dict]],
+             config: clean.Config) -> str:
+    docs_in, chars_in = stats["docs_in"], stats["chars_in"]
+    removed_chars = sum(stats["dropped_chars"].values())
+    lines = [
+        "# Clean report",
+        "",
+        f"Kept **{stats['docs_kept']:,}** of {docs_in:,} documents ({_pct(stats['docs_kept'], docs_in)}) and "
+        f"**{stats['chars_kept']:,}** of {chars_in:,} characters ({_pct(stats['chars_kept'], chars_in)}), "
+        f"in {stats['shards']} shards.",
+        "",
+        "Filters, in the order they run: " + (", ".join(f"`{type(f).__name__}`"
+                                                         for f in clean.build_filters(config)) or "none")
+        + f"; exact dedup {'on' if config.dedup else 'off'}, MinHash near-dedup "
+        f"{'on' if config.minhash else 'off'}. A document is counted under the first reason that applies.",
+        "",
+        "![documents and characters removed per reason](removed.png)",
+        "",
+        "| step | reason | documents | % of docs in | characters | % of chars in |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for step, reason in order:
+        docs, chars = stats["dropped"][reason], stats["dropped_chars"].get(reason, 0)
+        lines.append(f"| {step} | {_code(reason)} | {docs:,} | {_pct(docs, docs_in)} | {chars:,} | "
+                     f"{_pct(chars, chars_in)} |")
+    # Normalization and C4's line filter shorten the documents they keep.
+    rewritten = chars_in - stats["chars_kept"] - removed_chars
+    lines += [f"| kept | (text removed from kept documents) | | | {rewritten:,} | "
+              f"{_pct(rewritten, chars_in)} |",
+              f"| kept | | {stats['docs_kept']:,} | {_pct(stats['docs_kept'], docs_in)} | "
+              f"{stats['chars_kept']:,} | {_pct(stats['chars_kept'], chars_in)} |",
+              "", "## Rejected samples", "",
+              f"Up to {config.samples_per_reason} per reason, smallest ids first, the first {SAMPLE_CHARS} "
+              "characters of the text as the filter saw it (⏎ marks a line break).", ""]
+    for step, reason in order:
+        shown = samples.get(reason, [])
+        file = f"rejected/{tally.file_name(reason)}.jsonl"
+        lines += [f"### {_code(reason)} ({step}): {stats['dropped'][reason]:,} dropped", ""]
+        if shown:
+            lines += [f"{len(shown)} shown, from [{file}]({file}):", ""]
+        for s in shown:
+            text = s.get("text")
+            excerpt = "(no text)" if text is None else _escape(_one_line(text[:SAMPLE_CHARS])) + (
+                "…" if len(text) > SAMPLE_CHARS else "")
+            url = f" {_escape(str(s['url']))}" if s.get("url") else ""
+            lines.append(f"- **{_escape(str(s.get('id')))}**{url}: {excerpt}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plotting as stages/evaluate/report.py does it (Agg backend, tight PNG, figure closed); a near-copy
+# so that a data stage does not import the evaluation stage.
+
+def figure(width: float, height: float):
+    """(fig, (left, right)) on matplotlib's file-only Agg backend: no display needed, safe in workers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, 2, figsize=(width, height), dpi=110)
+
+
+def png(fig) -> bytes:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _escape(text: str) -> str:
+    return _MARKUP.sub(r"\\\1", text)
+
+
+def _code(reason: str) -> str:
+    """A reason as inline code, or escaped text when it holds what would end the code or the table cell
+    (download errors are data; backslashes are literal inside code)."""
+    return _escape(reason) if "`" in reason or "|" in reason else f"`{reason}`"
+
+
+def _one_line(text: str) -> str:
+    return " ⏎ ".join(text.splitlines())
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "–"
