@@ -23,7 +23,7 @@ import os
 
 import gin
 from pipeline import cache, config, dag
-from stages.io import storage
+from stages.io import figures, storage
 
 METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")
 
@@ -75,14 +75,12 @@ def sweep_name(gin_files: list[str]) -> str:
 
 
 def _plot(rows: dict[str, dict]) -> bytes:
-    from stages.evaluate import report
-
     names = list(rows)
-    fig, ax = report.figure(width=max(4, 1.2 * len(names)))
+    fig, ax = figures.figure(width=max(4, 1.2 * len(names)))
     ax.bar(names, [rows[n].get("loss", float("nan")) for n in names], color="#4477aa")
     ax.set(title="Validation loss by variant", ylabel="nats / token")
     ax.tick_params(axis="x", rotation=30)
-    return report.png(fig)
+    return figures.png(fig)
 
 
 def _fmt(x) -> str:

@@ -23,7 +23,7 @@ import re
 
 from stages import clean
 from stages.clean import tally
-from stages.io import storage
+from stages.io import figures, storage
 
 SAMPLE_CHARS = 300          # of each rejected document shown in report.md
 UNKNOWN = "other"           # the step of a reason that no step names
@@ -81,7 +81,7 @@ def read_samples(out_dir: str, reason: str) -> list[dict]:
 def chart(stats: dict, order: list[tuple[str, str]]) -> bytes:
     """Two horizontal bar panels (documents, characters removed per reason), first step on top."""
     n = max(len(order), 1)
-    fig, (docs_ax, chars_ax) = figure(width=10, height=1.4 + 0.26 * n)
+    fig, (docs_ax, chars_ax) = figures.figure(width=10, height=1.4 + 0.26 * n, ncols=2)
     labels = [f"{reason} ({step})" for step, reason in order]
     ys = list(range(len(order)))
     panels = ((docs_ax, stats["dropped"], "documents removed", stats["docs_in"], stats["docs_kept"], "docs"),
@@ -100,7 +100,7 @@ def chart(stats: dict, order: list[tuple[str, str]]) -> bytes:
         ax.margins(x=0.15)
         if not order:
             ax.text(0.5, 0.5, "nothing removed", transform=ax.transAxes, ha="center", va="center")
-    return png(fig)
+    return figures.png(fig)
 
 
 def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[dict]],
@@ -156,28 +156,6 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
 # ---------------------------------------------------------------------------------------------
 # Plotting as stages/evaluate/report.py does it (Agg backend, tight PNG, figure closed); a near-copy
 # so that a data stage does not import the evaluation stage.
-
-def figure(width: float, height: float):
-    """(fig, (left, right)) on matplotlib's file-only Agg backend: no display needed, safe in workers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, 2, figsize=(width, height), dpi=110)
-
-
-def png(fig) -> bytes:
-    import io
-
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
 
 def _escape(text: str) -> str:
     return _MARKUP.sub(r"\\\1", text)

@@ -2,9 +2,10 @@
 
     make stage STAGE=download                    (gin/tiny.gin: the embedded corpus)
     python -m pipeline run --gin gin/data/fineweb.gin
+    python -m pipeline run --gin gin/twins/commoncrawl.gin    (raw Common Crawl WARC: `warc.py`)
 
 Writes into `out_dir`:
-    docs-00000-of-0000N.parquet   columns id, text, url, source, error (see `stages.io.documents`)
+    docs-00000-of-0000N.parquet   columns id, text, url, source, error, metadata (`stages.io.documents`)
     stats.json                    {"docs", "bytes" (UTF-8 bytes of text), "shards", "units",
                                    "errors": {reason: docs}, "by_source": {source: docs},
                                    "bad_files": {path: why it could not be read to its end}}
@@ -21,7 +22,7 @@ host, or a file the globs do not match does not.
 
     local files     path, size and modification time in ns (touching a file counts as rewriting it:
                     the content is not read; a rewrite that keeps both size and time is not seen)
-    gs:// objects   path and generation (every upload gets a new one)
+    gs:// objects   path and generation (every upload gets a new one); Files and Warc alike
     FineWeb         each file's git blob id on the hub (a content hash; one listing call, which needs
                     the network: offline, `plan` shows the download key as unknown and `run` stops)
     Tfds            the dataset name (with its version, if given) and the installed TFDS version
@@ -44,7 +45,7 @@ from typing import Any
 
 from stages import beam_runner
 from stages.download.document import BadFile
-from stages.download.sources import SOURCES, Embedded, Files, FineWeb, Tfds
+from stages.download.sources import SOURCES, Embedded, Files, FineWeb, Tfds, Warc
 from stages.io import storage
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 class Config:
     """What to download and into how many shards; `runner` says where Beam runs (not in the key)."""
 
-    source: Embedded | Files | Tfds | FineWeb = dataclasses.field(default_factory=Embedded)
+    source: Embedded | Files | Tfds | FineWeb | Warc = dataclasses.field(default_factory=Embedded)
     num_shards: int = 8   # output shards; fewer when the source has fewer units
     # Both in the key: a cached output must be one that met them (a skipped file, an empty output).
     skip_bad_files: bool = False   # a damaged file: fail naming it, or (True) keep what was read and count it
@@ -73,7 +74,7 @@ class Config:
 
 
 CONFIGURABLES = (Config, *SOURCES)
-VERSION = "2"   # 2: stats.json lists bad_files
+VERSION = "3"   # 2: stats.json lists bad_files; 3: shards have a metadata column
 
 
 def key_inputs(config: Config) -> Any:

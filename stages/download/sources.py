@@ -64,14 +64,7 @@ class Files:
     TXT_UNITS = ("file", "paragraph")
 
     def __post_init__(self):
-        if isinstance(self.paths, str):
-            raise TypeError(f"Files.paths={self.paths!r} is one string; "
-                            f"expected a list of globs: [{self.paths!r}]")
-        if isinstance(self.paths, list):
-            object.__setattr__(self, "paths", tuple(self.paths))
-        if self.paths == ():
-            raise ValueError("Files.paths is empty; set it to a list of local or Cloud Storage globs, "
-                             'e.g. ["data/*.jsonl.gz"]')
+        object.__setattr__(self, "paths", _globs("Files.paths", self.paths, '["data/*.jsonl.gz"]'))
         if self.text_field == "":
             raise ValueError("Files.text_field is empty; "
                              "set it to the JSON key or parquet column holding the text")
@@ -80,10 +73,7 @@ class Files:
 
     def fingerprint(self) -> dict[str, str]:
         """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
-        found: dict[str, str] = {}
-        for pattern in self.paths:
-            found.update(_matching(storage.versions(pattern), f"download.Files.paths: {pattern!r}"))
-        return dict(sorted(found.items()))
+        return _fingerprint("download.Files.paths", self.paths)
 
     def units(self) -> list[tuple[str, int]]:
         found: set[str] = set()
@@ -206,7 +196,48 @@ class FineWeb:
                    "url": plain_str(record["url"]) or f"{path}:{row}", "source": source, "error": error}
 
 
-SOURCES = (Embedded, Files, Tfds, FineWeb)
+@dataclasses.dataclass(frozen=True)
+class Warc:
+    """Raw Common Crawl: WARC files (HTML responses -> main text) and WET files (their text as is), local
+    or gs://, gzipped per record or not; one unit per file. What becomes of each record, and the reasons
+    a record gives no text, are in `warc.py`.
+
+        download.Warc.paths = ["gs://bucket/CC-MAIN-2024-10/segments/*/warc/*.warc.gz"]
+        download.Warc.extractor = "resiliparse"
+    """
+
+    paths: tuple[str, ...] = ()        # globs of .warc, .warc.gz, .wet, .warc.wet.gz files
+    extractor: str = "trafilatura"     # FineWeb's (as datatrove configures it), or "resiliparse"
+
+    EXTRACTORS = ("trafilatura", "resiliparse")   # warc.EXTRACTORS, kept here so planning imports no warcio
+
+    def __post_init__(self):
+        object.__setattr__(self, "paths", _globs("Warc.paths", self.paths, '["crawl/*.warc.gz"]'))
+        if self.extractor not in self.EXTRACTORS:
+            raise ValueError(f"Warc.extractor={self.extractor!r} is not one of {self.EXTRACTORS}")
+
+    def fingerprint(self) -> dict[str, str]:
+        """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
+        return _fingerprint("download.Warc.paths", self.paths)
+
+    def units(self) -> list[str]:
+        from stages.download import warc
+
+        found: set[str] = set()
+        for pattern in self.paths:
+            found.update(_matching(storage.glob(pattern), f"download.Warc.paths: {pattern!r}"))
+        for path in found:
+            warc.check_path(path)
+        warc.extractor(self.extractor)   # a missing extractor package fails here, before any worker starts
+        return sorted(found)
+
+    def read(self, unit: str) -> Iterator[dict]:
+        from stages.download import warc
+
+        return warc.read(unit, self.extractor)
+
+
+SOURCES = (Embedded, Files, Tfds, FineWeb, Warc)
 
 
 def _matching(found, what: str, hint: str = ""):
@@ -214,6 +245,22 @@ def _matching(found, what: str, hint: str = ""):
     if not found:
         raise ValueError(f"{what} matches no files{hint}")
     return found
+
+
+def _globs(name: str, paths, example: str) -> tuple[str, ...]:
+    """`paths` as a tuple of globs (gin gives a list), or an error naming the field."""
+    if isinstance(paths, str):
+        raise TypeError(f"{name}={paths!r} is one string; expected a list of globs: [{paths!r}]")
+    if not paths:
+        raise ValueError(f"{name} is empty; set it to a list of local or Cloud Storage globs, e.g. {example}")
+    return tuple(paths)
+
+
+def _fingerprint(what: str, patterns: tuple[str, ...]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for pattern in patterns:
+        found.update(_matching(storage.versions(pattern), f"{what}: {pattern!r}"))
+    return dict(sorted(found.items()))
 
 
 def _check_at_least(name: str, value: object, low: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from stages.io import storage
+from stages.io import figures, storage
 
 PLOTS = (  # file, title, y label, metrics.jsonl fields
     ("loss.png", "Loss", "nats / token", ("loss", "eval_loss")),
@@ -18,34 +18,11 @@ def read_metrics(path: str) -> list[dict]:
     return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
 
 
-def figure(width: float = 6, height: float = 3.5):
-    """(fig, ax) on matplotlib's file-only Agg backend: no display needed, safe in workers and CI."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(width, height), dpi=110)
-
-
-def png(fig) -> bytes:
-    """The figure as PNG bytes (then closed, so long sweeps do not accumulate open figures)."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def plots(rows: list[dict], out_dir: str) -> list[str]:
     """Writes one PNG per entry of PLOTS into out_dir; returns their file names."""
     written = []
     for name, title, ylabel, fields in PLOTS:
-        fig, ax = figure()
+        fig, ax = figures.figure()
         for field in fields:
             pts = [(r["step"], r[field]) for r in rows if field in r and _finite(r[field])]
             if pts:
@@ -55,7 +32,7 @@ def plots(rows: list[dict], out_dir: str) -> list[str]:
         ax.grid(alpha=0.3)
         if len(fields) > 1:
             ax.legend()
-        storage.write_bytes(storage.join(out_dir, name), png(fig))
+        storage.write_bytes(storage.join(out_dir, name), figures.png(fig))
         written.append(name)
     return written
 

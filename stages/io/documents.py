@@ -8,6 +8,10 @@ Schema (every column a nullable string):
     source  which source produced it (`embedded`, `files`, `tfds/<name>`, `fineweb/<dump>`)
     error   null for a good record, else why it is unusable (`malformed_json`, `invalid_utf8`,
             `non_string_text`, …); clean counts these as rejections under that reason
+    metadata  null, or a JSON object of what else the source knows of the record, carried through
+            clean unchanged (WARC: `{"date", "content_type", "charset", "warc_file", "warc_offset"}`,
+            with `id` the WARC-Record-ID and `url` the WARC-Target-URI). Shards written before it
+            existed read it as null.
 
 Shards are named `docs-00003-of-00016.parquet` and written with a streaming `ParquetWriter`
 through `stages.io.storage`, so a shard larger than memory is fine and `gs://` works unchanged.
@@ -19,7 +23,7 @@ from collections.abc import Iterable, Iterator
 
 from stages.io import storage
 
-COLUMNS = ("id", "text", "url", "source", "error")
+COLUMNS = ("id", "text", "url", "source", "error", "metadata")
 SHARDS = "docs-*.parquet"      # the names `shard_name` gives, as a pattern for `Committed.paths`
 ROWS_PER_GROUP = 2048
 

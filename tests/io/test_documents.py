@@ -22,7 +22,7 @@ def test_written_shards_read_back_and_name_themselves(tmp_path):
     path = str(tmp_path / documents.shard_name(0, 1))
     assert documents.write(path, docs) == 5000
     assert [d["id"] for d in documents.read(path, columns=("id",))] == [d["id"] for d in docs]
-    assert next(documents.read(path)) == docs[0] | {"error": None}
+    assert next(documents.read(path)) == docs[0] | {"error": None, "metadata": None}
 
 
 def test_a_stage_that_lists_no_document_shards_is_named(tmp_path):
