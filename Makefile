@@ -36,8 +36,13 @@ plan: .venv/installed
 test: .venv/installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: .venv/installed
+bench: .venv/bench-installed
 	$(PY) -m benchmarks
+
+# The `bench` extra (datatrove, spaCy, NLTK) is for `make bench` only: `make test` never installs it.
+.venv/bench-installed: .venv/installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $@
 
 # lint-imports checks the import contracts in setup.cfg ([importlinter]); it reads setup.cfg from here.
 lint: .venv/installed

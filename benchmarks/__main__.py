@@ -13,7 +13,8 @@ import platform
 import sys
 import tempfile
 
-BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step", "plan_vs_xla")
+BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step", "plan_vs_xla",
+              "fineweb_filters", "minhash_vs_datatrove")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 
@@ -30,8 +31,18 @@ def main(names: list[str]) -> int:
         print(f"\n{name}  ->  {path}")
         for key, value in result.items():
             if key != "machine":
-                print(f"  {key:32s} {value:.4g}" if isinstance(value, float) else f"  {key:32s} {value}")
+                print(f"  {key:32s} {_short(value)}")
     return 0
+
+
+def _short(value) -> str:
+    """A figure for the table: a dict shows its headline figures only (the JSON has the rest)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}=({_short(v)})" if isinstance(v, dict) else f"{k}={_short(v)}"
+                         for k, v in value.items() if isinstance(v, (int, float, str, dict)))
+    return str(value)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,18 @@ Builds ~`target_mb` of cleaned documents (the embedded stdlib prose when `stages
 is there, else made-up English; copies get distinct ids), trains a tokenizer on it once, then times
 (a) `sp.encode(batch, num_threads=1)` over every text already in memory, and (b) the shard stage
 (read parquet, tokenize, split, cut, write llm.c shards) under FnApiRunner with one worker. The
-ratio (a's seconds / b's seconds) is the share of raw tokenizer speed the stage keeps; target >= 0.5.
+ratio (a's seconds / b's seconds) is the share of raw tokenizer speed the stage keeps; target >= 0.8.
+
+Most of what the stage adds is fixed, not per token: importing Beam and building and starting the
+pipeline (~3 s here, of which encoding is none). So the stage also runs on a tiny corpus (TINY_DOCS
+documents) first, cold (it pays the Beam import, as the old single figure did) and again after the
+full run, warm; `ratio_stage_vs_sentencepiece` times the full run warm, and `ratio_marginal` leaves
+out the warm fixed cost too: the share a corpus large enough to hide start-up would see.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
@@ -23,6 +30,7 @@ from stages.io import documents, storage
 DOC_CHARS = 3000          # documents are built to about the size of a web page (FineWeb's mean is ~3 kB)
 SHARDS = 4
 BATCH = 256               # documents per sp.encode call, the stage's default docs_per_batch
+TINY_DOCS = 64            # the corpus that measures the stage's fixed cost
 MADE_UP_WORDS = """the of and to in is was for that with as on by at from it this be are an or which their
 they have had were not but all one two three new first year time people city river music history
 water government school system war team north south world"""
@@ -40,8 +48,13 @@ def measure(work_dir: str, target_mb: float = 30.0, vocab_size: int = 8192) -> d
             documents.write(storage.join(out_dir, documents.shard_name(s, SHARDS)),
                           docs[s * per_shard:(s + 1) * per_shard])
 
+    def write_tiny(config, inputs, out_dir, work_dir):
+        documents.write(storage.join(out_dir, documents.shard_name(0, 1)), docs[:TINY_DOCS])
+
     clean = cache.run_stage(cache_root=cache_root, stage="clean", key="bench", config={}, upstream={},
                             fn=write_clean)
+    tiny = cache.run_stage(cache_root=cache_root, stage="clean", key="tiny", config={}, upstream={},
+                           fn=write_tiny)
     tok = cache.run_stage(cache_root=cache_root, stage="tokenizer", key="bench",
                           config=tokenizer.Config(vocab_size=vocab_size, sample_chars=5_000_000),
                           upstream={"clean": clean}, fn=tokenizer.run)
@@ -50,10 +63,20 @@ def measure(work_dir: str, target_mb: float = 30.0, vocab_size: int = 8192) -> d
                                                        storage.read_bytes(tok.file("tokenizer.model")))
     config = shard.Config(tokens_per_shard=10_000_000, val_fraction=0.005,
                           runner=beam_runner.Runner(options=("--direct_num_workers=1",)))
-    start = time.perf_counter()
-    out = cache.run_stage(cache_root=cache_root, stage="shard", key="bench", config=config,
-                          upstream={"clean": clean, "tokenizer": tok}, fn=shard.run)
-    stage_s = time.perf_counter() - start
+
+    # the tiny corpus has (almost) no validation split: let the stage go on
+    tiny_config = (dataclasses.replace(config, allow_small_val=True) if hasattr(config, "allow_small_val")
+                   else config)
+
+    def run_shard(key, docs_stage, shard_config):
+        start = time.perf_counter()
+        out = cache.run_stage(cache_root=cache_root, stage="shard", key=key, config=shard_config,
+                              upstream={"clean": docs_stage, "tokenizer": tok}, fn=shard.run)
+        return out, time.perf_counter() - start
+
+    _, fixed_cold_s = run_shard("tiny-cold", tiny, tiny_config)     # pays Beam's import
+    out, stage_s = run_shard("bench", clean, config)
+    _, fixed_warm_s = run_shard("tiny-warm", tiny, tiny_config)
     splits = storage.read_json(out.file("manifest.json"))["splits"]
     stage_tokens = sum(s["tokens"] for s in splits.values())
     stage_docs = sum(s["docs"] for s in splits.values())
@@ -73,7 +96,10 @@ def measure(work_dir: str, target_mb: float = 30.0, vocab_size: int = 8192) -> d
         "shard_stage_s": round(stage_s, 3),
         "shard_stage_tokens_per_s": round(baseline_tokens / stage_s),
         "ratio_stage_vs_sentencepiece": round(baseline_s / stage_s, 3),
-        "target_ratio": 0.5,
+        "shard_stage_fixed_cold_s": round(fixed_cold_s, 3),
+        "shard_stage_fixed_warm_s": round(fixed_warm_s, 3),
+        "ratio_marginal": round(baseline_s / max(stage_s - fixed_warm_s, 1e-9), 3),
+        "target_ratio": 0.8,
     }
 
 
