@@ -17,7 +17,9 @@ import dataclasses
 import math
 
 ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
-REMAT_NAMES = ("none", "full", "minimal", "save_qkv_proj", "dots_no_batch", "save_dots")
+REMAT_NAMES = ("none", "full", "minimal", "save_qkv_proj", "dots_no_batch", "save_dots",
+               # What the policy after "offload_" saves, kept in pinned host memory (TPU, GPU): model.py
+               "offload_full", "offload_minimal", "offload_dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 # The same names as stages.train.attention.IMPLS (a test checks); written here so the config imports no JAX.
 ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "splash", "auto")

@@ -5,8 +5,12 @@
 
 Figures are per chip (per GPU), from the vendors' published specifications: peak dense bfloat16
 matmul FLOP/s (no sparsity), HBM capacity, bidirectional inter-chip bandwidth (TPU ICI, NVIDIA NVLink)
-and data-center network bandwidth (between slices or nodes). "cpu" is a rough stand-in for the host
-JAX exposes as one CPU device, so MFU stays finite in CPU runs: read it as an order of magnitude.
+and data-center network bandwidth (between slices or nodes). Host memory is the RAM of the machine
+type the chips come in, divided by its chips (Google Cloud: v4 ct4p-hightpu-4t 407 GB / 4, v5e 512 GiB
+/ 8, v5p ct5p-hightpu-4t 448 GB / 4, v6e 1536 GiB / 8, H100 a3-highgpu-8g 1872 GB / 8, H200 a3-ultragpu-8g
+2952 GB / 8): what remat policies that offload activations (`offload_*`) can fill. "cpu" is a rough
+stand-in for the host JAX exposes as one CPU device, so MFU stays finite in CPU runs: read it as an order
+of magnitude; its memory is the host's, so it has no separate host memory to offload to (0).
 """
 
 from __future__ import annotations
@@ -27,19 +31,21 @@ class Device:
     peak_flops: float          # dense bfloat16 FLOP/s per chip
     ici_bytes_per_s: float     # bidirectional chip-to-chip bandwidth within a slice (NVLink on GPUs)
     dcn_bytes_per_s: float     # data-center network bandwidth per chip, between slices or nodes
+    host_bytes: int            # the host's RAM per chip (0: no memory besides the device's)
     kinds: tuple[str, ...]     # lower-case substrings of jax's `device_kind` that mean this device
 
 
 DEVICES = {d.name: d for d in (
-    Device("tpu-v4", "TPU v4", 32 * GiB, 275e12, 300 * GB, 25e9 / 8, ("tpu v4",)),
-    Device("tpu-v5e", "TPU v5e", 16 * GiB, 197e12, 400 * GB, 25e9 / 8, ("tpu v5 lite", "tpu v5e")),
-    Device("tpu-v5p", "TPU v5p", 95 * GiB, 459e12, 1200 * GB, 50e9 / 8, ("tpu v5p", "tpu v5")),
-    Device("tpu-v6e", "TPU v6e", 32 * GiB, 918e12, 800 * GB, 100e9 / 8, ("tpu v6 lite", "tpu v6e")),
-    Device("h100", "H100", 80 * GB, 989e12, 900 * GB, 400e9 / 8, ("h100",)),
-    Device("h200", "H200", 141 * GB, 989e12, 900 * GB, 400e9 / 8, ("h200",)),
+    Device("tpu-v4", "TPU v4", 32 * GiB, 275e12, 300 * GB, 25e9 / 8, 407 * GB // 4, ("tpu v4",)),
+    Device("tpu-v5e", "TPU v5e", 16 * GiB, 197e12, 400 * GB, 25e9 / 8, 64 * GiB, ("tpu v5 lite", "tpu v5e")),
+    Device("tpu-v5p", "TPU v5p", 95 * GiB, 459e12, 1200 * GB, 50e9 / 8, 112 * GB, ("tpu v5p", "tpu v5")),
+    Device("tpu-v6e", "TPU v6e", 32 * GiB, 918e12, 800 * GB, 100e9 / 8, 192 * GiB,
+           ("tpu v6 lite", "tpu v6e")),
+    Device("h100", "H100", 80 * GB, 989e12, 900 * GB, 400e9 / 8, 234 * GB, ("h100",)),
+    Device("h200", "H200", 141 * GB, 989e12, 900 * GB, 400e9 / 8, 369 * GB, ("h200",)),
     # A few cores with AVX2/AVX-512 FMA reach ~50 GFLOP/s each: 1e11 for a small VM. Memory: what a
     # laptop or CI machine can give one process.
-    Device("cpu", "cpu", 16 * GiB, 1e11, 10 * GB, 10e9 / 8, ("cpu",)),
+    Device("cpu", "cpu", 16 * GiB, 1e11, 10 * GB, 10e9 / 8, 0, ("cpu",)),
 )}
 
 

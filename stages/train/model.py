@@ -25,10 +25,22 @@ Remat policies (`ModelConfig.remat`, see `REMAT_POLICIES`), applied to each scan
     dots_no_batch   save every weight matmul's output (`dots_with_no_batch_dims_saveable`); recompute
                     attention scores and the elementwise ops
     save_dots       save every matmul, attention's batched ones included (`checkpoint_dots`)
+    offload_full    what full saves (each layer's input, tagged "layer_input"), kept in pinned host memory
+                    instead of HBM: the least HBM of all; each input goes to the host in the forward pass
+                    and comes back for the layer's recompute
+    offload_minimal what minimal saves, in host memory: about full's HBM, minimal's recompute
+    offload_dots_no_batch
+                    what dots_no_batch saves, in host memory (`offload_dot_with_no_batch_dims`): about
+                    full's HBM, the least recompute of the offload policies and the most host memory
+The offload_* policies need host memory beside the accelerator (`OFFLOAD_PLATFORMS`). Where the platform
+the step is traced for has none (CPU: its "device" memory is host memory), `remat_policy` uses the policy
+named after "offload_" instead (the same activations, kept on the device) and logs one warning.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from typing import Any, NamedTuple
 
@@ -40,21 +52,61 @@ from jax.ad_checkpoint import checkpoint_name
 
 from stages.train.attention import attention
 from stages.train.configs import REMAT_NAMES, ModelConfig, param_layout
-from stages.train.sharding import with_logical_constraint
+from stages.train.sharding import target_platform, with_logical_constraint
 
+log = logging.getLogger(__name__)
 EMPTY_SLOT = -1          # the segment id of a KV-cache slot not yet written: no query has it
 
 _cp = jax.checkpoint_policies
-# ModelConfig.remat -> the policy each scanned layer is checkpointed with (None: no remat).
+_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj")     # what "minimal" saves
+OFFLOAD = "offload_"     # an "offload_<policy>" policy keeps what <policy> saves in host memory
+OFFLOAD_PLATFORMS = ("tpu", "gpu")   # platforms with pinned host memory that XLA offloads activations to
+
+
+def _offload(*names):
+    """Save nothing on the device; move the activations tagged `names` to pinned host memory."""
+    return _cp.save_and_offload_only_these_names(names_which_can_be_saved=(),
+                                                 names_which_can_be_offloaded=names,
+                                                 offload_src="device", offload_dst="pinned_host")
+
+
+# ModelConfig.remat -> the policy each scanned layer is checkpointed with (None: no remat). Look policies up
+# with `remat_policy`, which checks that the platform can offload.
 REMAT_POLICIES = {
     "none": None,
     "full": _cp.nothing_saveable,
-    "minimal": _cp.save_only_these_names("query_proj", "key_proj", "value_proj", "out_proj"),
-    "save_qkv_proj": _cp.save_only_these_names("query_proj", "key_proj", "value_proj"),
+    "minimal": _cp.save_only_these_names(*_PROJECTIONS),
+    "save_qkv_proj": _cp.save_only_these_names(*_PROJECTIONS[:3]),
     "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,
     "save_dots": _cp.checkpoint_dots,
+    "offload_full": _offload("layer_input"),
+    "offload_minimal": _offload(*_PROJECTIONS),
+    "offload_dots_no_batch": _cp.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 assert tuple(REMAT_POLICIES) == REMAT_NAMES
+assert all(name.removeprefix(OFFLOAD) in REMAT_POLICIES for name in REMAT_POLICIES)
+
+
+def remat_policy(name: str):
+    """The checkpoint policy of ModelConfig.remat=`name` for the platform being traced for (the active
+    mesh's: "tpu" when compiling ahead of time for a TPU topology on a CPU machine). An offload policy
+    where that platform has no separate host memory becomes the policy it is named after (offload_minimal
+    -> minimal: the same activations, kept on the device), with one warning per process."""
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"remat={name!r} is not one of {tuple(REMAT_POLICIES)}")
+    platform = target_platform()
+    if name.startswith(OFFLOAD) and platform not in OFFLOAD_PLATFORMS:
+        fallback = name.removeprefix(OFFLOAD)
+        _warn_no_offload(name, platform, fallback)
+        return REMAT_POLICIES[fallback]
+    return REMAT_POLICIES[name]
+
+
+@functools.cache
+def _warn_no_offload(name: str, platform: str, fallback: str) -> None:
+    log.warning("remat=%r: platform %r cannot offload activations to host memory (only %s can); using "
+                "remat=%r instead, which keeps the same activations in device memory", name, platform,
+                " and ".join(OFFLOAD_PLATFORMS), fallback)
 
 
 class KVCache(NamedTuple):
@@ -128,10 +180,11 @@ class Transformer(nnx.Module):
         graphdef, stacked = nnx.split(self.layers)
 
         def one_layer(x, layer_state, kv):
+            x = checkpoint_name(x, "layer_input")          # (B, T, D): what offload_full moves to the host
             return nnx.merge(graphdef, layer_state)(cfg, x, sin, cos, q_seg, kv_seg, kv)
 
-        policy = REMAT_POLICIES[cfg.remat]
         if cfg.remat != "none":
+            policy = remat_policy(cfg.remat)
             one_layer = jax.checkpoint(one_layer, policy=policy, prevent_cse=not cfg.scan_layers)
 
         if cfg.scan_layers:

@@ -6,23 +6,31 @@
     print(p.render())
 
 Per device, in bytes, under the configured mesh (`train.MeshConfig`) on the configured hardware
-(`train.HardwareConfig`):
+(`train.HardwareConfig`), held for the whole step:
 
     params       every parameter, sharded by its logical axes exactly as training places it
                  (`configs.param_layout`, `configs.mesh_axes`), in `param_dtype`
-    grads        the same layout and dtype (JAX's gradients of float32 parameters are float32)
     optimizer    AdamW and muon's fallback 2 moments, lion and muon 1, adafactor factored row/column
                  statistics
-    gathered     with FSDP, one layer's parameters gathered whole (and their gradient before it is
-                 reduce-scattered)
-    activations  what one micro-batch keeps for the backward pass under the remat policy (see
-                 `activation_bytes`), plus the working set of one layer recomputed in the backward pass
-                 and one chunk of logits
+    activations  what one micro-batch keeps in device memory for the backward pass under the remat policy
+                 (`activation_bytes`; an offload_* policy keeps it in host memory instead: `Plan.host`)
+    weights      the compute-dtype copy of this device's shard of the matmul weights (XLA casts the stacked
+                 layers once, before the scan, and gathers the cast copy layer by layer)
+    accumulated  with gradient accumulation, the running sum of the micro-batches' gradients
+
+and then the larger of two phases that never overlap (the loss, forward and backward, runs before the
+layers' backward pass begins):
+
+    backward     grads (every parameter's gradient, in the parameters' layout and dtype), gathered (with
+                 FSDP, one layer's parameters gathered whole and their gradient before it is reduce-
+                 scattered) and recompute (the layer being recomputed: its activations and their gradients)
+    loss         one chunk of logits and what the chunked cross entropy holds with it (`loss_bytes`)
 
 The figures are estimates from first principles, so they can be read without a compiler; `--compile`
-(stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them. The time
-estimate is FLOPs per token (`configs.flops_per_token`) x tokens per step / (chips x peak x the assumed
-MFU). This module imports no JAX: `make plan` runs in a second.
+(stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them
+(benchmarks/plan_vs_xla.py checks seven configurations). The time estimate is FLOPs per token
+(`configs.flops_per_token`) x tokens per step / (chips x peak x the assumed MFU). This module imports no
+JAX: `make plan` runs in a second.
 """
 
 from __future__ import annotations
@@ -44,9 +52,26 @@ from stages.train.configs import (
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADROOM = 0.9     # the share of HBM a plan may use: the runtime, XLA's buffers, fragmentation take the rest
+TPU_LANES = 128    # a TPU tiles an array's minor dimension to 128 lanes: a 64-wide head takes 128
 # From the lightest to the heaviest rematerialization: what the planner suggests, in order, when short.
 REMAT_ORDER = ("none", "save_dots", "dots_no_batch", "minimal", "save_qkv_proj", "full")
-assert set(REMAT_ORDER) == set(REMAT_NAMES)
+OFFLOAD = "offload_"    # offload_<policy>: what <policy> keeps, in host memory (stages/train/model.py)
+# The offload policies from the least recompute to the least device memory, suggested after REMAT_ORDER.
+OFFLOAD_ORDER = ("offload_dots_no_batch", "offload_minimal", "offload_full")
+assert sorted(REMAT_ORDER + OFFLOAD_ORDER) == sorted(REMAT_NAMES)
+# What each policy keeps of a layer for the backward pass (rows of `layer_activations`). The down
+# projection is never kept: it only feeds the residual sum, whose gradient needs no operand.
+KEPT = {
+    "none": {"input", "normed", "q", "k", "v", "attention", "out", "residual", "normed2", "gate", "up",
+             "act"},
+    "save_dots": {"input", "q", "k", "v", "attention", "out", "gate", "up"},
+    "dots_no_batch": {"input", "q", "k", "v", "out", "gate", "up"},
+    "minimal": {"input", "q", "k", "v", "out"},
+    "save_qkv_proj": {"input", "q", "k", "v"},
+    "full": {"input"},
+}
+assert set(KEPT) == set(REMAT_ORDER)
+ALWAYS = ("params", "optimizer", "activations", "weights", "accumulated")    # held through the whole step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +82,12 @@ class Plan:
     mesh: dict[str, int]              # {"data": d, "fsdp": f, "tensor": t}
     micro_batch: int                  # sequences per device per micro-batch
     params: dict[str, int]            # parameters by part
-    per_device: dict[str, int]        # bytes: params, grads, optimizer, activations, gathered, total
+    per_device: dict[str, int]        # bytes in device memory: `memory_bytes`' parts and their total
     flops_per_token: float
     step_s: float
     problem: str = ""                 # a layout that cannot run at all (the batch does not split), else ""
     advice: str = ""                  # "" when it fits; else the smallest change that would fit
+    host: int = 0                     # bytes of activations an offload_* policy keeps in host memory
 
     @property
     def budget(self) -> int:
@@ -69,8 +95,16 @@ class Plan:
         return int(self.device.hbm_bytes * HEADROOM)
 
     @property
+    def host_budget(self) -> int:
+        """Host memory per device that offloaded activations may use: HEADROOM of the host's RAM per chip,
+        less the host copy of this device's state that an asynchronous checkpoint takes."""
+        state = self.per_device["params"] + self.per_device["optimizer"]
+        return max(0, int(self.device.host_bytes * HEADROOM) - state)
+
+    @property
     def fits(self) -> bool:
-        return not self.problem and self.per_device["total"] <= self.budget
+        return (not self.problem and self.per_device["total"] <= self.budget
+                and self.host <= self.host_budget)
 
     @property
     def tokens(self) -> int:
@@ -100,13 +134,19 @@ class Plan:
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
             f"(x {cfg.optimizer.grad_accum_steps} accumulated); remat {m.remat}; "
             f"{m.dtype} compute, {m.param_dtype} params; attention {m.attention_impl}",
-            "  per device: " + ", ".join(f"{k} {_gib(v)}" for k, v in self.per_device.items()
-                                         if k != "total")
-            + f" = {_gib(self.per_device['total'])} of {_gib(self.budget)} usable "
-              f"({HEADROOM:.0%} of {_gib(self.device.hbm_bytes)})",
-            f"  time: {self.step_s:,.3g} s/step, {_tokens(self.tokens_per_s)}/s, "
-            f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU",
+            _render_memory(self.per_device) + f" = {_gib(self.per_device['total'])} of "
+            f"{_gib(self.budget)} usable ({HEADROOM:.0%} of {_gib(self.device.hbm_bytes)})",
         ]
+        if self.host:
+            rows.append(f"  host memory per device: {_gib(self.host)} of activations offloaded by remat "
+                        f"{m.remat} (not in the device total) of {_gib(self.host_budget)} usable "
+                        f"({HEADROOM:.0%} of {_gib(self.device.host_bytes)}, less the checkpoint's copy of "
+                        "the state)")
+        elif m.remat.startswith(OFFLOAD):
+            rows.append(f"  host memory: {self.device.label} has none to offload to; remat {m.remat} runs "
+                        f"as {m.remat.removeprefix(OFFLOAD)} (training logs the same)")
+        rows.append(f"  time: {self.step_s:,.3g} s/step, {_tokens(self.tokens_per_s)}/s, "
+                    f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU")
         if xla is not None:
             rows.append(f"  XLA, compiled for {hw.topology}{slices}: {_gib(xla['total'])} per device "
                         f"(arguments {_gib(xla['argument'])}, scratch {_gib(xla['temp'])}); the estimate is "
@@ -115,6 +155,9 @@ class Plan:
             rows.append(f"  verdict: fits on {where}")
         elif self.problem:
             rows.append(f"  verdict: does NOT fit: {self.problem}. {self.advice}")
+        elif self.per_device["total"] <= self.budget:
+            rows.append(f"  verdict: does NOT fit: {_gib(self.host)} of offloaded activations per device > "
+                        f"{_gib(self.host_budget)} of host memory usable. {self.advice}")
         else:
             rows.append(f"  verdict: does NOT fit: {_gib(self.per_device['total'])} per device > "
                         f"{_gib(self.budget)} usable. {self.advice}")
@@ -139,20 +182,37 @@ def plan(cfg, *, advise: bool = True) -> Plan:
         f"a micro-batch of {micro} sequences (global_batch {cfg.global_batch} / grad_accum_steps "
         f"{cfg.optimizer.grad_accum_steps}) does not split over data x fsdp = {batch_shards} devices")
     m = cfg.model
-    pbytes = DTYPE_BYTES[m.param_dtype]
-    params = param_bytes(m, mesh, pbytes)
-    per_device = {"params": params, "grads": params,
-                  "optimizer": optimizer_bytes(m, mesh, pbytes, cfg.optimizer.name),
-                  "activations": activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"],
-                                                  loss_chunk=cfg.loss_chunk),
-                  "gathered": gathered_bytes(m, mesh, pbytes)}
-    per_device["total"] = sum(per_device.values())
+    per_device, host = memory_bytes(cfg, mesh, micro_batch, device)
     fpt = flops_per_token(m, cfg.seq_len)
     step_s = fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu)
-    result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem)
+    result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem,
+                  host=host)
     if advise and not result.fits:
         result = dataclasses.replace(result, advice=advice(result))
     return result
+
+
+def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.Device) -> tuple[dict, int]:
+    """(per-device bytes by part, with their "total"; host bytes of offloaded activations) for `cfg` (a
+    stages.train.Config) with `micro_batch` sequences per device: see the module docstring."""
+    m = cfg.model
+    pbytes = DTYPE_BYTES[m.param_dtype]
+    params = param_bytes(m, mesh, pbytes)
+    tpu = device.name.startswith("tpu-")
+    lanes, splash = (TPU_LANES if tpu else 1), tpu and m.attention_impl in ("auto", "splash")
+    # A platform without host memory of its own (CPU) runs an offload policy as the one it is named after.
+    m = dataclasses.replace(m, remat=m.remat if device.host_bytes else m.remat.removeprefix(OFFLOAD))
+    kept, host = activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes, splash=splash)
+    out = {"params": params, "optimizer": optimizer_bytes(m, mesh, pbytes, cfg.optimizer.name),
+           "activations": kept, "weights": cast_bytes(m, mesh),
+           "accumulated": params if cfg.optimizer.grad_accum_steps > 1 else 0,
+           "grads": params, "gathered": gathered_bytes(m, mesh),
+           "recompute": recompute_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes,
+                                        splash=splash),
+           "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh)}
+    backward = out["grads"] + out["gathered"] + out["recompute"]
+    out["total"] = sum(out[k] for k in ALWAYS) + max(backward, out["loss"])
+    return out, host
 
 
 def param_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
@@ -179,66 +239,99 @@ def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name
     return total * dtype_bytes
 
 
-def gathered_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
-    """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor),
-    in its parameter dtype and its compute-dtype copy, and its gradient before it is reduce-scattered."""
+def gathered_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
+    """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor)
+    from the compute-dtype copy (`cast_bytes`), and its gradient, in the compute dtype, before it is
+    reduce-scattered."""
     if mesh["fsdp"] == 1:
         return 0
     unsharded = dict(mesh, fsdp=1)
     layer = sum(_shard_size(shape[1:], names[1:], unsharded)
                 for name, (shape, names) in param_layout(m).items() if name.startswith("layers."))
-    return layer * (2 * dtype_bytes + DTYPE_BYTES[m.dtype])
+    return layer * 2 * DTYPE_BYTES[m.dtype]
 
 
-def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, loss_chunk: int) -> int:
-    """What the backward pass of one micro-batch of `batch` sequences needs on one device.
+def cast_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
+    """The compute-dtype copy of this device's shard of every matmul weight (the layers and the output
+    matrix), which XLA makes once per step; none when the parameters are already in the compute dtype."""
+    if m.param_dtype == m.dtype:
+        return 0
+    out = "embed" if m.tie_embeddings else "unembedding"
+    return sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
+               if name.startswith("layers.") or name == out) * DTYPE_BYTES[m.dtype]
 
-    Per layer and token the forward pass produces (elements; N, K heads of H, MLP width F, heads and F split
-    over `tensor`): the layer input and its normed copy (2D), q, k, v after RoPE (NH + 2KH), attention's
-    output and its projection (NH + D), the residual sum and its normed copy (2D), gate, up and their
-    product (3F) and the down projection (D). The remat policy decides what the scan keeps of each layer:
-    everything ("none"), the matmul outputs ("save_dots", "dots_no_batch"), the projections ("minimal":
-    q, k, v, out; "save_qkv_proj": q, k, v), or only the layer input ("full"). The backward pass then
-    recomputes one layer at a time (its activations and their gradients), and the loss holds one chunk
-    of float32 logits and their gradient. Checked against XLA's compiled figures for six configurations
-    in benchmarks/plan_vs_xla.py.
+
+def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1) -> dict[str, int]:
+    """One layer's activations per token on one device, in elements (N, K heads of H, MLP width F; heads
+    and F split over `tensor` where it divides them, as training does): the layer input and its normed copy
+    (2D), q, k, v after RoPE (NH + 2KH), attention's output and its projection (NH + D), the residual sum
+    and its normed copy (2D), gate, up and their product (3F) and the down projection (D). `lanes`: the
+    tile of the minor dimension (TPU_LANES on a TPU), to which a per-head array's head dim is rounded up."""
+    D, F = m.d_model, m.effective_mlp_dim
+    N, K, F = (n // tensor if n % tensor == 0 else n for n in (m.n_heads, m.n_kv_heads, F))
+    H = -(-m.effective_head_dim // lanes) * lanes
+    return {"input": D, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
+            "residual": D, "normed2": D, "gate": F, "up": F, "act": F, "down": D}
+
+
+def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, lanes: int = 1,
+                     splash: bool = False) -> tuple[int, int]:
+    """(device bytes, host bytes) that one micro-batch of `batch` sequences keeps for the backward pass.
+
+    The scan keeps, of every layer, what the remat policy saves (`KEPT`: everything but the down
+    projection for "none", the matmul outputs for "save_dots" and "dots_no_batch", the projections for
+    "minimal" and "save_qkv_proj", the layer input for "full"). Kept whole ("none"), a layer also keeps
+    what its elementwise ops need for their gradients: both RMSNorms' input and output in float32 and
+    SiLU's output. `splash` (TPU splash attention): a policy that keeps k and v also holds them in the
+    kernel's (B, K, T, H) layout, the head dim minor. An offload_<policy> keeps what <policy> keeps in
+    pinned host memory (unpadded), all but the layer input, which only offload_full moves there; the
+    device holds two layers of it in flight (one leaving or arriving while the next is computed).
     """
-    D, H, L = m.d_model, m.effective_head_dim, m.n_layers
-    # Heads, MLP width and vocabulary are split over `tensor` where it divides them, as training does.
-    N, K, Fl, vocab = (n // tensor if n % tensor == 0 else n
-                       for n in (m.n_heads, m.n_kv_heads, m.effective_mlp_dim, m.vocab_size))
-    cdt = DTYPE_BYTES[m.dtype]
-    layer = {"input": D, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
-             "residual": D, "normed2": D, "gate": Fl, "up": Fl, "act": Fl, "down": D}
-    kept = {
-        "none": set(layer),
-        "save_dots": {"input", "q", "k", "v", "attention", "out", "gate", "up", "down"},
-        "dots_no_batch": {"input", "q", "k", "v", "out", "gate", "up", "down"},
-        "minimal": {"input", "q", "k", "v", "out"},
-        "save_qkv_proj": {"input", "q", "k", "v"},
-        "full": {"input"},
-    }[m.remat]
-    tokens = batch * seq_len
-    saved = L * tokens * sum(layer[k] for k in kept) * cdt
-    if m.remat == "none":
-        # Kept whole, a layer also keeps what its elementwise ops need for their gradients: both RMSNorms'
-        # input and output in float32, and SiLU's output for the product's gradient.
-        saved += L * tokens * (2 * 2 * D * 4 + Fl * cdt)
-    # The layer being recomputed holds its activations and, as its backward pass runs, their gradients.
-    recompute = 2 * tokens * sum(layer.values()) * cdt if m.remat != "none" else 0
-    # The chunked loss holds one chunk's float32 logits (or softmax) and their gradient in the compute
-    # dtype, over this device's part of the vocabulary.
-    logits = min(loss_chunk, tokens) * vocab * (4 + cdt)
-    # Counted together although the loss and a layer's recompute run one after the other: XLA's buffer
-    # assignment overlaps them only partly (measured: adding them errs high by <= 20%, taking the larger
-    # errs low by up to 18%), and for a verdict a high estimate is the safe side.
-    return int(saved + recompute + logits)
+    base = m.remat.removeprefix(OFFLOAD)
+    kept = KEPT[base]
+    offloaded = set() if base == m.remat else kept if base == "full" else kept - {"input"}
+    layer, unpadded = layer_activations(m, tensor, lanes), layer_activations(m, tensor)
+    cdt, tokens = DTYPE_BYTES[m.dtype], batch * seq_len
+    per_layer = sum(layer[k] for k in kept - offloaded) * cdt
+    if base == "none":
+        per_layer += 2 * 2 * layer["input"] * 4 + layer["act"] * cdt
+    if splash and {"k", "v"} <= kept - offloaded:
+        per_layer += (layer["k"] + layer["v"]) * cdt
+    in_flight = 2 * sum(layer[k] for k in offloaded) * cdt
+    host = m.n_layers * tokens * sum(unpadded[k] for k in offloaded) * cdt
+    return m.n_layers * tokens * per_layer + tokens * in_flight, host
+
+
+def recompute_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, lanes: int = 1,
+                    splash: bool = False) -> int:
+    """The backward pass of one layer: the layer being recomputed, its activations and their gradients
+    (none without remat: every activation is kept); with `splash`, the kernel's fused backward also writes
+    one partial dq per key block (seq_len / attention_block_k of them, each the size of q) and sums them."""
+    tokens, cdt = batch * seq_len, DTYPE_BYTES[m.dtype]
+    layer = layer_activations(m, tensor, lanes)
+    out = 0 if m.remat == "none" else 2 * tokens * sum(layer_activations(m, tensor).values()) * cdt
+    if splash:
+        out += -(-seq_len // min(m.attention_block_k, seq_len)) * tokens * layer["q"] * cdt
+    return out
+
+
+def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int]) -> int:
+    """The chunked cross entropy (stages/train/loss.py): one chunk's float32 logits over this device's
+    part of the vocabulary and, with FSDP (each device computes partial logits over its slice of the
+    embedding dimension), their float32 sum over the fsdp axis, else their gradient in the compute dtype;
+    and the float32 gradient of the output matrix that the chunks accumulate."""
+    tensor = mesh["tensor"]
+    vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
+    per_logit = 4 + (4 if mesh["fsdp"] > 1 else DTYPE_BYTES[m.dtype])
+    out = "embed" if m.tie_embeddings else "unembedding"
+    return min(loss_chunk, tokens) * vocab * per_logit + _shard_size(*param_layout(m)[out], mesh) * 4
 
 
 def advice(failed: Plan) -> str:
     """The smallest single change that makes a plan that does not fit fit, tried in this order: more FSDP
     (taken from the data axis), a heavier remat policy, more gradient accumulation (a smaller
-    micro-batch); then a mesh layout; else more chips."""
+    micro-batch), host offload (where the device has host memory: an offload_* policy); then a mesh
+    layout; else more chips."""
     cfg, mesh = failed.config, failed.config.mesh
     # The candidates bind MeshConfig's sizes within a slice; the split across slices (dcn_*) stays.
     data, fsdp, tensor = mesh.ici_shape(failed.chips)
@@ -248,19 +341,27 @@ def advice(failed: Plan) -> str:
         wider = dataclasses.replace(mesh, fsdp=f, data=-1)
         tries.append((f"train.MeshConfig.fsdp={f}", dataclasses.replace(cfg, mesh=wider)))
         f *= 2
-    for remat in REMAT_ORDER[REMAT_ORDER.index(cfg.model.remat) + 1:]:
-        tries.append((f'train.ModelConfig.remat="{remat}"',
-                      dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))))
+
+    def with_remat(remat):
+        return (f'train.ModelConfig.remat="{remat}"',
+                dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat)))
+
+    offloading = cfg.model.remat.startswith(OFFLOAD)
+    order = OFFLOAD_ORDER if offloading else REMAT_ORDER
+    tries += [with_remat(remat) for remat in order[order.index(cfg.model.remat) + 1:]]
     k = cfg.optimizer.grad_accum_steps * 2
     while cfg.global_batch % k == 0:
         smaller = dataclasses.replace(cfg.optimizer, grad_accum_steps=k)
         tries.append((f"train.OptimizerConfig.grad_accum_steps={k}",
                       dataclasses.replace(cfg, optimizer=smaller)))
         k *= 2
+    if failed.device.host_bytes and not offloading:
+        tries += [with_remat(remat) for remat in OFFLOAD_ORDER]
     for binding, candidate in tries:
         p = _try(candidate)
         if p is not None and p.fits:
-            return f"It would fit with {binding} ({_gib(p.per_device['total'])} per device)."
+            host = f", {_gib(p.host)} of activations in host memory" if p.host else ""
+            return f"It would fit with {binding} ({_gib(p.per_device['total'])} per device{host})."
     # No single change: the mesh layout that fits with the least tensor parallelism (it costs the most
     # communication), then the least FSDP.
     n = data * fsdp * tensor
@@ -271,7 +372,7 @@ def advice(failed: Plan) -> str:
             if p is not None and p.fits:
                 return (f"It would fit with train.MeshConfig.fsdp={f} train.MeshConfig.tensor={t} "
                         f"({_gib(p.per_device['total'])} per device).")
-    return ("No mesh layout, remat policy or micro-batch makes it fit: use more chips "
+    return ("No mesh layout, remat policy, micro-batch or host offload makes it fit: use more chips "
             "(train.HardwareConfig.chips or a larger topology) or a smaller model.")
 
 
@@ -297,6 +398,12 @@ def _slices(mesh, chips: int) -> str:
         return ""
     ici, dcn = ("x".join(map(str, s)) for s in (mesh.ici_shape(chips), mesh.dcn_shape))
     return f" = ICI {ici} within each slice x DCN {dcn} across {mesh.num_slices} slices"
+
+
+def _render_memory(parts: dict[str, int]) -> str:
+    held = ", ".join(f"{k} {_gib(parts[k])}" for k in ALWAYS if parts[k] or k != "accumulated")
+    backward = " + ".join(f"{k} {_gib(parts[k])}" for k in ("grads", "gathered", "recompute"))
+    return f"  per device: {held}, then the larger of backward ({backward}) and loss {_gib(parts['loss'])}"
 
 
 def _explicit_chips(mesh) -> int:

@@ -76,7 +76,7 @@ def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_sli
     p = planner.plan(cfg)
     assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "tensor": 8} and not p.fits
     assert "does not split over data x fsdp = 256 devices" in p.problem
-    assert p.advice.startswith("It would fit with train.MeshConfig.fsdp=16 train.MeshConfig.tensor=16 ")
+    assert p.advice.startswith("It would fit with train.MeshConfig.fsdp=32 train.MeshConfig.tensor=16 ")
 
 
 TWO_SLICES = textwrap.dedent("""
