@@ -8,24 +8,47 @@ Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_d
     docs-XXXXX-of-YYYYY.parquet  kept documents (`stages.io.documents` schema, `error` null), sorted by id;
                                  shard b holds the texts whose hash % num_shards == b
     stats.json                   {docs_in, chars_in, docs_kept, chars_kept, dropped: {reason: docs},
-                                  dropped_chars: {reason: chars}, shards}
+                                  dropped_chars: {reason: chars}, shards, rewritten: {kind: kept docs}}
     rejected/<reason>.jsonl      up to `samples_per_reason` dropped documents per reason, smallest ids
                                  first: {id, url, source, reason, text (first 500 chars)}
     report.md, removed.png       documents and characters removed per reason in pipeline order (a chart),
                                  and the rejected samples (report.py); written even when min_docs fails
 
-Every document gets the first reason that applies, so docs_in == docs_kept + sum(dropped):
+Every document gets the first reason that applies, so docs_in == docs_kept + sum(dropped). In the
+order a document meets them (the steps after `too_few_alpha` run only when switched on, as in
+gin/data/fineweb.gin; each filter's `reasons()` lists its own):
     <error>       download's `error` for the record (malformed_json, invalid_utf8, missing_text, ...)
     null_text     text is null or not a string
     empty         nothing left after normalization (normalize.py)
-    too_short, too_long, too_few_alpha, ...   the filters of `build_filters`, cheapest first (filters.py)
-    dup_line_frac, gopher_short_doc, c4_too_few_sentences, line_punct_ratio, ...   FineWeb's quality
-                  filters, when switched on (quality.py; `clean.Config.gopher_repetition` and below)
-    duplicate     the same normalized text as a document with a smaller id
-    near_duplicate  in a MinHash cluster (below) whose smallest id is another document
-chars_in and dropped_chars count the text as downloaded and chars_kept the text written, so
-chars_in - chars_kept - sum(dropped_chars) is what normalization (and C4's line filter, which
-rewrites a kept text to its kept lines) removed from the kept documents.
+    too_short, too_long   length of the normalized text (filters.py)
+    too_few_alpha         letters / non-whitespace characters
+    url_domain, url_listed, url_banned_word, url_soft_words, url_banned_subword
+                  URL filter: block-listed domain or URL, banned word, too many soft words, banned
+                  subword (urls.py; `url_filter`)
+    language, language_score   fastText lid.176: not in `lid_languages`, or its score at most
+                  `lid_threshold` (langid.py; `language_id`)
+    dup_para_frac, dup_para_char_frac, dup_line_frac, dup_line_char_frac, top_{2,3,4}_gram,
+    duplicated_{5..10}_n_grams   Gopher repetition (quality.py; `gopher_repetition`)
+    gopher_short_doc, gopher_long_doc, gopher_below_avg_threshold, gopher_above_avg_threshold,
+    gopher_too_many_hashes, gopher_too_many_ellipsis, gopher_too_many_bullets,
+    gopher_too_many_end_ellipsis, gopher_below_alpha_threshold, gopher_enough_stop_words
+                  Gopher quality (`gopher_quality`; the last means "not enough stop words")
+    c4_lorem_ipsum, c4_curly_bracket, c4_too_few_sentences   C4 (`c4_quality`; it also rewrites kept
+                  texts to the lines it keeps)
+    empty, line_punct_ratio, short_line_ratio, char_dup_ratio, list_ratio   FineWeb (`fineweb_quality`;
+                  `empty`: C4 left no non-blank line)
+    duplicate     the same normalized text as a document with a smaller id (`dedup`)
+    near_duplicate  in a MinHash cluster (below) whose smallest id is another document (`minhash`)
+PII masking (pii.py; `pii_masking`) drops nothing. chars_in and dropped_chars count the text as
+downloaded and chars_kept the text written, so chars_in - chars_kept - sum(dropped_chars) is what
+normalization (and C4's line filter, which rewrites a kept text to its kept lines) removed from the
+kept documents. `rewritten` counts the kept documents whose text a step rewrote, per kind, once per
+kind (`filters.Rewriter`): c4_lines (C4 dropped or changed lines), pii_email, pii_ip (masked).
+
+The key covers the URL filter's list files (`key_inputs`), which are read from outside the cache:
+each configured file's `storage.versions` (local: size and modification time; gs://: generation), so
+rewriting a list changes the clean key and every key after it. With no list file configured (or the
+URL filter off) it is None and the key is what it was without it.
 
 The Beam graph is in graph.py. Deduplication groups documents by a duplicate key (`duplicate_key`:
 a 128-bit hash of the normalized text) and keeps the smallest id in each group; the bucket (output
@@ -154,6 +177,32 @@ class Config:
 
 CONFIGURABLES = (Config,)
 VERSION = "2"   # 2: report.md and removed.png
+# The URL filter's list files (`url_blocked_domain_files`, ...): what the stage reads from outside the cache
+_URL_PREFIX = urls.CONFIG_FIELDS["url_filter"][1]
+LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(Config)
+                         if f.name.startswith(_URL_PREFIX) and f.name.endswith("_files"))
+
+
+def key_inputs(config: Config) -> dict | None:
+    """The URL filter's list files, for the cache key: {field: {path: {listed path: version}}} from a listing
+    (`storage.versions`: local size and modification time, gs:// generation), never reading them; None
+    when the filter is off or names no file, so that such a key is what it was before lists were keyed.
+    A missing file fails here, naming its field, as the filter would."""
+    if not config.url_filter:
+        return None
+    out = {}
+    for field in LIST_FILE_FIELDS:
+        paths = getattr(config, field)
+        if not paths:
+            continue
+        out[field] = {}
+        for path in paths:
+            found = storage.versions(path)      # {the path as the listing spells it: version}
+            if not found:
+                raise FileNotFoundError(f"clean.Config.{field}: {path} does not exist; name list files, one "
+                                        "entry a line ('#' starts a comment), plain or .gz")
+            out[field][path] = found
+    return out or None
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
@@ -210,10 +259,11 @@ def build_filters(config: Config) -> tuple[filters.Filter, ...]:
     return tuple(out)
 
 
-def clean_document(doc: dict, config: Config,
-                   doc_filters: tuple[filters.Filter, ...]) -> tuple[str | None, dict]:
+def clean_document(doc: dict, config: Config, doc_filters: tuple[filters.Filter, ...],
+                   rewrites: list[str] | None = None) -> tuple[str | None, dict]:
     """(reason to drop it or None to keep it, the document with its text normalized where it has one,
-    and rewritten by the filters that rewrite text (`apply`, filters.py) up to where it stopped)."""
+    and rewritten by the filters that rewrite text (`apply`, filters.py) up to where it stopped).
+    `rewrites`, when given, is extended with the kinds of text rewrite made (`filters.Rewriter`)."""
     if doc.get("error"):
         return doc["error"], doc
     text = doc.get("text")
@@ -226,7 +276,14 @@ def clean_document(doc: dict, config: Config,
         return "empty", doc
     for f in doc_filters:
         apply = getattr(f, "apply", None)
-        reason, doc = apply(doc) if apply else (f.check(doc), doc)
+        if apply is None:
+            reason = f.check(doc)
+        else:
+            reason, new = apply(doc)
+            if rewrites is not None and new["text"] != doc["text"]:
+                changes = getattr(f, "changes", None)
+                rewrites.extend(changes(doc, new) if changes else (type(f).__name__,))
+            doc = new
         if reason:
             return reason, doc
     return None, doc

@@ -12,7 +12,8 @@ dropped before any filter walks its characters.
 
 A filter that also changes the text it keeps (C4's line filter, quality.py) has a second method,
 `apply(doc) -> (reason or None, doc)`, returning the document with its new text; `clean_document`
-calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not.
+calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not;
+what a rewriter changed is counted per kept document (`Rewriter`, `stats.json`'s `rewritten`).
 
 Adding a filter means three small edits: the class (here, or a module of its own for FineWeb's
 recipe: urls.py, langid.py, quality.py, pii.py), the `clean.Config` fields that parameterize it, and
@@ -42,9 +43,18 @@ class Filter(Protocol):
 
 
 class Rewriter(Filter, Protocol):
-    """A filter that may change the text of a document it keeps (C4's line filter)."""
+    """A filter that may change the text of a document it keeps (C4's line filter, PII masking).
+
+    `rewrites()` names every kind of change `apply` makes, and `changes(before, after)` says which of
+    them turned `before`'s text into `after`'s (asked only when the text changed). The stage counts
+    the kept documents per kind (`stats.json`'s `rewritten`); a rewriter without `changes` counts
+    under its class name. A rewrite of anything but the text (langid's metadata) is not counted."""
 
     def apply(self, doc: dict) -> tuple[str | None, dict]: ...
+
+    def rewrites(self) -> tuple[str, ...]: ...
+
+    def changes(self, before: dict, after: dict) -> tuple[str, ...]: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The clean stage's Beam graph; `clean.run` imports it, so Beam loads only when clean runs.
 
     Create(input shard paths) -> Reshuffle -> CleanShard      one element per input shard
-        main:    (bucket, [(key, chars_in, doc), ...])         batches of kept documents;
-                 bucket = key % num_shards, key = clean.duplicate_key(normalized text)
+        main:    (bucket, [(key, chars_in, doc, rewrites), ...])   batches of kept documents;
+                 bucket = key % num_shards, key = clean.duplicate_key(normalized text),
+                 rewrites = the kinds of text rewrite the document got (counted if it stays)
         "tally": that shard's Tally (docs and chars in, drops per reason, samples)
         "bands": (partition, [(band key, node), ...]), when `minhash` is on (below)
     + Create((b, []) for every bucket)                          so all N shards get written, even empty ones
@@ -99,7 +100,8 @@ class CleanShard(beam.DoFn):
             chars = len(raw) if isinstance(raw, str) else 0
             tally.docs_in += 1
             tally.chars_in += chars
-            reason, doc = clean.clean_document(doc, config, self.filters)
+            rewrites: list[str] = []
+            reason, doc = clean.clean_document(doc, config, self.filters, rewrites)
             if reason:
                 tally.drop(reason, doc, chars)
                 continue
@@ -107,7 +109,7 @@ class CleanShard(beam.DoFn):
             bucket = int.from_bytes(key[:8], "big") % config.num_shards
             doc.pop("error", None)   # "" (falsy) came through as good; kept documents have a null error
             batch = buffers.setdefault(bucket, [])
-            batch.append((key, chars, doc))
+            batch.append((key, chars, doc, tuple(rewrites)))
             buffered += len(doc["text"])
             if self.hasher is not None:
                 unsigned.append((minhash.node(doc.get("id"), key), doc["text"]))
@@ -204,15 +206,16 @@ class WriteShard(beam.DoFn):
         batches = grouped["docs"]
         near = {key for keys in grouped["near"] for key in keys}   # keys of near duplicates to drop
         tally = tally_lib.Tally(self.config.samples_per_reason)
-        survivors: dict[bytes, tuple[int, dict]] = {}   # key -> (chars_in, doc) with the smallest doc_order
-        kept: list[dict] = []
+        # key -> (chars_in, doc, rewrites) with the smallest doc_order
+        survivors: dict[bytes, tuple[int, dict, tuple[str, ...]]] = {}
+        kept: list[tuple[dict, tuple[str, ...]]] = []
         for batch in batches:
-            for key, chars, doc in batch:
+            for key, chars, doc, rewrites in batch:
                 if not self.config.dedup:
                     if key in near:
                         tally.drop("near_duplicate", doc, chars)
                     else:
-                        kept.append(doc)
+                        kept.append((doc, rewrites))
                     continue
                 other = survivors.get(key)
                 if other is not None and clean.doc_order(other[1]) <= clean.doc_order(doc):
@@ -220,17 +223,17 @@ class WriteShard(beam.DoFn):
                     continue
                 if other is not None:
                     tally.drop("duplicate", other[1], other[0])
-                survivors[key] = (chars, doc)
-        for key, (chars, doc) in survivors.items():
+                survivors[key] = (chars, doc, rewrites)
+        for key, (chars, doc, rewrites) in survivors.items():
             if key in near:
                 tally.drop("near_duplicate", doc, chars)
             else:
-                kept.append(doc)
-        kept.sort(key=clean.doc_order)
-        for doc in kept:
-            tally.keep(len(doc["text"]))
+                kept.append((doc, rewrites))
+        kept.sort(key=lambda kept_doc: clean.doc_order(kept_doc[0]))
+        for doc, rewrites in kept:
+            tally.keep(len(doc["text"]), rewrites)
         path = storage.join(self.out_dir, documents.shard_name(bucket, self.config.num_shards))
-        documents.write(path, kept)
+        documents.write(path, [doc for doc, _ in kept])
         yield tally
 
 

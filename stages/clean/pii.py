@@ -15,8 +15,9 @@ exact and MinHash deduplication (graph.py). So deduplication sees masked text: d
 only in the addresses masked here can become exact duplicates (when their addresses map to the same
 replacement) and are dropped as `duplicate`, and near-duplicate pairs differ in a few characters less.
 Masking changes a handful of characters in the rare documents that hold an address, so at FineWeb's
-thresholds (Jaccard ~0.75 of 5-word shingles) it moves very few documents across the line. How many
-documents were masked is not counted: `stats.json` counts drops, and a rewrite is not one.
+thresholds (Jaccard ~0.75 of 5-word shingles) it moves very few documents across the line. The kept
+documents whose e-mails or IPs were masked are counted in `stats.json`'s `rewritten` (`pii_email`,
+`pii_ip`; `changes`).
 
 Deliberate differences from datatrove 0.10.1:
 - The replacement is chosen by a hash of the address (crc32), so the same address always becomes the
@@ -72,6 +73,9 @@ class PIIMasker:
     def reasons(self) -> tuple[str, ...]:
         return ()
 
+    def rewrites(self) -> tuple[str, ...]:
+        return ("pii_email", "pii_ip")
+
     def check(self, doc: dict) -> str | None:
         return None
 
@@ -79,13 +83,22 @@ class PIIMasker:
         text = self.mask(doc["text"])
         return None, (doc if text == doc["text"] else {**doc, "text": text})
 
+    def changes(self, before: dict, after: dict) -> tuple[str, ...]:
+        """Which of `rewrites()` `apply` made: e-mails are masked first, so masking them again tells
+        the two apart (the stage asks only about the few documents whose text changed)."""
+        emails_masked = self._mask_emails(before["text"])
+        return tuple(kind for kind, changed in (("pii_email", emails_masked != before["text"]),
+                                                ("pii_ip", emails_masked != after["text"])) if changed)
+
     def mask(self, text: str) -> str:
         """`text` with its e-mail and public IP addresses replaced."""
-        if self.emails and "@" in text:
-            text = EMAIL.sub(self._email, text)
-        if self.ips and _HAS_IPV4.search(text):
-            text = IPV4.sub(self._ip, text)
-        return text
+        return self._mask_ips(self._mask_emails(text))
+
+    def _mask_emails(self, text: str) -> str:
+        return EMAIL.sub(self._email, text) if self.emails and "@" in text else text
+
+    def _mask_ips(self, text: str) -> str:
+        return IPV4.sub(self._ip, text) if self.ips and _HAS_IPV4.search(text) else text
 
     def _email(self, match: re.Match) -> str:
         return _pick(self.email_replacements, match.group())

@@ -18,14 +18,18 @@ counted blank lines in its line ratios (0.10.1: every terminal punctuation mark,
 lines dropped). This module follows 0.10.1, the datatrove a benchmark installs today.
 
 Speed: everything that walks characters or words runs in C (`str.count`, `re`, `Counter`, `set`,
-`map`); the only Python loops are over lines, and over the repeated n-grams in `_repeated_chars`.
+`map`) or numpy (the hashes of every 5- to 10-gram, `_NGrams`); the only Python loops are over lines,
+and over the n-grams that may repeat in `_repeated_chars`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter
+
+import numpy as np
 
 from stages.clean import filters
 from stages.clean import words as words_lib
@@ -108,8 +112,9 @@ class GopherRepetition:
         for n, limit in self.top_n_grams:
             if len(words) >= n and _top_n_gram_chars(words, n) / chars > limit:
                 return f"top_{n}_gram"
+        grams = _NGrams(words) if self.dup_n_grams else None     # the n-gram hashes, once for every n
         for n, limit in self.dup_n_grams:
-            if len(words) >= n and _repeated_chars(words, n) / chars > limit:
+            if len(words) >= n and _repeated_chars(words, n, grams) / chars > limit:
                 return f"duplicated_{n}_n_grams"
         return None
 
@@ -211,6 +216,12 @@ class C4Quality:
 
     def reasons(self) -> tuple[str, ...]:
         return ("c4_lorem_ipsum", "c4_curly_bracket", "c4_too_few_sentences")
+
+    def rewrites(self) -> tuple[str, ...]:
+        return ("c4_lines",)
+
+    def changes(self, before: dict, after: dict) -> tuple[str, ...]:
+        return ("c4_lines",)      # lines dropped, stripped, or citations removed: one kind of change
 
     def check(self, doc: dict) -> str | None:
         return self.apply(doc)[0]
@@ -323,40 +334,46 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
     return sum(r for r, _ in repeats), sum(r * n for r, n in repeats)
 
 
-def _n_grams(words: tuple[str, ...], n: int, sep: str) -> list[str]:
-    return list(map(sep.join, zip(*(words[i:] for i in range(n)))))
-
-
 def _top_n_gram_chars(words: tuple[str, ...], n: int) -> int:
     """Characters of the most frequent n-gram (joined by spaces) times its count; the first one seen
     wins a tie, as in `Counter.most_common`."""
     counts = Counter(zip(*(words[i:] for i in range(n))))
-    gram, count = max(counts.items(), key=lambda kv: kv[1])
-    return (sum(map(len, gram)) + n - 1) * count
+    values = list(counts.values())
+    top = max(values)
+    gram = next(itertools.islice(counts, values.index(top), None))    # the first seen with that count
+    return (sum(map(len, gram)) + n - 1) * top
 
 
-def _repeated_chars(words: tuple[str, ...], n: int) -> int:
+def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None) -> int:
     """Characters in repeated n-grams, counted as Gopher (and datatrove) count them: walk the words;
-    an n-gram seen before adds its characters (joined without spaces) and the walk jumps past it,
-    else it is remembered and the walk steps one word.
+    an n-gram seen before adds its characters and the walk jumps past it, else it is remembered and
+    the walk steps one word. Here (as in datatrove) an n-gram is its words joined WITHOUT spaces, so
+    `ab c` repeats `a bc`.
 
     The walk only has to stop at positions whose n-gram occurred earlier, so it visits those in
-    Python and skips the rest: most documents have few or none.
+    Python and skips the rest: most documents have few or none. Which positions may repeat is found
+    in numpy from a hash of each n-gram's characters (`_NGrams.repeat_candidates`); their strings are
+    then compared, so a hash collision costs time, never a different count. `grams` is the words'
+    `_NGrams`, built once per document for every n.
     """
-    grams = _n_grams(words, n, "")
-    first = dict(zip(reversed(grams), range(len(grams) - 1, -1, -1)))   # n-gram -> first position
-    if len(first) == len(grams):
+    grams = grams or _NGrams(words)
+    starts = grams.repeat_candidates(n)           # every position whose n-gram may repeat, ascending
+    if not starts:
         return 0
-    later = [i for i, gram in enumerate(grams) if first[gram] != i]
+    text, offsets = grams.text, grams.offsets
+    gram_at = {i: text[offsets[i]:offsets[i + n]] for i in starts}
+    first: dict[str, int] = {}
+    for i in starts:
+        first.setdefault(gram_at[i], i)
     # An n-gram is remembered when the walk has stood on any of its positions. Every position not
     # jumped over is stood on; `jumped` holds the positions jumped over.
     seen: set[str] = set()
     jumped: set[int] = set()
     position = total = 0
-    for i in later:
-        if i < position:
+    for i in starts:
+        gram = gram_at[i]
+        if i < position or first[gram] == i:      # jumped over, or the first occurrence (stood on)
             continue
-        gram = grams[i]
         if gram in seen or first[gram] not in jumped:
             total += len(gram)
             jumped.update(range(i + 1, i + n))
@@ -365,3 +382,51 @@ def _repeated_chars(words: tuple[str, ...], n: int) -> int:
             position = i + 1
         seen.add(gram)
     return total
+
+
+class _NGrams:
+    """One document's words, for finding its repeated n-grams in numpy, for every n.
+
+    `text` is the words joined without spaces, and prefix sums give the hash of any run of its
+    characters in O(1): h(text[a:b]) = sum_t text[a+t] * B^t = (S[b] - S[a]) * B^-a mod 2^64, with
+    S[k] = sum_{j<k} text[j] * B^j (B odd, so B^-1 exists mod 2^64; numpy uint64 arithmetic wraps
+    modulo 2^64 by definition, the arithmetic meant here). Equal strings have equal hashes; unequal
+    ones rarely do, and the caller compares strings.
+    """
+
+    _BASE = 0x9E3779B97F4A7C15                       # odd
+    _LENGTH = np.uint64(0xD6E8FEB86659FD93)          # odd: mixes the length into the key
+
+    def __init__(self, words: tuple[str, ...]):
+        self.text = "".join(words)
+        self.offsets = [0, *itertools.accumulate(map(len, words))]   # word i: text[offsets[i]:offsets[i+1]]
+        self._offsets = np.array(self.offsets, dtype=np.int64)
+        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
+        np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
+        self._inverse = _powers(pow(self._BASE, -1, 2**64), len(codes))
+
+    def repeat_candidates(self, n: int) -> list[int]:
+        """The positions whose n-gram's hash and length equal another position's, ascending."""
+        m = len(self.offsets) - n               # positions of an n-gram
+        if m < 2:
+            return []
+        a, b = self._offsets[:m], self._offsets[n:]
+        keys = (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * self._LENGTH
+        ordered = np.sort(keys)
+        if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
+            return []
+        order = np.argsort(keys)
+        same = np.diff(keys[order]) == 0
+        repeated = np.zeros(m, dtype=bool)
+        repeated[1:] |= same
+        repeated[:-1] |= same
+        return np.sort(order[repeated]).tolist()
+
+
+def _powers(base: int, count: int) -> np.ndarray:
+    """base^0 .. base^(count-1) mod 2^64."""
+    out = np.full(count, base, dtype=np.uint64)
+    if count:
+        out[0] = 1
+    return np.cumprod(out, out=out)

@@ -27,6 +27,7 @@ from stages.io import figures, storage
 
 SAMPLE_CHARS = 300          # of each rejected document shown in report.md
 UNKNOWN = "other"           # the step of a reason that no step names
+META_FIELDS, META_CHARS = 4, 40   # a sample's metadata summary: its first fields, each value cut to this
 # CommonMark lets a backslash escape any ASCII punctuation; these are the ones that can start markup
 # inside a line (emphasis, code, links and images, HTML, entities, table cells, strikethrough) in a
 # sample's text, url or id. Line-start markup (#, -, 1.) cannot occur: each sample follows "- **id**".
@@ -69,6 +70,22 @@ def ordered_reasons(stats: dict, steps_: list[tuple[str, tuple[str, ...]]]) -> l
                 out.append((step, reason))
                 seen.add(reason)
     return out + [(UNKNOWN, reason) for reason in sorted(dropped) if reason not in seen]
+
+
+def ordered_rewrites(stats: dict, config: clean.Config) -> list[tuple[str, str]]:
+    """[(step, kind)] for every kind in stats.json's `rewritten` (absent before it was counted), in the
+    order of the filters that name it (`Rewriter.rewrites()`), then the others alphabetically (a
+    rewriter without `rewrites()` counts under its class name, which is then its step)."""
+    rewritten = stats.get("rewritten", {})
+    out: dict[str, str] = {}                     # kind -> step, in order
+    for f in clean.build_filters(config):
+        step = type(f).__name__
+        for kind in (*getattr(f, "rewrites", tuple)(), step):
+            if kind in rewritten:
+                out.setdefault(kind, step)
+    for kind in sorted(rewritten):
+        out.setdefault(kind, UNKNOWN)
+    return [(step, kind) for kind, step in out.items()]
 
 
 def read_samples(out_dir: str, reason: str) -> list[dict]:
@@ -133,8 +150,16 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
     lines += [f"| kept | (text removed from kept documents) | | | {rewritten:,} | "
               f"{_pct(rewritten, chars_in)} |",
               f"| kept | | {stats['docs_kept']:,} | {_pct(stats['docs_kept'], docs_in)} | "
-              f"{stats['chars_kept']:,} | {_pct(stats['chars_kept'], chars_in)} |",
-              "", "## Rejected samples", "",
+              f"{stats['chars_kept']:,} | {_pct(stats['chars_kept'], chars_in)} |", ""]
+    rewrites = ordered_rewrites(stats, config)
+    if rewrites:
+        lines += ["Kept documents whose text a step rewrote (a document counts once per kind):", "",
+                  "| step | rewrite | documents | % of docs kept |", "|---|---|---:|---:|"]
+        for step, kind in rewrites:
+            docs = stats["rewritten"][kind]
+            lines.append(f"| {step} | {_code(kind)} | {docs:,} | {_pct(docs, stats['docs_kept'])} |")
+        lines.append("")
+    lines += ["## Rejected samples", "",
               f"Up to {config.samples_per_reason} per reason, smallest ids first, the first {SAMPLE_CHARS} "
               "characters of the text as the filter saw it (⏎ marks a line break).", ""]
     for step, reason in order:
@@ -148,7 +173,9 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
             excerpt = "(no text)" if text is None else _escape(_one_line(text[:SAMPLE_CHARS])) + (
                 "…" if len(text) > SAMPLE_CHARS else "")
             url = f" {_escape(str(s['url']))}" if s.get("url") else ""
-            lines.append(f"- **{_escape(str(s.get('id')))}**{url}: {excerpt}")
+            meta = metadata_summary(s.get("metadata"))
+            meta = f" ({_escape(meta)})" if meta else ""
+            lines.append(f"- **{_escape(str(s.get('id')))}**{url}{meta}: {excerpt}")
         lines.append("")
     return "\n".join(lines)
 
@@ -156,6 +183,26 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
 # ---------------------------------------------------------------------------------------------
 # Plotting as stages/evaluate/report.py does it (Agg backend, tight PNG, figure closed); a near-copy
 # so that a data stage does not import the evaluation stage.
+
+def metadata_summary(metadata) -> str:
+    """A sample's metadata (the JSON object string of the `metadata` column, or a dict) in one short line:
+    `dump=CC-MAIN-2024-10, language=en, +3 more`; "" for none (samples that carry no metadata)."""
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            return ""
+    if not isinstance(metadata, dict) or not metadata:
+        return ""
+    items = []
+    for key in sorted(metadata)[:META_FIELDS]:
+        value = metadata[key]
+        value = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+        value = _one_line(value)
+        items.append(f"{key}={value[:META_CHARS]}{'…' if len(value) > META_CHARS else ''}")
+    more = len(metadata) - META_FIELDS
+    return ", ".join(items) + (f", +{more} more" if more > 0 else "")
+
 
 def _escape(text: str) -> str:
     return _MARKUP.sub(r"\\\1", text)

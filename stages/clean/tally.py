@@ -1,6 +1,8 @@
 """The clean stage's counts and rejected samples: what becomes `stats.json` and `rejected/`.
 
-Each Beam worker tallies the documents it saw (`Tally.keep`, `Tally.drop`); tallies of disjoint
+Each Beam worker tallies the documents it saw (`Tally.keep`, `Tally.drop`); `rewritten` counts the kept
+documents per kind of text rewrite (`filters.Rewriter`: `pii_email`, `pii_ip`, `c4_lines`, ...), so a
+document masked twice counts once per kind and each count is at most `docs_kept`. Tallies of disjoint
 parts of the data `merge` in any order to the same result: counts add, and samples keep the
 `samples_per_reason` smallest by `doc_order` (id first), a total order, so the merged samples do
 not depend on how Beam bundled the work.
@@ -28,10 +30,13 @@ class Tally:
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)         # reason -> documents
     dropped_chars: dict[str, int] = dataclasses.field(default_factory=dict)   # reason -> characters
     samples: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # reason -> sorted samples
+    rewritten: dict[str, int] = dataclasses.field(default_factory=dict)       # kind -> kept documents
 
-    def keep(self, chars: int) -> None:
+    def keep(self, chars: int, rewrites: tuple[str, ...] = ()) -> None:
         self.docs_kept += 1
         self.chars_kept += chars
+        for kind in dict.fromkeys(rewrites):      # once per kind
+            self.rewritten[kind] = self.rewritten.get(kind, 0) + 1
 
     def drop(self, reason: str, doc: dict, chars: int) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -52,6 +57,8 @@ class Tally:
         for reason, samples in other.samples.items():
             for sample in samples:
                 self._offer(reason, sample)
+        for kind, docs in other.rewritten.items():
+            self.rewritten[kind] = self.rewritten.get(kind, 0) + docs
 
     def _offer(self, reason: str, sample: dict) -> None:
         k = self.samples_per_reason
@@ -67,7 +74,8 @@ class Tally:
         return {"docs_in": self.docs_in, "chars_in": self.chars_in,
                 "docs_kept": self.docs_kept, "chars_kept": self.chars_kept,
                 "dropped": dict(sorted(self.dropped.items())),
-                "dropped_chars": dict(sorted(self.dropped_chars.items())), "shards": shards}
+                "dropped_chars": dict(sorted(self.dropped_chars.items())), "shards": shards,
+                "rewritten": dict(sorted(self.rewritten.items()))}
 
 
 def write(tally: Tally, out_dir: str, shards: int) -> None:

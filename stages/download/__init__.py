@@ -8,7 +8,8 @@ Writes into `out_dir`:
     docs-00000-of-0000N.parquet   columns id, text, url, source, error, metadata (`stages.io.documents`)
     stats.json                    {"docs", "bytes" (UTF-8 bytes of text), "shards", "units",
                                    "errors": {reason: docs}, "by_source": {source: docs},
-                                   "bad_files": {path: why it could not be read to its end}}
+                                   "bad_files": {path: why it could not be read to its end},
+                                   "revision": the hub commit read (FineWeb on the hub only)}
 
 A source lists its work as units (a batch of files, a parquet row group, a range of records,
 see `sources.py`). The driver deals them round-robin into `min(num_shards, len(units))` groups;
@@ -74,7 +75,9 @@ class Config:
 
 
 CONFIGURABLES = (Config, *SOURCES)
-VERSION = "3"   # 2: stats.json lists bad_files; 3: shards have a metadata column
+# 2: stats.json lists bad_files; 3: shards have a metadata column; 4: jsonl/parquet records and FineWeb rows
+# carry their other fields in metadata, FineWeb on the hub is read at a pinned commit (stats.json: revision)
+VERSION = "4"
 
 
 def key_inputs(config: Config) -> Any:
@@ -96,7 +99,8 @@ def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) 
              len(groups), out_dir)
     try:
         with beam_runner.pipeline(config.runner) as p:
-            beam_graph.build(p, config.source, groups, out_dir, skip_bad_files=config.skip_bad_files)
+            beam_graph.build(p, config.source, groups, out_dir, skip_bad_files=config.skip_bad_files,
+                             provenance=provenance(config.source))
     except Exception as e:
         bad = _bad_file(e)
         if bad is None:
@@ -112,13 +116,20 @@ def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) 
                          "or set download.Config.min_docs = 0 to allow an empty output")
 
 
+def provenance(source: Any) -> dict:
+    """What the source resolved while listing, for stats.json (FineWeb on the hub: `revision`)."""
+    describe = getattr(source, "provenance", None)
+    return describe() if describe else {}
+
+
 def summary(out) -> str:
     """One line for the run summary, from a committed download (`pipeline.cache.Committed`)."""
     s = storage.read_json(out.file("stats.json"))
     errors = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"
     bad = f"; bad files: {len(s['bad_files'])}" if s.get("bad_files") else ""
+    revision = f"; hub revision {s['revision'][:12]}" if s.get("revision") else ""
     return (f"{s['docs']:,} docs, {s['bytes'] / 1e6:.1f} MB in {s['shards']} shards; "
-            f"bad records: {errors}{bad}")
+            f"bad records: {errors}{bad}{revision}")
 
 
 def _bad_file(e: BaseException | None) -> BadFile | None:

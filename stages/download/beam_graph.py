@@ -21,7 +21,8 @@ MB = 1e6
 
 
 def build(p: beam.Pipeline, source: Any, groups: list[list], out_dir: str,
-          skip_bad_files: bool = False) -> None:
+          skip_bad_files: bool = False, provenance: dict | None = None) -> None:
+    """`provenance`: what the source resolved (FineWeb: the hub `revision`), added to stats.json."""
     n = len(groups)
     _ = (p
          | "Groups" >> beam.Create(list(enumerate(groups)))
@@ -29,7 +30,7 @@ def build(p: beam.Pipeline, source: Any, groups: list[list], out_dir: str,
          | "WriteShards" >> beam.Map(write_shard, source=source, out_dir=out_dir, num_shards=n,
                                      skip_bad_files=skip_bad_files)
          | "SumCounts" >> beam.CombineGlobally(sum_counts)
-         | "WriteStats" >> beam.Map(write_stats, out_dir=out_dir, num_shards=n))
+         | "WriteStats" >> beam.Map(write_stats, out_dir=out_dir, num_shards=n, provenance=provenance or {}))
 
 
 def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shards: int,
@@ -86,9 +87,10 @@ def sum_counts(parts: Iterable[dict]) -> dict:
     return total
 
 
-def write_stats(total: dict, *, out_dir: str, num_shards: int) -> None:
+def write_stats(total: dict, *, out_dir: str, num_shards: int, provenance: dict | None = None) -> None:
     stats = {name: dict(v) if isinstance(v, dict) else v for name, v in total.items()}
     stats["shards"] = num_shards
+    stats.update(provenance or {})
     storage.write_json(storage.join(out_dir, "stats.json"), stats)
     log.info("download: %d docs, %.1f MB, %d shards, errors %s", stats["docs"], stats["bytes"] / MB,
              num_shards, stats["errors"])

@@ -11,6 +11,18 @@ record is counted (by this stage's stats and by clean) instead of crashing the r
     non_string_text   the text field is a number, list, object, ...
     syntax_error      an embedded standard-library file that does not parse
 
+and, for instruction-tuning records rendered through a template (`templates.py`):
+
+    missing_instruction   neither an `instruction` nor a `messages` field
+    missing_output        an `instruction` without an `output`
+    non_string_field      `instruction`, `input` or `output` is not a string
+    malformed_messages    `messages` is not a non-empty list of {"role": str, "content": str} objects
+    unknown_role          a message whose role has no format (and the formats have no "*")
+
+A record's fields are addressed by paths (`field`): `text`, or `metadata.url` for a nested object. What a
+record holds besides its id, text and URL can go into the document's `metadata` column (`metadata_json`),
+converted to JSON deterministically (`jsonable`).
+
 A file that cannot be read to its end (a corrupt or truncated gzip stream, a broken parquet file) is
 not a bad record: reading it raises `BadFile`, which names the file, what the library said and how far
 reading got. The stage fails with it, or with `download.Config.skip_bad_files` keeps the records read
@@ -19,7 +31,13 @@ before the damage and lists the file under `bad_files` in stats.json.
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 ID_HEX_CHARS = 24   # 96 bits: no collision in practice even at 10^10 documents
@@ -79,3 +97,100 @@ def is_utf8(text: str) -> bool:
         return False
     return True
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Field paths and metadata
+
+MISSING = object()   # what `field` returns for a path the record does not have
+
+
+def field(record: Any, path: str) -> Any:
+    """The value at `path` in a record: the key `path` itself when the record has it (a key may hold a
+    dot), else the dotted path through nested objects (`metadata.url`); MISSING when neither exists."""
+    if not isinstance(record, Mapping):
+        return MISSING
+    if path in record:
+        return record[path]
+    value = record
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def present(value: Any) -> Any:
+    """`value`, with MISSING as None (an absent field reads as a null one)."""
+    return None if value is MISSING else value
+
+
+def without(record: Mapping, paths: Iterable[str]) -> dict:
+    """A copy of `record` without the fields at `paths` (as `field` finds them); an object left empty by
+    a removal is removed too, so mapping `metadata.url` to the URL leaves no `{"metadata": {}}` behind."""
+    out = dict(record)
+    for path in paths:
+        if path in out:
+            del out[path]
+            continue
+        parts = path.split(".")
+        chain = [out]   # the objects along the path, copied before they change
+        for part in parts[:-1]:
+            child = chain[-1].get(part)
+            if not isinstance(child, Mapping):
+                break
+            chain[-1][part] = child = dict(child)
+            chain.append(child)
+        else:
+            if parts[-1] in chain[-1]:
+                del chain[-1][parts[-1]]
+                for parent, part in zip(reversed(chain[:-1]), reversed(parts[:-1])):
+                    if parent[part]:
+                        break
+                    del parent[part]
+    return out
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON values, the same way every run: bytes as UTF-8 text (else "base64:<b64>"),
+    dates and times as ISO 8601, durations as seconds, decimals as strings, numpy scalars and arrays as
+    numbers and lists, NaN and infinities as the strings "NaN", "Infinity", "-Infinity", tuples as lists,
+    sets as sorted lists, mapping keys as strings, anything else as `str(value)`."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        items = [jsonable(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(data).decode("ascii")
+    if isinstance(value, (datetime.date, datetime.time)):   # datetime (and pandas' Timestamp) is a date
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if hasattr(value, "tolist") and callable(value.tolist):   # numpy scalars and arrays, without numpy
+        return jsonable(value.tolist())
+    return str(value)
+
+
+def metadata_json(fields: Mapping | None) -> str | None:
+    """The `metadata` column: `fields` as a JSON object with sorted keys (None for no or no fields), its
+    values through `jsonable`; a string with lone surrogates stays escaped so parquet can store it."""
+    if not fields:
+        return None
+    value = jsonable(fields)
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if is_utf8(text) else json.dumps(value, sort_keys=True)

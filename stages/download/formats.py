@@ -4,6 +4,11 @@ A unit of work is `(path, part)`: `part` is a parquet row group, or 0 for a file
 (gzip cannot be split). Ids and URLs fall back to the position in the file when a record
 carries none: `path:line` (1-based) for jsonl and paragraphs, `path:row` (0-based) for parquet.
 
+`Fields` names a record's text, id and URL by path (`text`, or `metadata.url` in a nested object or a
+parquet struct column: `document.field`). A jsonl or parquet record's other fields go into the
+`metadata` column as a JSON object (`Fields.metadata`: ("*",) all of them, () none, or the paths to
+keep); with a `Fields.template`, instruction-tuning records are rendered into the text (`templates.py`).
+
 A damaged file (a corrupt or truncated gzip stream, a broken parquet footer or page) raises
 `document.BadFile` naming it and how far reading got, after the records before the damage: jsonl
 keeps every line before it, parquet every batch before it, a txt file nothing (it is one read).
@@ -23,9 +28,21 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO
 
-from stages.download.document import BadFile, doc_id, plain_str, text_or_error
+from stages.download import templates
+from stages.download.document import (
+    MISSING,
+    BadFile,
+    doc_id,
+    field,
+    metadata_json,
+    plain_str,
+    present,
+    text_or_error,
+    without,
+)
 from stages.io import documents, storage
 
+ALL = "*"               # Fields.metadata: every field not taken for the id, text or URL
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".txt": "txt", ".txt.gz": "txt", ".parquet": "parquet"}
 BATCH_ROWS = 1024       # records read at a time
 FOOTER_READERS = 16     # parquet footers are small, remote reads are latency-bound: read them in parallel
@@ -33,13 +50,24 @@ FOOTER_READERS = 16     # parquet footers are small, remote reads are latency-bo
 
 @dataclasses.dataclass(frozen=True)
 class Fields:
-    """Where a record keeps its parts; "" for id/url means derive them from the position."""
+    """Where a record keeps its parts, as paths (`document.field`); "" for id/url means derive them from
+    the position."""
 
     text: str = "text"
     id: str = ""
     url: str = "url"
     txt_unit: str = "file"     # "file" or "paragraph"
     source: str = "files"      # the `source` column of every document
+    metadata: tuple[str, ...] = (ALL,)             # into `metadata`: (ALL,) every other field, () none, paths
+    template: templates.Template | None = None     # render instruction-tuning records; None: the text field
+
+    def columns(self) -> list[str] | None:
+        """The parquet columns a record needs (a path's whole name and its first part), None for all."""
+        if ALL in self.metadata:
+            return None
+        paths = [self.id, self.url, *self.metadata]
+        paths += list(templates.INSTRUCTION_FIELDS) + [templates.MESSAGES] if self.template else [self.text]
+        return list(dict.fromkeys(c for p in paths if p for c in (p, p.split(".")[0])))
 
 
 def file_format(path: str) -> str:
@@ -49,8 +77,9 @@ def file_format(path: str) -> str:
     raise ValueError(f"{path} has an unsupported extension; supported are {', '.join(SUFFIXES)}")
 
 
-def units(paths: Sequence[str], text_field: str, hint: str = "") -> list[tuple[str, int]]:
-    """(path, part) for every file, one per row group for parquet (whose footers are read here)."""
+def units(paths: Sequence[str], text_field: str | None, hint: str = "") -> list[tuple[str, int]]:
+    """(path, part) for every file, one per row group for parquet (whose footers are read here, and
+    checked for `text_field`'s column unless it is None)."""
     formats = [file_format(p) for p in paths]
     parquet = [p for p, fmt in zip(paths, formats) if fmt == "parquet"]
     row_groups = dict(zip(parquet, parquet_row_groups(parquet, text_field, hint)))
@@ -133,19 +162,35 @@ def paragraphs(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _parquet(path: str, row_group: int, fields: Fields) -> Iterator[dict]:
-    columns = [c for c in (fields.text, fields.id, fields.url) if c]
-    for row, record in parquet_rows(path, columns, row_group):
+    for row, record in parquet_rows(path, fields.columns(), row_group):
         doc = {"id": doc_id(fields.source, path, row), "text": None, "url": f"{path}:{row}",
                "source": fields.source, "error": None}
         yield _from_record(doc, record, fields)
 
 
 def _from_record(doc: dict, record: dict, fields: Fields) -> dict:
-    """`doc` (positional id and URL) completed from a record's own text, id and URL."""
-    text, error = text_or_error(record.get(fields.text))
-    own_id = plain_str(record.get(fields.id)) if fields.id else None
-    own_url = plain_str(record.get(fields.url)) if fields.url else None
-    return doc | {"text": text, "error": error, "id": own_id or doc["id"], "url": own_url or doc["url"]}
+    """`doc` (positional id and URL) completed from a record's own text (or its rendered template), id and
+    URL, and its other fields as metadata."""
+    if fields.template is None:
+        text, error = text_or_error(present(field(record, fields.text)))
+        taken = [fields.text]
+    else:
+        text, error = templates.render(fields.template, record)
+        text, error = (None, error) if error else text_or_error(text)
+        taken = [*templates.INSTRUCTION_FIELDS, templates.MESSAGES]
+    own_id = plain_str(present(field(record, fields.id))) if fields.id else None
+    own_url = plain_str(present(field(record, fields.url))) if fields.url else None
+    taken += [path for path, value in ((fields.id, own_id), (fields.url, own_url)) if value]
+    return doc | {"text": text, "error": error, "id": own_id or doc["id"], "url": own_url or doc["url"],
+                  "metadata": metadata(record, taken, fields.metadata)}
+
+
+def metadata(record: dict, taken: Sequence[str], wanted: Sequence[str]) -> str | None:
+    """The metadata column of a record: with (ALL,), every field but those `taken` for the document's text,
+    id and URL; else the fields at the `wanted` paths that the record has, by path."""
+    if ALL in wanted:
+        return metadata_json(without(record, taken))
+    return metadata_json({path: value for path in wanted if (value := field(record, path)) is not MISSING})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,20 +221,22 @@ def named_damage(path: str, where: Callable[[], str] = str, parquet: bool = Fals
         raise BadFile(path, f"{kind}: {e}", where()) from e
 
 
-def parquet_rows(path: str, columns: Sequence[str], row_group: int) -> Iterator[tuple[int, dict]]:
-    """`documents.rows` of one row group, with damage named (`BadFile`) after the rows read before it."""
+def parquet_rows(path: str, columns: Sequence[str] | None, row_group: int) -> Iterator[tuple[int, dict]]:
+    """`documents.rows` of one row group (`columns=None`: all), with damage named (`BadFile`) after the rows
+    read before it. A column the file lacks is absent from the records (a missing field, not a null one)."""
     row = None
     with named_damage(path, lambda: f"row group {row_group}" + ("" if row is None else f", after row {row}"),
                       parquet=True):
-        for row, record in documents.rows(path, columns, row_group):
+        for row, record in documents.rows(path, columns, row_group, absent_as_none=False):
             yield row, record
 
 
 # ---------------------------------------------------------------------------------------------
 # Parquet footers, shared with the FineWeb source
 
-def parquet_row_groups(paths: Sequence[str], required_column: str, hint: str = "") -> list[int]:
-    """The row-group count of each file; a file without `required_column` is a ValueError.
+def parquet_row_groups(paths: Sequence[str], required_column: str | None, hint: str = "") -> list[int]:
+    """The row-group count of each file; a file without `required_column` (a path: the column of that
+    name, or of its first part) is a ValueError; None requires nothing.
 
     A file whose footer is damaged counts one row group: reading that unit raises `BadFile`, so a broken
     file fails the stage, or is skipped and counted, in one place (the worker), like any other damage.
@@ -203,7 +250,7 @@ def parquet_row_groups(paths: Sequence[str], required_column: str, hint: str = "
         except BadFile:
             return 1
         names = meta.schema.to_arrow_schema().names
-        if required_column not in names:
+        if required_column is not None and not {required_column, required_column.split(".")[0]} & set(names):
             raise ValueError(f"{path} has no column {required_column!r}; its columns are {names}{hint}")
         return meta.num_row_groups
 

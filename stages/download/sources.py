@@ -20,11 +20,12 @@ Add a source: a dataclass here with those three methods, appended to `SOURCES`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 
-from stages.download import embedded, formats
+from stages.download import embedded, formats, templates
 from stages.download.document import doc_id, plain_str, text_or_error
 from stages.io import storage
 
@@ -53,13 +54,26 @@ class Embedded:
 
 @dataclasses.dataclass(frozen=True)
 class Files:
-    """Local or gs:// files by glob; the format follows the extension (`formats.SUFFIXES`)."""
+    """Local or gs:// files by glob; the format follows the extension (`formats.SUFFIXES`).
+
+    Fields are paths into a record: "text", or "metadata.url" for a nested object (Dolma) or a parquet
+    struct column; a key that holds a dot is found whole first. A jsonl or parquet record's other fields
+    go into the `metadata` column as a JSON object: `metadata_fields = ("*",)` all of them, `()` none, or
+    the paths to keep, e.g. `("metadata.date", "source")`. Instruction-tuning records (`instruction`,
+    `input`, `output`, or chat `messages`) become text through `template` (templates.py):
+
+        download.Files.template = "alpaca"       # or "chatml", or "Q: {instruction} {input}\nA: {output}"
+        download.Files.message_formats = {"user": "User: {content}\n", "*": "{role}: {content}\n"}
+    """
 
     paths: tuple[str, ...] = ()   # globs, e.g. ("gs://bucket/crawl/*.jsonl.gz", "/data/*.parquet")
-    text_field: str = "text"      # the JSON key or parquet column holding the text
+    text_field: str = "text"      # the path of the text: a JSON key or parquet column, or "a.b" nested
     id_field: str = ""            # the record's own id; "" (or absent) = a hash of file and position
-    url_field: str = "url"        # the record's URL; absent = "path:line"
+    url_field: str = "url"        # the record's URL, e.g. "metadata.url"; absent = "path:line"
     txt_unit: str = "file"        # .txt: "file" = one document per file; "paragraph" = split on blank lines
+    metadata_fields: tuple[str, ...] = ("*",)   # the record's other fields into `metadata`; () = none
+    template: str = ""            # "" = the text field; "alpaca", "chatml" or a format string (templates.py)
+    message_formats: tuple[tuple[str, str], ...] | Mapping[str, str] = ()   # role -> "{role}: {content}"
 
     TXT_UNITS = ("file", "paragraph")
 
@@ -70,6 +84,16 @@ class Files:
                              "set it to the JSON key or parquet column holding the text")
         if self.txt_unit not in self.TXT_UNITS:
             raise ValueError(f"Files.txt_unit={self.txt_unit!r} is not one of {self.TXT_UNITS}")
+        object.__setattr__(self, "metadata_fields", _metadata_fields("Files", self.metadata_fields))
+        if isinstance(self.message_formats, Mapping):   # gin gives a dict: a sorted tuple hashes and pickles
+            object.__setattr__(self, "message_formats", tuple(sorted(self.message_formats.items())))
+        if self.message_formats and not self.template:
+            raise ValueError("Files.message_formats is set but Files.template is empty; set a template "
+                             f"({', '.join(map(repr, templates.NAMES))} or a format string)")
+        try:
+            self.fields()
+        except ValueError as e:
+            raise ValueError(f"Files.{e}") from None
 
     def fingerprint(self) -> dict[str, str]:
         """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
@@ -79,13 +103,17 @@ class Files:
         found: set[str] = set()
         for pattern in self.paths:
             found.update(_matching(storage.glob(pattern), f"download.Files.paths: {pattern!r}"))
-        return formats.units(sorted(found), self.text_field,
+        return formats.units(sorted(found), None if self.template else self.text_field,
                              hint="; set download.Files.text_field to the text column")
 
     def read(self, unit: tuple[str, int]) -> Iterator[dict]:
-        fields = formats.Fields(text=self.text_field, id=self.id_field, url=self.url_field,
-                                txt_unit=self.txt_unit, source="files")
-        return formats.read(*unit, fields)
+        return formats.read(*unit, self.fields())
+
+    def fields(self) -> formats.Fields:
+        template = templates.Template.named(self.template, self.message_formats) if self.template else None
+        return formats.Fields(text=self.text_field, id=self.id_field, url=self.url_field,
+                              txt_unit=self.txt_unit, source="files", metadata=self.metadata_fields,
+                              template=template)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +181,20 @@ class FineWeb:
     """FineWeb parquet (https://huggingface.co/datasets/HuggingFaceFW/fineweb), one unit per row group.
 
     `root` is any storage URL laid out like the hub repository: `hf://` (huggingface_hub's fsspec
-    filesystem; set HF_TOKEN for higher rate limits), a gs:// mirror, or a local copy.
+    filesystem; set HF_TOKEN for higher rate limits), a gs:// mirror, or a local copy. On the hub,
+    `revision` (a branch, tag or commit) is resolved to its commit once, by the first `fingerprint()` or
+    `units()` of this config, and every file is listed and read at that commit (`commit`), so a push
+    during a run changes nothing; download's stats.json records it as `revision`. The key holds each
+    file's content hash (git blob id) by its path without the commit, so a new commit that leaves the
+    files alone leaves the key alone. Columns other than text, id and url (`dump`, `date`, `file_path`,
+    `language`, `language_score`, `token_count`, FineWeb-Edu's `score`...) go into `metadata`.
     """
 
     root: str = storage.hub_url("datasets/HuggingFaceFW/fineweb")
     pattern: str = "sample/10BT/*.parquet"   # or "data/CC-MAIN-2024-10/*.parquet", "sample/100BT/*.parquet"
     max_files: int = 0                       # 0 = every matching file; N = the first N in sorted order
+    revision: str = "main"                   # on the hub: the branch, tag or commit to pin (see above)
+    metadata_fields: tuple[str, ...] = ("*",)   # other columns into `metadata`: ("*",) all, () none, names
 
     COLUMNS = ("text", "id", "dump", "url")
     HINT = " (check root and pattern)"
@@ -168,12 +204,39 @@ class FineWeb:
             raise ValueError(f"FineWeb.root={self.root!r} and FineWeb.pattern={self.pattern!r} "
                              "must both be set")
         _check_at_least("FineWeb.max_files", self.max_files, 0)
+        if not self.revision:
+            raise ValueError('FineWeb.revision is empty; set it to a branch, tag or commit, e.g. "main"')
+        if self.revision != "main" and not storage.is_hub(self.root):
+            raise ValueError(f"FineWeb.revision={self.revision!r} needs a root on the hub; "
+                             f"root={self.root!r} is not (leave revision as \"main\")")
+        object.__setattr__(self, "metadata_fields", _metadata_fields("FineWeb", self.metadata_fields))
+
+    @functools.cached_property
+    def pinned(self) -> tuple[str, str | None]:
+        """(the root to list and read, the commit it is pinned to, or None off the hub): resolved once
+        per config object, so its fingerprint and its units see the same commit."""
+        if not storage.is_hub(self.root):
+            return self.root, None
+        root, commit = storage.hub_commit(self.root, self.revision)
+        log.info("download: %s at %s is commit %s", self.root, self.revision, commit)
+        return root, commit
+
+    @property
+    def commit(self) -> str | None:
+        return self.pinned[1]
+
+    def provenance(self) -> dict:
+        """What download's stats.json records of the source: the hub commit it read."""
+        return {"revision": self.commit} if self.commit else {}
 
     def fingerprint(self) -> dict[str, str]:
         """Every file it reads -> its version: on the hub its git blob id (a hash of its content), from the
-        same kind of listing `units` makes (a network call; offline, planning says it cannot list)."""
+        same kind of listing `units` makes (a network call; offline, planning says it cannot list), by its
+        path without the commit."""
+        root = self.pinned[0]
         versions = _matching(storage.versions(self.glob), f"download.FineWeb: {self.glob!r}", self.HINT)
-        return {path: versions[path] for path in self._first(sorted(versions))}
+        return {self.root + path[len(root):] if path.startswith(root) else path: versions[path]
+                for path in self._first(sorted(versions))}
 
     def units(self) -> list[tuple[str, int]]:
         files = self._first(_matching(storage.glob(self.glob), f"download.FineWeb: {self.glob!r}", self.HINT))
@@ -182,18 +245,23 @@ class FineWeb:
 
     @property
     def glob(self) -> str:
-        return storage.join(self.root, self.pattern)
+        return storage.join(self.pinned[0], self.pattern)
 
     def _first(self, files: list[str]) -> list[str]:
         return files[:self.max_files] if self.max_files else files
 
     def read(self, unit: tuple[str, int]) -> Iterator[dict]:
         path, row_group = unit
-        for row, record in formats.parquet_rows(path, self.COLUMNS, row_group):
-            source = f"fineweb/{plain_str(record['dump']) or 'unknown'}"
-            text, error = text_or_error(record["text"])
-            yield {"id": plain_str(record["id"]) or doc_id("fineweb", path, row), "text": text,
-                   "url": plain_str(record["url"]) or f"{path}:{row}", "source": source, "error": error}
+        every = formats.ALL in self.metadata_fields
+        columns = None if every else list(dict.fromkeys(self.COLUMNS + self.metadata_fields))
+        for row, record in formats.parquet_rows(path, columns, row_group):
+            source = f"fineweb/{plain_str(record.get('dump')) or 'unknown'}"
+            text, error = text_or_error(record.get("text"))
+            own_id, own_url = plain_str(record.get("id")), plain_str(record.get("url"))
+            taken = ["text"] + [name for name, value in (("id", own_id), ("url", own_url)) if value]
+            yield {"id": own_id or doc_id("fineweb", path, row), "text": text,
+                   "url": own_url or f"{path}:{row}", "source": source, "error": error,
+                   "metadata": formats.metadata(record, taken, self.metadata_fields)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +329,15 @@ def _fingerprint(what: str, patterns: tuple[str, ...]) -> dict[str, str]:
     for pattern in patterns:
         found.update(_matching(storage.versions(pattern), f"{what}: {pattern!r}"))
     return dict(sorted(found.items()))
+
+
+def _metadata_fields(owner: str, fields) -> tuple[str, ...]:
+    """`metadata_fields` as a tuple: ("*",) alone, or field paths; an error naming the field otherwise."""
+    fields = (fields,) if isinstance(fields, str) else tuple(fields)
+    if not all(isinstance(f, str) and f for f in fields) or (formats.ALL in fields and len(fields) > 1):
+        raise ValueError(f"{owner}.metadata_fields={fields!r} must be (\"*\",) for every other field, () "
+                         'for none, or field paths such as ("date", "metadata.source")')
+    return fields
 
 
 def _check_at_least(name: str, value: object, low: int) -> None:

@@ -8,10 +8,13 @@ Schema (every column a nullable string):
     source  which source produced it (`embedded`, `files`, `tfds/<name>`, `fineweb/<dump>`)
     error   null for a good record, else why it is unusable (`malformed_json`, `invalid_utf8`,
             `non_string_text`, …); clean counts these as rejections under that reason
-    metadata  null, or a JSON object of what else the source knows of the record, carried through
-            clean unchanged (WARC: `{"date", "content_type", "charset", "warc_file", "warc_offset"}`,
-            with `id` the WARC-Record-ID and `url` the WARC-Target-URI). Shards written before it
-            existed read it as null.
+    metadata  null, or a JSON object (sorted keys) of what else the source knows of the record, carried
+            through clean unchanged except that language identification adds `language` and
+            `language_score` (WARC: `{"date", "content_type", "charset", "warc_file", "warc_offset"}`,
+            with `id` the WARC-Record-ID and `url` the WARC-Target-URI; jsonl and parquet files: the
+            record's fields other than its text, id and URL, or those `download.Files.metadata_fields`
+            names; FineWeb: its columns other than text, id and url, e.g. `dump`, `date`, `file_path`,
+            `language`, `language_score`, `token_count`). Shards written before it existed read it as null.
 
 Shards are named `docs-00003-of-00016.parquet` and written with a streaming `ParquetWriter`
 through `stages.io.storage`, so a shard larger than memory is fine and `gs://` works unchanged.
@@ -84,18 +87,22 @@ def read(path: str, columns: Iterable[str] = COLUMNS) -> Iterator[dict]:
         yield row
 
 
-def rows(path: str, columns: Iterable[str], row_group: int | None = None) -> Iterator[tuple[int, dict]]:
+def rows(path: str, columns: Iterable[str] | None, row_group: int | None = None,
+         absent_as_none: bool = True) -> Iterator[tuple[int, dict]]:
     """(row index in the file, {column: value}) for every row of any parquet file, or of one row group.
 
     The one parquet row reader: shards here, and the parquet sources download reads (FineWeb, files).
-    Rows are decoded a batch at a time (bounded memory); columns the file lacks read as None.
+    Rows are decoded a batch at a time (bounded memory); columns the file lacks read as None (or, with
+    `absent_as_none=False`, are left out of the dicts), and `columns=None` reads every column the file
+    has (a struct column as a dict, a list as a list).
     """
     import pyarrow.parquet as pq
 
-    wanted = list(dict.fromkeys(columns))
     with storage.open(path, "rb") as f:
         pf = pq.ParquetFile(f)
+        wanted = list(dict.fromkeys(pf.schema_arrow.names if columns is None else columns))
         have = [c for c in wanted if c in pf.schema_arrow.names]
+        wanted = wanted if absent_as_none else have
         selection = {}
         row = 0
         if row_group is not None:

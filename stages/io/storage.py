@@ -54,6 +54,34 @@ def hub_url(repo_path: str) -> str:
     return HUB_SCHEME + repo_path.lstrip("/")
 
 
+def is_hub(path: str) -> bool:
+    return path.startswith(HUB_SCHEME)
+
+
+def hub_commit(root: str, revision: str = "main") -> tuple[str, str]:
+    """`root` (an hf:// URL of a repository or a folder in one) pinned to the commit that `revision` (a
+    branch, tag or commit sha) names now, and that commit's sha. One call to the hub (`HfApi.repo_info`);
+    offline it raises what huggingface_hub raises. Paths under the pinned root read that commit's files,
+    whatever is pushed later: `hf://datasets/HuggingFaceFW/fineweb@<sha>/sample/10BT/000_00000.parquet`.
+    """
+    from huggingface_hub import HfApi
+
+    if not is_hub(root):
+        raise ValueError(f"{root} is not on the Hugging Face hub ({HUB_SCHEME}...)")
+    parts = root[len(HUB_SCHEME):].strip("/").split("/")
+    kinds = {"datasets": "dataset", "spaces": "space", "models": "model"}
+    kind = kinds.get(parts[0])
+    parts = parts[1:] if kind else parts
+    if len(parts) < 2 or "@" in "/".join(parts[:2]):
+        raise ValueError(f"{root} does not name a hub repository as "
+                         f"{HUB_SCHEME}[datasets/]<owner>/<name>[/folder] (give the revision separately, "
+                         "not as @revision)")
+    repo_id, rest = "/".join(parts[:2]), parts[2:]
+    sha = HfApi().repo_info(repo_id, repo_type=kind or "model", revision=revision).sha
+    prefix = [next(k for k, v in kinds.items() if v == kind)] if kind and kind != "model" else []
+    return HUB_SCHEME + "/".join([*prefix, f"{repo_id}@{sha}", *rest]), sha
+
+
 def for_tensorstore(path: str) -> str:
     """`path` as TensorStore (Orbax's array I/O) takes it: an absolute local path or the URL.
 

@@ -151,7 +151,7 @@ def test_empty_input_writes_every_shard_and_zero_stats(tmp_path):
     assert sizes == {documents.shard_name(i, 4): 0 for i in range(4)}
     assert storage.read_json(done.file("stats.json")) == {
         "docs_in": 0, "chars_in": 0, "docs_kept": 0, "chars_kept": 0, "dropped": {}, "dropped_chars": {},
-        "shards": 4}
+        "shards": 4, "rewritten": {}}
 
 
 @pytest.mark.gcs

@@ -153,6 +153,7 @@ def test_tallies_merge_to_the_same_result_in_any_order():
             t.docs_in += 1
             t.chars_in += 10
             t.drop("too_short" if i % 2 else "empty", _sample_doc(i), 10)
+        t.keep(5, ("pii_email", "pii_ip", "pii_email") if part % 2 else ("c4_lines",))   # once per kind
         parts.append(t)
     merged = []
     for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]):
@@ -161,9 +162,10 @@ def test_tallies_merge_to_the_same_result_in_any_order():
             acc.merge(parts[i])
         merged.append(acc)
     assert merged[0] == merged[1] == merged[2]
-    assert merged[0].stats(shards=2) == {"docs_in": 40, "chars_in": 400, "docs_kept": 0, "chars_kept": 0,
+    assert merged[0].stats(shards=2) == {"docs_in": 40, "chars_in": 400, "docs_kept": 4, "chars_kept": 20,
                                          "dropped": {"empty": 20, "too_short": 20},
-                                         "dropped_chars": {"empty": 200, "too_short": 200}, "shards": 2}
+                                         "dropped_chars": {"empty": 200, "too_short": 200}, "shards": 2,
+                                         "rewritten": {"c4_lines": 2, "pii_email": 2, "pii_ip": 2}}
     assert [s["id"] for s in merged[0].samples["too_short"]] == ["001", "003", "005"]
     assert [s["id"] for s in merged[0].samples["empty"]] == ["000", "002", "004"]
 

@@ -201,6 +201,23 @@ def test_pii_switches():
     assert pii.PIIMasker().check(_doc(text)) is None and pii.PIIMasker().reasons() == ()
 
 
+@pytest.mark.parametrize("text, kinds", [
+    ("me@corp.com and 10.1.2.3", ("pii_email",)), ("host 8.8.8.8", ("pii_ip",)),
+    ("me@corp.com at 8.8.8.8", ("pii_email", "pii_ip")),
+    ("a_b@[8.8.4.4] only", ("pii_email",)),        # the IP went with the e-mail: one kind
+    ("nothing 10.1.2.3 here", ()),
+])
+def test_pii_says_what_it_masked_and_the_stage_counts_it(text, kinds):
+    masker = pii.PIIMasker()
+    _, after = masker.apply(_doc(text))
+    assert (masker.changes(_doc(text), after) if after["text"] != text else ()) == kinds
+    assert set(kinds) <= set(masker.rewrites())
+    config = clean.Config(min_chars=0, min_alpha_fraction=0, pii_masking=True)
+    rewrites: list[str] = []
+    assert clean.clean_document(_doc(text), config, clean.build_filters(config), rewrites)[0] is None
+    assert tuple(rewrites) == kinds
+
+
 # ---------------------------------------------------------------------------------------------
 # Config, gin, and the real clean stage
 
@@ -238,6 +255,35 @@ def test_fineweb_gin_switches_the_recipe_on():
     assert (config.lid_languages, config.lid_threshold) == (("en",), 0.65)
 
 
+def test_url_list_files_are_in_the_clean_key(tmp_path):
+    lists = tmp_path / "domains.txt"
+    lists.write_text("blocked.example\n")
+    base = [f"{REPO}/gin/tiny.gin"]
+
+    def plan(*overrides):
+        return pipeline_config.load(base, list(overrides)).stages["clean"]
+
+    # no list file (or the URL filter off): no inputs, and the key is what it was before lists were keyed
+    for stage in (plan(), plan("clean.Config.url_filter = True"),
+                  plan(f'clean.Config.url_blocked_domain_files = ["{lists}"]')):
+        assert stage.inputs is None
+        assert stage.key == cache.stage_key("clean", clean.VERSION, stage.config,
+                                            {u.name: u.key for u in stage.upstream_plans})
+    with_list = ["clean.Config.url_filter = True", f'clean.Config.url_blocked_domain_files = ["{lists}"]']
+    before = pipeline_config.load(base, with_list).stages
+    assert before["clean"].inputs == {"url_blocked_domain_files": {str(lists): storage.versions(str(lists))}}
+    assert plan(*with_list).key == before["clean"].key              # listed again: the same key
+    lists.write_text("blocked.example\nanother.example\n")        # the list is rewritten
+    after = pipeline_config.load(base, with_list).stages
+    assert after["clean"].key != before["clean"].key
+    assert after["tokenizer"].key != before["tokenizer"].key        # and every key after it
+    assert after["download"].key == before["download"].key
+    missing = plan("clean.Config.url_filter = True",
+                   f'clean.Config.url_soft_word_files = ["{tmp_path / "nope.txt"}"]')
+    with pytest.raises(pipeline_config.InputsError, match="clean.Config.url_soft_word_files: .*nope.txt"):
+        _ = missing.key
+
+
 def test_clean_stage_counts_the_new_reasons(tmp_path):
     root = str(tmp_path)
     (tmp_path / "domains").write_text("blocked.example\n")
@@ -263,6 +309,9 @@ def test_clean_stage_counts_the_new_reasons(tmp_path):
                            upstream={"download": download}, fn=clean.run)
     stats = storage.read_json(done.file("stats.json"))
     assert stats["dropped"] == {"url_domain": 1, "url_banned_word": 1, "language": 1, "language_score": 1}
+    assert stats["rewritten"] == {"pii_email": 1, "pii_ip": 1}      # kept documents only
+    report = storage.read_text(done.file("report.md"))
+    assert "| PIIMasker | `pii_email` | 1 | 100.0% |" in report and "| PIIMasker | `pii_ip` | 1 |" in report
     [kept] = [d for path in documents.shards_of(done) for d in documents.read(path)]
     assert kept["id"] == "keep" and kept["text"].startswith(english)
     assert "clerk@" not in kept["text"] and "8.8.8.8" not in kept["text"]

@@ -3,6 +3,7 @@ per reason that trips exactly that rule and a near miss that passes, C4's rewrit
 wiring, and the reasons counted by the real clean stage."""
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -82,12 +83,40 @@ def _naive_repeated_chars(ws, n):
     return total
 
 
-def test_repeated_n_gram_chars_match_the_plain_walk():
+# "a b" and "ab", "ab a" and "a ba" are the same n-gram joined without spaces; é and the emoji are
+# beyond Latin-1 and the BMP (the hash reads code points)
+WALK_VOCABULARIES = (["ab", "c", "d", "ab"], ["a", "b", "ab", "ba", "aba", "é", "\U0001F600"])
+
+
+@pytest.mark.parametrize("vocabulary", WALK_VOCABULARIES)
+def test_repeated_n_gram_chars_match_the_plain_walk(vocabulary):
     rng = random.Random(1)
     for _ in range(300):
-        ws = tuple(rng.choice(["ab", "c", "d", "ab"]) for _ in range(rng.randint(0, 40)))
-        for n in (1, 2, 3, 5):
+        ws = tuple(rng.choice(vocabulary) for _ in range(rng.randint(0, 40)))
+        grams = quality._NGrams(ws)
+        for n in (1, 2, 3, 5, 7, 10):
+            assert quality._repeated_chars(ws, n, grams) == _naive_repeated_chars(ws, n), (ws, n)
+
+
+def test_repeated_n_gram_chars_survive_hash_collisions(monkeypatch):
+    # base 1: an n-gram's hash is the sum of its code points, so "ab" and "ba" (and many more) collide;
+    # the strings compared after the hash keep the count exact
+    monkeypatch.setattr(quality._NGrams, "_BASE", 1)
+    rng = random.Random(2)
+    for _ in range(300):
+        ws = tuple(rng.choice(WALK_VOCABULARIES[1]) for _ in range(rng.randint(0, 40)))
+        for n in (1, 2, 5):
             assert quality._repeated_chars(ws, n) == _naive_repeated_chars(ws, n), (ws, n)
+    assert quality._NGrams(("ab", "x", "ba", "y")).repeat_candidates(1) == [0, 2]   # a collision, compared
+
+
+def test_top_n_gram_chars_match_counter_most_common():
+    rng = random.Random(3)
+    for _ in range(300):
+        ws = tuple(rng.choice(WALK_VOCABULARIES[1]) for _ in range(rng.randint(4, 30)))
+        for n in (2, 3, 4):
+            gram, count = Counter(" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)).most_common(1)[0]
+            assert quality._top_n_gram_chars(ws, n) == len(gram) * count, (ws, n)
 
 
 # Each text trips its rule and no rule checked before it; the near miss passes the whole filter.
@@ -302,8 +331,12 @@ def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite(
     config = clean.Config(gopher_repetition=True, gopher_quality=True, c4_quality=True, fineweb_quality=True)
     doc_filters = clean.build_filters(config)
     text = PROSE + "\nPlease enable javascript to view this page correctly."
-    reason, doc = clean.clean_document({"id": "a", "text": text}, config, doc_filters)
-    assert reason is None and doc["text"] == PROSE
+    rewrites: list[str] = []
+    reason, doc = clean.clean_document({"id": "a", "text": text}, config, doc_filters, rewrites)
+    assert reason is None and doc["text"] == PROSE and rewrites == ["c4_lines"]
+    rewrites.clear()
+    assert clean.clean_document({"id": "c", "text": PROSE}, config, doc_filters, rewrites) == \
+        (None, {"id": "c", "text": PROSE}) and rewrites == []            # C4 kept every line: no rewrite
     assert clean.clean_document({"id": "b", "text": PROSE + "\nvar x = {a: 1};"}, config, doc_filters)[0] == \
         "c4_curly_bracket"
 
