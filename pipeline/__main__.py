@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def _unreachable(plan: config.Plan) -> str:
     """Why the cache root cannot be used, in one line, or "" when it can be reached."""
     try:
-        storage.exists(plan.cache_root)
+        storage.check_reachable(plan.cache_root)
     except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
         return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
     return ""

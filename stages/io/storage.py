@@ -16,11 +16,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import logging
 import os
 import posixpath
 import shutil
+import socket
 import stat
 import tempfile
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
@@ -134,6 +137,33 @@ def open(path: str, mode: str = "rb", **kwargs) -> IO:  # noqa: A001 - mirrors b
 def exists(path: str) -> bool:
     fs, p = filesystem(path)
     return fs.exists(p)
+
+
+GCS_HOST = "storage.googleapis.com"
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_reachable(path: str) -> None:
+    """Raise OSError, naming the host, when `path`'s store cannot be reached, quickly: a gs:// path's
+    host (the emulator's, when STORAGE_EMULATOR_HOST is set) must resolve and accept a connection within
+    CONNECT_TIMEOUT_S, before gcsfs's own retries (about 50 s offline, with a traceback per attempt) are
+    tried; then `exists(path)`, with those retries' log lines held back, gives the final word. Local
+    paths and other schemes go straight to `exists`."""
+    if not is_local(path) and path.split(SCHEME_SEPARATOR, 1)[0] in ("gs", "gcs"):
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        server = emulator if emulator and "//" in emulator else f"//{emulator or GCS_HOST}"
+        url = urllib.parse.urlsplit(server)
+        host, port = url.hostname or GCS_HOST, url.port or (80 if url.scheme == "http" else 443)
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as e:
+            raise OSError(f"cannot connect to {host}:{port} for {path} ({type(e).__name__}: {e})") from None
+    quiet = logging.getLogger("gcsfs")
+    level, quiet.level = quiet.level, logging.CRITICAL + 1
+    try:
+        exists(path)
+    finally:
+        quiet.setLevel(level)
 
 
 def read_bytes(path: str) -> bytes:

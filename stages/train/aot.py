@@ -13,7 +13,10 @@ result beside the planner's estimate.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -58,13 +61,41 @@ def _topology_devices(topology: str, num_slices: int = 1) -> list:
     try:
         from jax.experimental import topologies
 
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **slices)
+        with _native_stderr_captured() as said:
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **slices)
     except Exception as e:  # noqa: BLE001 - libtpu missing or a name it does not know: say which and how
+        libtpu = f"; libtpu said: {said()[-2000:]}" if said().strip() else ""
         raise RuntimeError(f"cannot describe TPU topology {topology!r} x {num_slices} slice(s) "
-                           f"({type(e).__name__}: {e}); it needs libtpu: pip install -e '.[tpu]'") from None
+                           f"({type(e).__name__}: {e}); names look like 'v5p:8x8x16' or 'v5e:4x4', and "
+                           f"describing one needs libtpu: pip install -e '.[tpu]'{libtpu}") from None
     devices = list(desc.devices)
     expected = topology_chips(topology) * num_slices
     if len(devices) != expected:
         raise RuntimeError(f"topology {topology!r} x {num_slices} slice(s) gave {len(devices)} devices, "
                            f"expected {expected}")
     return devices
+
+
+@contextlib.contextmanager
+def _native_stderr_captured():
+    """Hold what native code writes to file descriptor 2 while the block runs; yields a function that
+    returns it. Loading libtpu on a machine without a TPU prints a dozen lines of warnings about the
+    missing chips (accelerator type, worker hostnames) that do not apply to compiling ahead of time:
+    they are shown only when describing the topology fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        text = ""
+
+        def said() -> str:
+            return text
+
+        try:
+            yield said
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")

@@ -3,6 +3,7 @@
 import dataclasses
 import glob
 import os
+import socket
 import subprocess
 import sys
 
@@ -143,9 +144,9 @@ def test_training_refuses_a_config_that_cannot_fit_unless_told_to_try():
     train.check_fits(dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, allow_unfit=True)))
 
 
-def _cli(*args):
+def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=None if env is None else {**os.environ, **env})
 
 
 def test_plan_with_placeholders_works_offline_and_run_stops_with_one_line():
@@ -167,6 +168,20 @@ def test_an_unreachable_cache_root_is_one_line():
     assert out.stderr.startswith("error: cannot reach the cache root s4://bucket/x")
 
 
+def test_a_gcs_cache_root_whose_server_is_down_is_one_line_naming_the_host():
+    """gcsfs retries a refused connection for about 50 s and logs a traceback for each try; the connection
+    is checked first (storage.check_reachable), so the user reads one line naming the server."""
+    with socket.socket() as s:       # a port that nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        out = _cli("status", "--gin", f"{REPO}/gin/tiny.gin", "--gin-param",
+                   'pipeline.Settings.cache_root = "gs://bucket/x"',
+                   env={"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"})
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: cannot reach the cache root gs://bucket/x: ")
+    assert f"cannot connect to 127.0.0.1:{port}" in out.stderr
+
+
 @pytest.mark.slow
 def test_plan_compiles_the_real_train_step_for_a_tpu_topology_ahead_of_time():
     out = _cli("plan", "--gin", f"{REPO}/gin/tiny.gin", "--overrides",
@@ -176,6 +191,8 @@ def test_plan_compiles_the_real_train_step_for_a_tpu_topology_ahead_of_time():
     lines = out.stdout.rstrip().splitlines()
     assert lines[-1] == "  verdict: fits on 4 x TPU v5p (95.0 GiB each), topology v5p:2x2x1"
     assert lines[-2].startswith("  XLA, compiled for v5p:2x2x1: ") and "per device" in lines[-2], lines[-2]
+    # libtpu's warnings about the chips this machine does not have are held back (aot.py)
+    assert "TPU_ACCELERATOR_TYPE" not in out.stderr and "InitGoogle" not in out.stderr, out.stderr
 
 
 def test_no_topology_means_no_compile_and_no_jax():
