@@ -6,12 +6,16 @@ of time for TPU topologies (no TPU needed: libtpu describes them).
 Each row is one configuration (model size, mesh, remat, micro-batch): `estimate / xla` is the ratio the
 planner is judged by (within 10% is the bar), both in device memory; `host_gib` is what an offload_*
 policy keeps in host memory by the planner (not in either device figure). The 600B rows compile for
-1,024 chips and take about a minute each on 2 cores.
+1,024 chips and take about a minute each on 2 cores. `cpu_rows` compile the same step for 8 simulated
+CPU devices, reported but not judged (see CPU_CASES).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 from pipeline import config
@@ -39,6 +43,18 @@ CASES = {
         "train.OptimizerConfig.grad_accum_steps = 2"]),
 }
 TOPOLOGY = {"1b": "v5p:2x2x2", "124m": "v5p:2x2x1"}     # model size -> the slice it is compiled for
+# Compiled for this machine's CPU as 8 simulated devices (a subprocess, so the device count is set before
+# JAX starts), float32 as CPU runs train. Reported beside the TPU rows, not judged: the planner models
+# the TPU (and GPU) compiler; XLA:CPU keeps more copies (RESULTS.md).
+CPU_DEVICES = 8
+CPU_CASES = {
+    "124m_cpu8_fsdp8_full": ["train.ModelConfig.remat = 'full'", "train.MeshConfig.fsdp = 8"],
+    "124m_cpu8_fsdp4_tp2_minimal": ["train.ModelConfig.remat = 'minimal'", "train.MeshConfig.fsdp = 4",
+                                    "train.MeshConfig.tensor = 2"],
+    "124m_cpu8_data8_none": ["train.ModelConfig.remat = 'none'", "train.MeshConfig.data = 8"],
+}
+CPU_COMMON = ["include 'model/124m.gin'", "train.ModelConfig.dtype = 'float32'",
+              "train.Config.seq_len = 1024", "train.Config.global_batch = 8"]
 
 
 def measure(work_dir: str) -> dict:
@@ -54,18 +70,47 @@ def measure(work_dir: str) -> dict:
             extra = ['train.HardwareConfig.device = "tpu-v5p"',
                      f'train.HardwareConfig.topology = "{topology}"',
                      "train.ModelConfig.dtype = 'bfloat16'", "train.Config.loss_chunk = 4096"]
-        includes = [o.split("'")[1] for o in overrides if o.startswith("include")]
-        bindings = [o.replace("'", '"') for o in overrides if not o.startswith("include")] + extra
-        files = [os.path.join(REPO, gin)] + [os.path.join(REPO, "gin", i) for i in includes]
-        cfg = config.load(files, bindings).stages["train"].config
-        estimate = planner.plan(cfg, advise=False)
-        start = time.perf_counter()
-        xla = aot.compile_train_step(cfg)
-        total = estimate.per_device["total"]
-        rows[name] = {"estimate_gib": round(total / 2**30, 3), "xla_gib": round(xla["total"] / 2**30, 3),
-                      "ratio": round(total / xla["total"], 3), "host_gib": round(estimate.host / 2**30, 3),
-                      "topology": cfg.hardware.topology, "compile_s": round(time.perf_counter() - start, 1)}
+        rows[name] = _row(_load(gin, overrides + extra), planner, aot)
     ratios = [r["ratio"] for r in rows.values()]
+    cpu_rows = {name: _cpu_row(name) for name in CPU_CASES}
     return {"benchmark": "plan_vs_xla", "rows": rows, "cases": len(ratios),
             "worst_ratio_off": round(max(abs(r - 1) for r in ratios), 3),
-            "within_10_percent": sum(abs(r - 1) <= 0.1 for r in ratios)}
+            "within_10_percent": sum(abs(r - 1) <= 0.1 for r in ratios), "cpu_rows": cpu_rows}
+
+
+def _load(gin: str, overrides: list[str]):
+    """The train config of `gin` plus `overrides` (bindings, and `include '<file under gin/>'` lines)."""
+    includes = [o.split("'")[1] for o in overrides if o.startswith("include")]
+    bindings = [o.replace("'", '"') for o in overrides if not o.startswith("include")]
+    files = [os.path.join(REPO, gin)] + [os.path.join(REPO, "gin", i) for i in includes]
+    return config.load(files, bindings).stages["train"].config
+
+
+def _row(cfg, planner, aot, devices=None) -> dict:
+    estimate = planner.plan(cfg, advise=False)
+    start = time.perf_counter()
+    xla = aot.compile_train_step(cfg, devices=devices)
+    total = estimate.per_device["total"]
+    return {"estimate_gib": round(total / 2**30, 3), "xla_gib": round(xla["total"] / 2**30, 3),
+            "ratio": round(total / xla["total"], 3), "host_gib": round(estimate.host / 2**30, 3),
+            "topology": cfg.hardware.topology or f"cpu x {len(devices)}",
+            "compile_s": round(time.perf_counter() - start, 1)}
+
+
+def _cpu_row(name: str) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={CPU_DEVICES}")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.plan_vs_xla", name], cwd=REPO, env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"plan_vs_xla {name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":          # one CPU row, in a process whose simulated devices are set
+    import jax
+
+    from stages.train import aot, planner
+
+    print(json.dumps(_row(_load("gin/tiny.gin", CPU_COMMON + CPU_CASES[sys.argv[1]]), planner, aot,
+                          devices=jax.devices())))

@@ -25,16 +25,16 @@ from stages.train import loop, sharding
 from stages.train.configs import topology_chips
 
 
-def compile_train_step(cfg, *, eos_id: int = 2) -> dict[str, int]:
+def compile_train_step(cfg, *, eos_id: int = 2, devices: list | None = None) -> dict[str, int]:
     """XLA's per-device bytes for one train step of `cfg` (a stages.train.Config) on its topology, times
-    its num_slices: argument (params, optimizer state, batch), output, alias (outputs that reuse donated
-    arguments), temp (everything else: gradients, activations, gathered layers) and total = argument +
-    output - alias + temp."""
+    its num_slices (or on `devices`, such as this machine's simulated CPU devices): argument (params,
+    optimizer state, batch), output, alias (outputs that reuse donated arguments), temp (everything else:
+    gradients, activations, gathered layers) and total = argument + output - alias + temp."""
     topology = cfg.hardware.topology
-    if not topology:
+    if devices is None and not topology:
         raise ValueError("train.HardwareConfig.topology is empty: name a TPU topology such as \"v5p:2x2x1\" "
                          "to compile for it")
-    devices = _topology_devices(topology, cfg.hardware.num_slices)
+    devices = devices or _topology_devices(topology, cfg.hardware.num_slices)
     mesh = sharding.make_mesh(cfg.mesh, devices=devices)
     graphdef, tx, init = loop.init_program(cfg.model, cfg.optimizer_for_run(), cfg.seed, mesh)
     params, opt_state = jax.eval_shape(init)          # shapes, dtypes and shardings; nothing allocated
