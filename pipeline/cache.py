@@ -5,9 +5,15 @@ Layout, for a stage `clean` whose key is `3f9a…`:
     <cache_root>/clean/3f9a…/attempt-20261123T014501-1a2b3c/   what one run wrote
     <cache_root>/clean/3f9a…/_SUCCESS.json                       written last; names the attempt
 
-A stage is done when `_SUCCESS.json` exists and every file it lists is present in the named
-attempt with the listed size. Nothing is ever renamed (GCS has no directory rename), so a crashed
-attempt is just a directory no manifest points at; the next commit removes it.
+A stage is done when `_SUCCESS.json` exists, reads as a manifest (a damaged one is "not done", with a
+warning naming it), and every file it lists is present in the named attempt with the listed size.
+Nothing is ever renamed (GCS has no directory rename), so a crashed attempt is just a directory no
+manifest points at; the next commit removes it.
+
+One run at a time computes a key: `run_stage` holds the key's lease (`lease.py`) from before it
+creates its attempt until after it commits, and a second run of the same key waits for it and then
+reuses its commit. So the commit that removes other attempts never removes one that a live run is
+still writing, and a manifest is only ever written by the run that holds the key.
 
 The key is `sha256(stage name, VERSION, canonical JSON of the Config, upstream keys, inputs)` and
 nothing else. Config fields declared with `metadata={"key": False}` (how a stage runs, such as
@@ -24,7 +30,9 @@ import datetime
 import fnmatch
 import hashlib
 import json
+import logging
 import os
+import posixpath
 import socket
 import time
 import uuid
@@ -32,8 +40,10 @@ from collections.abc import Callable, Mapping
 from importlib import metadata as importlib_metadata
 from typing import Any
 
+from pipeline import lease
 from stages.io import storage
 
+log = logging.getLogger(__name__)
 MANIFEST = "_SUCCESS.json"
 LIBRARIES = ("apache-beam", "sentencepiece", "pyarrow", "numpy", "jax", "flax", "optax",
              "orbax-checkpoint", "luigi", "gin-config", "gcsfs")
@@ -79,6 +89,7 @@ def stage_dir(cache_root: str, stage: str, key: str) -> str:
     return storage.join(cache_root, stage, key)
 
 
+ATTEMPT = "attempt-"   # <key>/attempt-<UTC time>-<random>/: what one run wrote
 WORK = "work"   # <key>/work/: resumable scratch shared by every attempt of a key, deleted by the commit
 
 
@@ -110,18 +121,49 @@ class Committed:
 
 
 def load(cache_root: str, stage: str, key: str) -> Committed | None:
-    """The committed output of (stage, key), or None when it is missing or incomplete."""
+    """The committed output of (stage, key), or None when it is missing, incomplete or its manifest is
+    damaged (logged as a warning naming the file: the stage is rebuilt by the next run that needs it)."""
     root = stage_dir(cache_root, stage, key)
+    path = storage.join(root, MANIFEST)
     try:
-        manifest = storage.read_json(storage.join(root, MANIFEST))
-    except (FileNotFoundError, json.JSONDecodeError):
+        raw = storage.read_bytes(path)
+    except FileNotFoundError:
         return None
-    path = storage.join(root, manifest["attempt"])
-    present = storage.sizes(path)
+    manifest, problem = parse_manifest(raw)
+    if problem:
+        log.warning("%s: %s; %s is not done and will be rebuilt", path, problem, stage)
+        return None
+    attempt = storage.join(root, manifest["attempt"])
+    present = storage.sizes(attempt)
     for name, size in manifest["files"].items():
         if present.get(name) != size:
             return None
-    return Committed(stage, key, path, manifest["files"], manifest)
+    return Committed(stage, key, attempt, manifest["files"], manifest)
+
+
+def parse_manifest(raw: bytes) -> tuple[dict, str]:
+    """(manifest, "") for the bytes of a well-formed `_SUCCESS.json`, else ({}, what is wrong with it).
+    Well-formed: a UTF-8 JSON object whose `attempt` names a directory directly inside the key
+    (`attempt-…`, no separators) and whose `files` maps relative paths that stay inside it (no `..`,
+    no leading `/`) to sizes in bytes, so no manifest can send a reader outside its key."""
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return {}, f"not a JSON manifest ({type(e).__name__}: {str(e)[:80]})"
+    if not isinstance(manifest, dict):
+        return {}, f"a manifest is a JSON object, not {type(manifest).__name__}"
+    attempt, files = manifest.get("attempt"), manifest.get("files")
+    if not (isinstance(attempt, str) and attempt.startswith(ATTEMPT) and "/" not in attempt
+            and "\\" not in attempt):
+        return {}, f"'attempt' is {attempt!r}, not the name of an {ATTEMPT}* directory"
+    if not isinstance(files, dict) or not files:
+        return {}, "'files' is missing or empty"
+    for name, size in files.items():
+        parts = posixpath.normpath(name).split("/")
+        if name.startswith("/") or ".." in parts or not isinstance(size, int) or isinstance(size, bool) \
+                or size < 0:
+            return {}, f"'files' entry {name!r}: {size!r} is not a relative path in the attempt and a size"
+    return manifest, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,8 +171,11 @@ def load(cache_root: str, stage: str, key: str) -> Committed | None:
 
 def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
               upstream: Mapping[str, Committed], fn: Callable[[Any, Mapping[str, Committed], str, str], Any],
-              extra_files: Mapping[str, str] = (), run_id: str = "") -> Committed:
-    """Runs `fn(config, upstream, attempt_dir, work_dir)` in a fresh attempt and commits it.
+              extra_files: Mapping[str, str] = (), run_id: str = "", reuse: bool = True,
+              lease_ttl_s: float = lease.TTL_S) -> Committed:
+    """Runs `fn(config, upstream, attempt_dir, work_dir)` in a fresh attempt and commits it, holding the
+    key's lease throughout; when `reuse` and another run committed the key while this one waited for the
+    lease, returns that commit instead of running.
 
     `work_dir` (`<key>/work/`) is scratch space that survives a failed attempt of the same key and is
     deleted by the commit: the one deliberate exception to "a crashed attempt's leftovers are never
@@ -142,33 +187,39 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     from an older one.
     """
     root = stage_dir(cache_root, stage, key)
-    attempt = f"attempt-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-    out_dir = storage.join(root, attempt)
-    storage.makedirs(out_dir)
-    for name, text in dict(extra_files).items():
-        storage.write_text(storage.join(out_dir, name), text)
-    start = time.time()
-    fn(config, upstream, out_dir, storage.join(root, WORK))
-    wall = time.time() - start
-    files = storage.sizes(out_dir)
-    if not files:
-        raise RuntimeError(f"stage {stage} wrote nothing into {out_dir}")
-    manifest = {
-        "stage": stage,
-        "key": key,
-        "attempt": attempt,
-        "files": files,
-        "config": config_to_json(config),
-        "upstream": {name: c.key for name, c in upstream.items()},
-        "libraries": library_versions(),
-        "wall_time_s": round(wall, 3),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "run_id": run_id,
-        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-    storage.write_json(storage.join(root, MANIFEST), manifest)
-    remove_stale_attempts(root, keep=attempt)
+    with lease.hold(root, owner=f"run {run_id or uuid.uuid4().hex} of {stage}", ttl_s=lease_ttl_s) as held:
+        if reuse and (done := load(cache_root, stage, key)) is not None:
+            log.info("%s %s: committed by another run while this one waited; reusing it", stage, key[:12])
+            return done
+        attempt = f"{ATTEMPT}{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        out_dir = storage.join(root, attempt)
+        storage.makedirs(out_dir)
+        for name, text in dict(extra_files).items():
+            storage.write_text(storage.join(out_dir, name), text)
+        start = time.time()
+        fn(config, upstream, out_dir, storage.join(root, WORK))
+        wall = time.time() - start
+        files = storage.sizes(out_dir)
+        if not files:
+            raise RuntimeError(f"stage {stage} wrote nothing into {out_dir}")
+        manifest = {
+            "stage": stage,
+            "key": key,
+            "attempt": attempt,
+            "files": files,
+            "config": config_to_json(config),
+            "upstream": {name: c.key for name, c in upstream.items()},
+            "libraries": library_versions(),
+            "wall_time_s": round(wall, 3),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "run_id": run_id,
+            "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        held.check()          # taken over while this run stalled: the other run owns the key now
+        storage.write_json(storage.join(root, MANIFEST), manifest)
+        remove_stale_attempts(root, keep=attempt)
+        lease.remove_old(root, keep=held.number)
     committed = load(cache_root, stage, key)
     if committed is None:
         raise RuntimeError(f"stage {stage} committed {root} but its files do not match the manifest")
@@ -176,8 +227,10 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
 
 
 def remove_stale_attempts(root: str, keep: str) -> None:
+    """Remove every attempt but `keep`, and the scratch `work/`. Called only by the run that holds the key's
+    lease and has just committed it, so no other attempt belongs to a live run."""
     for name in storage.listdir(root):
-        if (name.startswith("attempt-") or name == WORK) and name != keep:
+        if (name.startswith(ATTEMPT) or name == WORK) and name != keep:
             storage.remove(storage.join(root, name))
 
 

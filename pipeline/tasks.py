@@ -65,7 +65,7 @@ class StageTask(luigi.Task):
         cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
                         config=plan.stages[self.stage].config, upstream=upstream,
                         fn=dag.module(self.stage).run, extra_files={"config.gin": plan.operative_gin},
-                        run_id=self.run_id)
+                        run_id=self.run_id, reuse=not self.forced)
 
 
 _CLASSES: dict[str, type[StageTask]] = {}

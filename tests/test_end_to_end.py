@@ -2,6 +2,9 @@
 embedded corpus with a few training steps, locally and with the cache on a real GCS emulator."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -117,6 +120,33 @@ def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, caps
     assert set(rows) == {"slow", "fast"} and all(r["loss"] > 0 for r in rows.values())
     assert rows["fast"]["loss"] < rows["slow"]["loss"]          # 12 steps at 1e-4 barely move
     assert storage.read_bytes(f"{root}/sweeps/lrs/comparison.png")[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_two_concurrent_runs_on_one_cache_both_finish_with_one_commit_per_stage(where, tmp_path, request):
+    """Two `python -m pipeline run` started together on one fresh cache: every key is computed once (the
+    other run waits on its lease and reuses the commit), both exit 0, and each stage has exactly one
+    attempt, the one its manifest names (before leases, a commit deleted the other run's attempt while
+    it was being written, and the other run then committed what was left of it)."""
+    root = str(tmp_path / "cache")
+    if where == "gcs":
+        root = f"{request.getfixturevalue('gcs_bucket')}/refinery"
+    argv = [sys.executable, "-m", "pipeline", "run", *_argv(root)]
+    procs = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO)) for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n\n".join(o[-3000:] for o in outs)
+    plan = _check_outputs(root)
+    ran = [[row.split()[0] for row in out.splitlines() if len(row.split()) > 2 and row.split()[2] == "ran"]
+           for out in outs]
+    assert sorted(ran[0] + ran[1]) == sorted(ALL), ran                   # each stage ran exactly once
+    for stage, sp in plan.stages.items():
+        key_dir = cache.stage_dir(root, stage, sp.key)
+        attempts = [n for n in storage.listdir(key_dir) if n.startswith("attempt-")]
+        done = cache.load(root, stage, sp.key)
+        assert attempts == [done.manifest["attempt"]], (stage, attempts)
+        assert storage.sizes(done.path) == dict(done.files)              # exactly the files it committed
 
 
 def test_the_flagship_config_resolves_and_targets_a_tpu_slice():

@@ -166,6 +166,15 @@ def check_reachable(path: str) -> None:
         quiet.setLevel(level)
 
 
+def modified(path: str) -> float:
+    """When `path` was last written, in seconds since the epoch (the store's clock for GCS)."""
+    fs, p = filesystem(path)
+    if is_local(path):
+        return os.stat(p).st_mtime
+    fs.invalidate_cache(p)
+    return fs.modified(p).timestamp()
+
+
 def read_bytes(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -196,6 +205,35 @@ def write_bytes(path: str, data: bytes) -> None:
         os.replace(tmp, p)
     else:
         fs.pipe_file(p, data)
+
+
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Writes `data` to `path` only if nothing is there yet, atomically: True when this call created it,
+    False when the path already existed (whoever made it). Two callers racing for one path: exactly one
+    gets True. Local files are written under a temporary name and hard-linked into place (a link fails
+    when the name exists); a GCS object is uploaded with the precondition `ifGenerationMatch=0`, which
+    GCS refuses with 412 when the object exists."""
+    fs, p = filesystem(path)
+    if is_local(path):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        tmp = f"{p}.tmp-{uuid.uuid4().hex}"
+        with builtins.open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, p)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+    try:
+        fs.pipe_file(p, data, mode="create")
+    except FileExistsError:
+        return False
+    fs.invalidate_cache(p)
+    return True
 
 
 def write_text(path: str, text: str) -> None:
@@ -229,6 +267,7 @@ def sizes(directory: str) -> dict[str, int]:
 def listdir(directory: str) -> list[str]:
     """Names (not paths) of the direct children of `directory`, sorted; [] if it is missing."""
     fs, p = filesystem(directory)
+    fs.invalidate_cache(p)   # another process (a concurrent run) may have added or removed children
     if not fs.exists(p):
         return []
     return sorted(posixpath.basename(e.rstrip("/")) for e in fs.ls(p, detail=False))

@@ -1,6 +1,7 @@
 """The stage cache: keys, the `_SUCCESS.json` commit, and what counts as done."""
 
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline import cache
+from pipeline import cache, lease
 from stages.io import storage
 from tests.pipeline import fake_stage
 
@@ -76,9 +77,13 @@ def test_a_failed_run_commits_nothing_and_the_next_commit_removes_its_attempt(ro
     stage_dir = cache.stage_dir(root, "a", "k")
     assert cache.load(root, "a", "k") is None
     leftovers = storage.listdir(stage_dir)
-    assert len(leftovers) == 1 and leftovers[0].startswith("attempt-")
+    # the failed attempt, and the lease it released (lease.py)
+    assert [n for n in leftovers if n.startswith("attempt-")] == leftovers[1:] and len(leftovers) == 2
+    assert lease.read(f"{stage_dir}/{lease.lease_name(1)}")["released"] is True
     done = _run(root, fake_stage.Config(value=1))
-    assert storage.listdir(stage_dir) == sorted([cache.MANIFEST, done.manifest["attempt"]])
+    # one commit: its manifest, its attempt, and only the latest lease (released)
+    expected = [cache.MANIFEST, done.manifest["attempt"], lease.lease_name(2)]
+    assert storage.listdir(stage_dir) == sorted(expected)
 
 
 def test_a_killed_stage_leaves_nothing_that_counts_as_done(tmp_path):
@@ -119,7 +124,7 @@ def test_work_dir_survives_a_failed_attempt_and_is_removed_by_the_commit(root):
                            fn=resumable)
     assert storage.read_text(done.file("out.txt")) == "resumed=True"
     left = storage.listdir(cache.stage_dir(root, "t", "k"))
-    assert left == sorted([cache.MANIFEST, done.manifest["attempt"]])
+    assert left == sorted([cache.MANIFEST, done.manifest["attempt"], lease.lease_name(2)])
 
 
 def test_committed_paths_come_from_the_manifest_not_the_directory(tmp_path):
@@ -137,3 +142,29 @@ def test_inputs_enter_the_key_only_when_a_stage_states_them():
     with_inputs = cache.stage_key("a", "1", c, {}, inputs={"/d/x": "size=1,mtime_ns=5"})
     assert len({k, with_inputs, cache.stage_key("a", "1", c, {}, inputs={"/d/x": "size=1,mtime_ns=6"}),
                 cache.stage_key("a", "1", c, {}, inputs={})}) == 4
+
+
+DAMAGED_MANIFESTS = {
+    "random bytes": bytes(range(256)) * 3,
+    "empty object": b"{}",
+    "a list": b"[1, 2, 3]",
+    "truncated": b'{"attempt": "attempt-x", "files": {"out.txt": 4',
+    "attempt outside the key": b'{"attempt": "../../elsewhere", "files": {"out.txt": 4}}',
+    "file outside the attempt": b'{"attempt": "attempt-x", "files": {"../../../etc/passwd": 4}}',
+    "absolute file": b'{"attempt": "attempt-x", "files": {"/etc/passwd": 4}}',
+    "size not a number": b'{"attempt": "attempt-x", "files": {"out.txt": "4"}}',
+    "no files": b'{"attempt": "attempt-x", "files": {}}',
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_MANIFESTS)
+def test_a_damaged_manifest_is_not_done_names_its_file_and_is_rebuilt(damage, tmp_path, caplog):
+    root = str(tmp_path / "cache")
+    _run(root, fake_stage.Config(value=3))
+    manifest = storage.join(cache.stage_dir(root, "a", "k"), cache.MANIFEST)
+    storage.write_bytes(manifest, DAMAGED_MANIFESTS[damage])
+    with caplog.at_level(logging.WARNING, logger="pipeline.cache"):
+        assert cache.load(root, "a", "k") is None
+    assert manifest in caplog.text and "will be rebuilt" in caplog.text
+    rebuilt = _run(root, fake_stage.Config(value=3))
+    assert cache.load(root, "a", "k") == rebuilt and storage.read_text(rebuilt.file("out.txt")) == "x=3;"
