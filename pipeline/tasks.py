@@ -62,10 +62,15 @@ class StageTask(luigi.Task):
         if missing:
             raise RuntimeError(f"{self.stage}: upstream {missing} not committed")
         log.info("running %s (key %s)", self.stage, self.key[:12])
-        cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
-                        config=plan.stages[self.stage].config, upstream=upstream,
-                        fn=dag.module(self.stage).run, extra_files={"config.gin": plan.operative_gin},
-                        run_id=self.run_id, reuse=not self.forced)
+        try:
+            cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
+                            config=plan.stages[self.stage].config, upstream=upstream,
+                            fn=dag.module(self.stage).run, extra_files={"config.gin": plan.operative_gin},
+                            run_id=self.run_id, reuse=not self.forced)
+        except Exception as e:
+            if getattr(e, "resumable", False):    # stopped on request after saving (training's preemption)
+                _STOPPED.setdefault(self.run_id, []).append(f"{self.stage}: {e}")
+            raise
 
 
 _CLASSES: dict[str, type[StageTask]] = {}
@@ -80,6 +85,8 @@ def task_class(stage: str) -> type[StageTask]:
 
 # run_id -> stages forced in that invocation
 _FORCED: dict[str, set[str]] = {}
+# run_id -> "<stage>: <message>" for stages that stopped on request (preemption) and resume on a rerun
+_STOPPED: dict[str, list[str]] = {}
 
 
 @dataclasses.dataclass
@@ -88,6 +95,7 @@ class BuildResult:
     run_id: str
     summary: str              # Luigi's own summary
     ran: list[str]            # stages (of the targets' closures) committed by this invocation
+    stopped: list[str] = dataclasses.field(default_factory=list)   # stages stopped on request: rerun resumes
 
 
 def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str] = (), workers: int = 1,
@@ -121,7 +129,7 @@ def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str]
             done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
             if done is not None and done.manifest.get("run_id") == run_id and stage not in ran:
                 ran.append(stage)
-    return BuildResult(ok, run_id, result.summary_text, ran)
+    return BuildResult(ok, run_id, result.summary_text, ran, _STOPPED.pop(run_id, []))
 
 
 def _configure_luigi() -> None:
@@ -130,3 +138,16 @@ def _configure_luigi() -> None:
     config.set("worker", "check_complete_on_run", "true")
     # Luigi's own CLI exits 0 when a task fails; we read the status from build() instead.
     config.set("worker", "no_install_shutdown_handler", "true")
+    for name in ("luigi-interface", "luigi"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietStops) for f in logger.filters):
+            logger.addFilter(_QuietStops())
+
+
+class _QuietStops(logging.Filter):
+    """Drops Luigi's traceback for a stage that stopped on request (an exception with `resumable = True`,
+    such as training's preemption): it is an expected end that the command line reports in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not getattr(exc, "resumable", False)

@@ -88,6 +88,10 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
+    def delete(self, step: int) -> None:
+        """Removes checkpoint `step` (one found damaged), so the next resume does not try it again."""
+        self._manager.delete(step)
+
     def restore(self, step: int | None, abstract_state: Mapping[str, Any], *, partial: bool = False) -> dict:
         """Checkpoint `step` restored into the structure, shapes, dtypes and shardings of `abstract_state`.
 

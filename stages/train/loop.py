@@ -42,6 +42,12 @@ from stages.train.configs import flops_per_token, param_counts
 from stages.train.launch import TrainingStopped
 
 log = logging.getLogger(__name__)
+HISTORY = "metrics.jsonl"      # in work_dir: the metrics rows up to the newest checkpoint, for a resume
+# Steps the host dispatches before waiting for the device: one running and one queued keeps the device
+# busy, and a stop request (SIGTERM, preemption) is seen within about one step whatever log_every and
+# checkpoint_every are (JAX dispatch is asynchronous: unbounded, the host would queue a whole logging
+# interval and notice the request only once the device had run all of it).
+MAX_IN_FLIGHT = 2
 
 
 def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, process_count: int = 1) -> dict:
@@ -61,21 +67,33 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
         stack.enter_context(jax.set_mesh(run.mesh))       # every step is traced under the mesh
         ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
                                        every=cfg.checkpoint_every)
-        writer = metrics.MetricsWriter(local_out, total_steps=cfg.steps, enabled=process_index == 0)
+        writer = None
         try:
             params, opt_state, start = resume(run, ckpt, params, opt_state)
+            # The rows logged before the checkpoint this run resumed from, so metrics.jsonl (and the
+            # report's curves) run from step 1 across any number of stops and resumes.
+            history_path = storage.join(work_dir, HISTORY)
+            writer = metrics.MetricsWriter(local_out, total_steps=cfg.steps, enabled=process_index == 0,
+                                           history=metrics.read_history(history_path, upto=start)
+                                           if process_index == 0 and start else ())
+
+            def saved(step: int) -> None:      # with each checkpoint, the rows up to its step
+                if process_index == 0:
+                    storage.write_text(history_path, writer.jsonl(upto=step))
+
             stop = ckpt.install_sigterm_handler()
             last, throughput = {}, {}
             for begin, end in intervals(start, cfg.steps, cfg.log_every):
                 params, opt_state, last = one_interval(run, params, opt_state, begin, end, ckpt, stop,
-                                                       first=begin == start)
+                                                       first=begin == start, on_saved=saved)
                 writer.write(last)
                 if "tokens_per_s" in last:
                     throughput = last
                 # After the interval's losses were checked: a non-finite loss never reaches a checkpoint.
-                checkpoint_or_stop(run, ckpt, stop, params, opt_state, end - 1)
+                checkpoint_or_stop(run, ckpt, stop, params, opt_state, end - 1, on_saved=saved)
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
             ckpt.close()
         return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
 
@@ -158,14 +176,22 @@ def jit_steps(graphdef, tx, options: dict, params_sh, opt_sh, mesh) -> tuple[Cal
 
 
 def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[Any, Any, int]:
-    """(params, opt_state, first step): the newest checkpoint's, restored into the shardings of the fresh
-    `params` and `opt_state`, or those themselves at step 0 when there is no checkpoint."""
-    latest = ckpt.latest_step()
-    if latest is None:
-        return params, opt_state, 0
-    restored = ckpt.restore(latest, _state(params, opt_state, 0, run.mesh))
-    log.info("resumed from step %d", int(restored["step"]))
-    return restored["params"], restored["opt_state"], int(restored["step"])
+    """(params, opt_state, first step): the newest checkpoint that restores, into the shardings of the
+    fresh `params` and `opt_state`, or those themselves at step 0 when there is none. A checkpoint that
+    fails to restore (damaged or half-written files) is deleted with a warning naming its step, and the
+    one before it is tried."""
+    abstract = _state(params, opt_state, 0, run.mesh)
+    for step in sorted(ckpt.all_steps(), reverse=True):
+        try:
+            restored = ckpt.restore(step, abstract)
+        except Exception as e:  # noqa: BLE001 - whatever Orbax or TensorStore raise on damaged files
+            log.warning("checkpoint step %d in %s cannot be restored (%s: %s); deleting it and trying the "
+                        "one before it", step, ckpt.directory, type(e).__name__, str(e).splitlines()[0][:300])
+            ckpt.delete(step)
+            continue
+        log.info("resumed from step %d", int(restored["step"]))
+        return restored["params"], restored["opt_state"], int(restored["step"])
+    return params, opt_state, 0
 
 
 def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
@@ -180,11 +206,13 @@ def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
 
 
 def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkpoint.Checkpointer,
-                 stop: threading.Event, *, first: bool) -> tuple[Any, Any, dict]:
+                 stop: threading.Event, *, first: bool,
+                 on_saved: Callable[[int], None] = lambda step: None) -> tuple[Any, Any, dict]:
     """Steps [begin, end), and the checkpoints (or stop) after each but the last, then one device sync
     for the whole interval: every step's loss is checked, the numbers averaged into one metrics row (and
     the held-out loss added on evaluation steps). `first`: the run's first interval, timed but not a
-    rate. Raises `TrainingStopped` after saving when a stop was requested."""
+    rate. The host stays MAX_IN_FLIGHT steps ahead of the device at most. Raises `TrainingStopped` after
+    saving when a stop was requested."""
     cfg = run.cfg
     started = time.perf_counter()
     pending = []                                          # (step, device outputs), fetched together
@@ -192,8 +220,10 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
         batch = sharding.global_batch(run.batches.batch(step), run.mesh)
         params, opt_state, out = run.step_fn(params, opt_state, batch)
         pending.append((step, out))
+        if len(pending) >= MAX_IN_FLIGHT:
+            wait_for(*pending[-MAX_IN_FLIGHT])
         if step + 1 < end:               # the interval's last step is the caller's, after the checks below
-            checkpoint_or_stop(run, ckpt, stop, params, opt_state, step)
+            checkpoint_or_stop(run, ckpt, stop, params, opt_state, step, on_saved=on_saved)
 
     fetched = [(s, jax.device_get(o)) for s, o in pending]
     for s, o in fetched:
@@ -216,17 +246,24 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
     return params, opt_state, row
 
 
+def wait_for(step: int, outputs: dict) -> None:
+    """Blocks until the device has finished `step` (whose `outputs` are still on the device)."""
+    jax.block_until_ready(outputs["loss"])
+
+
 def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: threading.Event, params, opt_state,
-                       step: int) -> None:
+                       step: int, *, on_saved: Callable[[int], None] = lambda step: None) -> None:
     """After `step`: the periodic checkpoint, or, when a stop was requested, a checkpoint now and
-    `TrainingStopped`. A stop request at the last step just finishes: the final checkpoint follows anyway."""
+    `TrainingStopped`. A stop request at the last step just finishes: the final checkpoint follows anyway.
+    `on_saved(step)` runs after each checkpoint is saved."""
     cfg, done = run.cfg, step + 1
     stopping = done < cfg.steps and (stop.is_set() or 0 < cfg.stop_after <= done)
-    if stopping or done % cfg.checkpoint_every == 0:
-        ckpt.save(done, _state(params, opt_state, done, run.mesh), force=stopping)
+    if (stopping or done % cfg.checkpoint_every == 0) and ckpt.save(
+            done, _state(params, opt_state, done, run.mesh), force=stopping):
+        on_saved(done)
     if stopping:
         ckpt.wait()
-        reason = "SIGTERM" if stop.is_set() else f"stop_after={cfg.stop_after}"
+        reason = "preempted: SIGTERM" if stop.is_set() else f"stop_after={cfg.stop_after}"
         raise TrainingStopped(f"stopped at step {done} ({reason}); the checkpoint is saved: "
                               "rerun the stage to resume from it")
 

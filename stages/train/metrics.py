@@ -21,8 +21,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from stages.io import storage
 from stages.train import devices
 from stages.train.configs import NAN_POLICIES
 
@@ -71,7 +72,7 @@ class MetricsWriter:
     """
 
     def __init__(self, out_dir: str, *, total_steps: int, enabled: bool = True,
-                 stream=None):
+                 stream=None, history: Sequence[Mapping] = ()):
         if total_steps < 1:
             raise ValueError(f"total_steps={total_steps} must be >= 1")
         self.out_dir, self.total_steps, self.enabled = out_dir, total_steps, enabled
@@ -85,6 +86,13 @@ class MetricsWriter:
             os.makedirs(out_dir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, closed in close()
             self._tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
+        self._rows: list[dict] = []
+        for record in history:        # an earlier attempt's rows, before the checkpoint this run resumed
+            self._record(dict(record))
+
+    def jsonl(self, upto: int) -> str:
+        """The rows logged so far (history included) up to step `upto`, as metrics.jsonl text."""
+        return "".join(json.dumps(r) + "\n" for r in self._rows if r["step"] <= upto)
 
     def write(self, row: Mapping[str, float]) -> None:
         """Logs one step: `row` needs "step"; its other numbers (loss, mfu, eval_loss, ...) are recorded."""
@@ -95,6 +103,14 @@ class MetricsWriter:
         step = int(row["step"])
         now = time.time()
         record = {"step": step, "time": now, **{k: _number(v) for k, v in row.items() if k != "step"}}
+        self._record(record)
+        self._progress(step, record, now)
+
+    def _record(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        step = record["step"]
+        self._rows.append(record)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         for key, value in record.items():
@@ -102,7 +118,6 @@ class MetricsWriter:
                 tag = f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
                 self._tb.add_scalar(tag, value, step)
         self._tb.flush()
-        self._progress(step, record, now)
 
     def close(self) -> None:
         if self._file is not None:
@@ -137,6 +152,24 @@ class MetricsWriter:
             self._stream.flush()
         else:                       # log files get one line per logged step
             log.info("%s", line)
+
+
+def read_history(path: str, *, upto: int) -> list[dict]:
+    """The rows of a metrics.jsonl kept beside the checkpoints (`path`, local or gs://) up to step `upto`:
+    [] when there is none; a damaged line ends the history there, with a warning."""
+    if not storage.exists(path):
+        return []
+    rows = []
+    for n, line in enumerate(storage.read_text(path).splitlines(), 1):
+        try:
+            row = json.loads(line)
+            step = int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s line %d is not a metrics row; the history before the resume ends there", path, n)
+            break
+        if step <= upto:
+            rows.append(row)
+    return rows
 
 
 def _number(value):

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +21,7 @@ from stages import train
 from stages.io import llmc, storage
 from stages.train.configs import ModelConfig, OptimizerConfig
 from stages.train.launch import LaunchConfig, TrainingStopped
+from tests.conftest import REPO
 
 VOCAB, EOS = 64, 1
 CONFIG = train.Config(
@@ -49,9 +57,12 @@ def _train(root, shard, cfg, key="k"):
                            fn=train.run)
 
 
+def _rows(committed) -> list[dict]:
+    return [json.loads(line) for line in storage.read_text(committed.file("metrics.jsonl")).splitlines()]
+
+
 def _losses(committed) -> dict[int, float]:
-    rows = [json.loads(line) for line in storage.read_text(committed.file("metrics.jsonl")).splitlines()]
-    return {r["step"]: r["loss"] for r in rows}
+    return {r["step"]: r["loss"] for r in _rows(committed)}
 
 
 @pytest.mark.slow
@@ -64,7 +75,7 @@ def test_a_stopped_run_resumes_to_the_same_loss_at_every_step(tmp_path, shard):
     resumed = _train(root, shard, CONFIG)                         # same key: resumes from step 6
     expected, got = _losses(whole), _losses(resumed)
     assert sorted(expected) == list(range(1, 11))
-    assert {s: got[s] for s in range(7, 11)} == {s: expected[s] for s in range(7, 11)}   # bitwise
+    assert got == expected     # bitwise: steps 7-10 trained after the resume, 1-6 kept from the stopped run
     summary = storage.read_json(resumed.file("summary.json"))
     assert summary["final_loss"] == storage.read_json(whole.file("summary.json"))["final_loss"]
     assert expected[10] < expected[1] - 0.5                       # and it learned something
@@ -151,4 +162,101 @@ def test_a_stopped_multi_process_run_raises_training_stopped(tmp_path, shard):
     with pytest.raises(TrainingStopped, match="all 2 training processes stopped at a checkpoint"):
         _train(root, shard, dataclasses.replace(CONFIG, launcher=two, stop_after=4))
     resumed = _train(root, shard, dataclasses.replace(CONFIG, launcher=two))
-    assert sorted(_losses(resumed)) == list(range(5, 11))            # steps after the resume point
+    assert sorted(_losses(resumed)) == list(range(1, 11))    # continuous: the rows before the resume kept
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_one_before_restored(tmp_path, shard,
+                                                                                          caplog):
+    whole = _train(str(tmp_path / "a"), shard, CONFIG)
+    root = str(tmp_path / "b")
+    with pytest.raises(TrainingStopped, match="stopped at step 7"):
+        _train(root, shard, dataclasses.replace(CONFIG, stop_after=7))     # checkpoints at 3, 6 and 7
+    newest = f"{root}/train/k/work/checkpoints/7"
+    for dirpath, _, files in os.walk(newest):                              # damage every file of step 7
+        for name in files:
+            with open(os.path.join(dirpath, name), "r+b") as f:
+                f.truncate(max(0, os.path.getsize(f.name) // 2))
+    with caplog.at_level(logging.WARNING, logger="stages.train.loop"):
+        resumed = _train(root, shard, CONFIG)
+    assert "checkpoint step 7 in" in caplog.text and "cannot be restored" in caplog.text
+    assert "resumed from step 6" in caplog.text or _losses(resumed) == _losses(whole)
+    assert _losses(resumed) == _losses(whole)                          # steps 7-10 retrained from 6, bitwise
+
+
+SIGTERM_SCRIPT = """
+import dataclasses, logging, sys
+logging.basicConfig(level=logging.INFO)             # the metrics rows are logged: the test reads them
+from pipeline import cache
+from stages import train
+from tests.train import test_loop as t
+shard = cache.load(sys.argv[1], "shard", "synthetic")
+cfg = dataclasses.replace(t.CONFIG, steps={steps}, log_every={steps}, checkpoint_every={steps}, eval_every=0)
+try:
+    t._train(sys.argv[2], shard, cfg)
+except t.TrainingStopped as e:
+    print("STOPPED", e, flush=True)
+    sys.exit(75)
+print("FINISHED", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_stops_training_within_two_steps_whatever_the_intervals_and_the_rerun_resumes(tmp_path,
+                                                                                            shard):
+    """log_every = checkpoint_every = steps: the loop has no reason to look up from the device until the
+    end. SIGTERM right after the first step must still stop it within about two steps (the host stays
+    MAX_IN_FLIGHT steps ahead), with a checkpoint, and the rerun continues from there to the same end."""
+    steps = 3000
+    root = str(tmp_path / "b")
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT.format(steps=steps),
+                             shard.path.rsplit("/shard/", 1)[0], root],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+    for line in proc.stderr:                      # the first step's row: compiled, now stepping
+        if f"step 1/{steps}" in line:
+            break
+    time.sleep(0.5)                               # into the long interval: the old loop had queued all of it
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, out + err
+    stopped = int(re.search(r"stopped at step (\d+) \(preempted: SIGTERM\)", out).group(1))
+    assert 1 < stopped < steps
+    assert cache.load(root, "train", "k") is None
+    resumed = _train(root, shard, dataclasses.replace(CONFIG, steps=steps, log_every=steps,
+                                                      checkpoint_every=steps, eval_every=0))
+    losses = _losses(resumed)
+    assert sorted(losses) == [1, stopped + 1, steps]       # continuous: the stopped run's row kept
+    whole = _train(str(tmp_path / "a"), shard, dataclasses.replace(CONFIG, steps=steps, log_every=steps,
+                                                                   checkpoint_every=steps, eval_every=0))
+    # The last row's loss averages a different interval; its norms are the final step's own: bitwise equal
+    # final parameters and last gradient mean the resumed run is the uninterrupted one.
+    last = [_rows(c)[-1] for c in (resumed, whole)]
+    assert [(r["step"], r["param_norm"], r["grad_norm"]) for r in last] == [(steps, last[1]["param_norm"],
+                                                                           last[1]["grad_norm"])] * 2
+
+
+def test_the_host_never_runs_more_than_max_in_flight_steps_ahead_of_the_device(tmp_path, shard, monkeypatch):
+    """What makes a stop prompt: after dispatching step s the loop waits for step s - MAX_IN_FLIGHT + 1."""
+    from stages.train import loop
+
+    dispatched, waits = [], []
+    real_global_batch, real_wait = loop.sharding.global_batch, loop.wait_for
+
+    def counting_batch(batch, mesh):
+        dispatched.append(len(dispatched))
+        return real_global_batch(batch, mesh)
+
+    def recording_wait(step, outputs):
+        waits.append((dispatched[-1], step))
+        return real_wait(step, outputs)
+
+    monkeypatch.setattr(loop.sharding, "global_batch", counting_batch)
+    monkeypatch.setattr(loop, "wait_for", recording_wait)
+    _train(str(tmp_path), shard, dataclasses.replace(CONFIG, log_every=100, checkpoint_every=100,
+                                                     eval_every=0))
+    assert dispatched == list(range(CONFIG.steps))
+    # intervals [0, 1) and [1, 10): from the interval's second step on, every dispatch waits for the step
+    # MAX_IN_FLIGHT - 1 before it
+    lead = loop.MAX_IN_FLIGHT - 1
+    assert waits == [(s, s - lead) for s in range(1 + lead, CONFIG.steps)]
