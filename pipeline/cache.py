@@ -207,6 +207,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
             "key": key,
             "attempt": attempt,
             "files": files,
+            "checksums": storage.checksums(out_dir),      # what `verify` (status --verify) compares
             "config": config_to_json(config),
             "upstream": {name: c.key for name, c in upstream.items()},
             "libraries": library_versions(),
@@ -224,6 +225,48 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     if committed is None:
         raise RuntimeError(f"stage {stage} committed {root} but its files do not match the manifest")
     return committed
+
+
+def verify(done: Committed) -> list[str]:
+    """What is wrong with a committed stage's files beyond their sizes (which `load` checks): each file
+    whose checksum no longer matches the manifest's, named; [] when all match, or when the manifest
+    predates checksums (nothing to compare)."""
+    recorded = done.manifest.get("checksums") or {}
+    now = storage.checksums(done.path) if recorded else {}
+    return [f"{storage.join(done.path, name)}: checksum {now.get(name, 'missing')} != recorded {want}"
+            for name, want in sorted(recorded.items()) if now.get(name) != want]
+
+
+def uncommit(cache_root: str, stage: str, key: str) -> str:
+    """Turns a damaged commit back into "not done": its manifest moves to `_DAMAGED-<UTC time>.json` (kept
+    for a look), so the next run that needs the stage rebuilds it. Returns the kept manifest's path."""
+    root = stage_dir(cache_root, stage, key)
+    kept = storage.join(root, f"_DAMAGED-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}.json")
+    storage.write_bytes(kept, storage.read_bytes(storage.join(root, MANIFEST)))
+    storage.remove(storage.join(root, MANIFEST))
+    return kept
+
+
+def garbage(cache_root: str) -> list[str]:
+    """The attempt directories no manifest names, under keys that no live lease holds: what a crashed or
+    superseded run left. A key's `work/` (a preempted training run's checkpoints, which its rerun resumes
+    from) is not garbage."""
+    out = []
+    for stage in storage.listdir(cache_root):
+        for key in storage.listdir(storage.join(cache_root, stage)):
+            root = storage.join(cache_root, stage, key)
+            names = storage.listdir(root)
+            if not any(n.startswith(ATTEMPT) for n in names):
+                continue
+            numbers = lease.lease_numbers(root)
+            if numbers and lease.live(lease.read(storage.join(root, lease.lease_name(numbers[-1])))):
+                continue
+            named = None
+            if MANIFEST in names:
+                with contextlib.suppress(OSError):
+                    named = parse_manifest(storage.read_bytes(storage.join(root, MANIFEST)))[0].get("attempt")
+            out += [storage.join(root, n) for n in names if n.startswith(ATTEMPT) and n != named]
+    return out
 
 
 def remove_stale_attempts(root: str, keep: str) -> None:

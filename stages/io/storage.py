@@ -13,8 +13,10 @@ the emulator and we pass `token="anon"` (the emulator has no auth). Also set
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -261,6 +263,36 @@ def sizes(directory: str) -> dict[str, int]:
             continue
         rel = name[len(root):] if name.startswith(root) else posixpath.basename(name)
         out[rel.replace(os.sep, "/")] = int(info["size"])
+    return out
+
+
+def checksums(directory: str) -> dict[str, str]:
+    """Every file under `directory`, recursively: relative posix path -> "md5:<base64 digest>".
+
+    A GCS listing carries each object's MD5 (computed by GCS when the object was written), so remote
+    directories cost one listing and no reads; an object without one (a composite upload) gives
+    "crc32c:<base64>" instead. Local files are read and hashed.
+    """
+    fs, p = filesystem(directory)
+    fs.invalidate_cache(p)
+    if not fs.exists(p):
+        return {}
+    root = p.rstrip("/") + "/"
+    out = {}
+    for name, info in fs.find(p, detail=True).items():
+        if info.get("type") == "directory":
+            continue
+        rel = (name[len(root):] if name.startswith(root) else posixpath.basename(name)).replace(os.sep, "/")
+        if is_local(directory):
+            digest = hashlib.md5(usedforsecurity=False)
+            with builtins.open(name, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            out[rel] = "md5:" + base64.b64encode(digest.digest()).decode()
+        elif info.get("md5Hash"):
+            out[rel] = f"md5:{info['md5Hash']}"
+        else:
+            out[rel] = f"crc32c:{info.get('crc32c', '')}"
     return out
 
 

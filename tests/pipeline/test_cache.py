@@ -168,3 +168,34 @@ def test_a_damaged_manifest_is_not_done_names_its_file_and_is_rebuilt(damage, tm
     assert manifest in caplog.text and "will be rebuilt" in caplog.text
     rebuilt = _run(root, fake_stage.Config(value=3))
     assert cache.load(root, "a", "k") == rebuilt and storage.read_text(rebuilt.file("out.txt")) == "x=3;"
+
+
+def test_a_file_rewritten_in_place_at_the_same_size_is_found_by_verify_and_rebuilt(root):
+    done = _run(root, fake_stage.Config(value=3))
+    assert set(done.manifest["checksums"]) == set(done.files) and cache.verify(done) == []
+    storage.write_text(done.file("out.txt"), "x=4;")                  # same size, other bytes
+    damaged = cache.load(root, "a", "k")
+    assert damaged is not None                                        # sizes alone cannot tell
+    problems = cache.verify(damaged)
+    assert len(problems) == 1 and problems[0].startswith(done.file("out.txt") + ": checksum ")
+    kept = cache.uncommit(root, "a", "k")
+    assert cache.load(root, "a", "k") is None and storage.exists(kept)
+    rebuilt = _run(root, fake_stage.Config(value=3))
+    assert storage.read_text(rebuilt.file("out.txt")) == "x=3;" and cache.verify(rebuilt) == []
+
+
+def test_garbage_is_the_attempts_no_manifest_names_under_keys_no_live_lease_holds(root):
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        _run(root, fake_stage.Config(fail=True), key="never")             # an attempt nothing names
+    done = _run(root, fake_stage.Config(value=1), key="done")
+    crashed = storage.join(cache.stage_dir(root, "a", "done"), "attempt-20260101T000000-deadbeef")
+    storage.write_text(storage.join(crashed, "part.txt"), "left by a crashed run")
+    found = cache.garbage(root)
+    never = [n for n in storage.listdir(cache.stage_dir(root, "a", "never")) if n.startswith("attempt-")]
+    assert sorted(found) == sorted([crashed, storage.join(cache.stage_dir(root, "a", "never"), never[0])])
+    assert done.path not in found
+    with lease.hold(cache.stage_dir(root, "a", "never"), owner="a live run"):
+        assert cache.garbage(root) == [crashed]                       # a live run's key is left alone
+    for path in found:
+        storage.remove(path)
+    assert cache.garbage(root) == [] and cache.load(root, "a", "done") == done
