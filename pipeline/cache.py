@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import posixpath
+import signal
 import socket
 import time
 import uuid
@@ -89,6 +90,9 @@ def stage_dir(cache_root: str, stage: str, key: str) -> str:
     return storage.join(cache_root, stage, key)
 
 
+# Names a stage whose run this process kills (SIGKILL) after every output file is written and before the
+# manifest: the one instant a kill at random times rarely hits. Set only by tests/faults.
+KILL_BEFORE_COMMIT = "REFINERY_KILL_BEFORE_COMMIT"
 ATTEMPT = "attempt-"   # <key>/attempt-<UTC time>-<random>/: what one run wrote
 WORK = "work"   # <key>/work/: resumable scratch shared by every attempt of a key, deleted by the commit
 
@@ -218,6 +222,8 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
             "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         held.check()          # taken over while this run stalled: the other run owns the key now
+        if os.environ.get(KILL_BEFORE_COMMIT) == stage:     # the fault-injection harness (tests/faults)
+            os.kill(os.getpid(), signal.SIGKILL)
         storage.write_json(storage.join(root, MANIFEST), manifest)
         remove_stale_attempts(root, keep=attempt)
         lease.remove_old(root, keep=held.number)
