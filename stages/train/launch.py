@@ -6,8 +6,9 @@
     tpu_vm      every worker of a Cloud TPU VM slice, through
                 `gcloud compute tpus tpu-vm ssh NAME --worker=all --command=...`.
 
-Each process runs `python -m stages.train.worker SPEC` where SPEC is a pickled `WorkerSpec` (the
-resolved configs, the shard stage's output and the output directory): gin never reaches workers.
+Each process runs `python -m stages.train.worker SPEC` where SPEC is the training stage's
+`<key>/work/spec.json` (`stages/train/spec.py`: the resolved configs, the shard stage's output and the
+output directory, as JSON data that no reader executes): gin never reaches workers.
 A worker learns its place from `REFINERY_COORDINATOR`, `REFINERY_NUM_PROCESSES` and
 `REFINERY_PROCESS_ID` (local), or from the TPU environment (`jax.distributed.initialize()` with no
 arguments).
@@ -32,6 +33,8 @@ STOPPED_EXIT_CODE = 75   # a worker that stopped at a checkpoint on request (EX_
 class TrainingStopped(Exception):
     """Training stopped before its last step on request (SIGTERM, `train.Config.stop_after`) after saving
     a checkpoint: the attempt does not commit, and rerunning the stage resumes from that checkpoint."""
+
+    resumable = True    # `python -m pipeline` reports it in one line, no traceback (pipeline/tasks.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,39 +1,25 @@
 """One training process: `python -m stages.train.worker SPEC`.
 
 The launchers in `stages/train/launch.py` start one of these per process (or call `main` in-process).
-SPEC is a pickled `WorkerSpec` written by the training stage: resolved configs travel by value,
-because gin bindings never reach other processes.
+SPEC is the JSON `spec.json` the training stage writes into its work directory (`stages/train/spec.py`):
+the resolved configs travel by value, because gin bindings never reach other processes, and as data
+only, because every host of a slice reads it from a bucket that others may be able to write.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import pickle
 import sys
-from typing import Any
 
-from stages.io import storage
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-    config: Any        # stages.train.Config
-    shard: Any         # pipeline.cache.Committed of the shard stage
-    out_dir: str       # the attempt directory (what the cache commits)
-    work_dir: str      # resumable scratch: periodic checkpoints
-
-
-def write_spec(spec: WorkerSpec, path: str) -> None:
-    storage.write_bytes(path, pickle.dumps(spec))
+from stages.train import spec
 
 
 def main(spec_path: str) -> dict:
-    spec: WorkerSpec = pickle.loads(storage.read_bytes(spec_path))
+    s = spec.read(spec_path)     # first: a bad spec fails every process before any joins the job
     process_index, process_count = init_distributed()
     from stages.train import loop
 
-    return loop.train(spec.config, spec.shard, spec.out_dir, spec.work_dir,
+    return loop.train(s.config, s.shard, s.out_dir, s.work_dir,
                       process_index=process_index, process_count=process_count)
 
 
