@@ -106,7 +106,11 @@ def test_a_killed_stage_leaves_nothing_that_counts_as_done(tmp_path):
     assert cache.load(root, "a", "k") is None
     assert not storage.exists(storage.join(cache.stage_dir(root, "a", "k"), cache.MANIFEST))
     time.sleep(0.01)
-    assert _run(root, fake_stage.Config(value=2)).files == {"out.txt": 4}
+    # The killed run held the key's lease; its process is gone, so the rerun takes the key at once.
+    done = _run(root, fake_stage.Config(value=2))
+    assert done.files == {"out.txt": 4}
+    assert [n for n in storage.listdir(cache.stage_dir(root, "a", "k")) if n.startswith("attempt-")] == [
+        done.manifest["attempt"]]
 
 
 def test_work_dir_survives_a_failed_attempt_and_is_removed_by_the_commit(root):
