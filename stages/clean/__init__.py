@@ -176,7 +176,7 @@ class Config:
 
 
 CONFIGURABLES = (Config,)
-VERSION = "2"   # 2: report.md and removed.png
+VERSION = "3"   # 2: report.md and removed.png; 3: NFC after removing control characters (normalize.py)
 # The URL filter's list files (`url_blocked_domain_files`, ...): what the stage reads from outside the cache
 _URL_PREFIX = urls.CONFIG_FIELDS["url_filter"][1]
 LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(Config)

@@ -3,17 +3,19 @@
     normalize("Cafe\\u0301  au lait \\r\\n\\r\\n\\r\\nnext\\x00 line ") == "Café au lait\\n\\nnext line"
 
 `normalize` applies, in this order:
-  1. Unicode NFC (`e` + combining acute becomes `é`, so equal-looking texts compare equal);
-  2. line breaks to `\\n`: `\\r\\n`, `\\r`, and the other characters Python's `str.splitlines` breaks
+  1. line breaks to `\\n`: `\\r\\n`, `\\r`, and the other characters Python's `str.splitlines` breaks
      on that are not control codes we drop (`\\v`, `\\f`, NEL, U+2028, U+2029) -- they separate lines
      in the source, so deleting them would glue words together;
-  3. control characters (Unicode category Cc) removed, except `\\n` and `\\t`;
+  2. control characters (Unicode category Cc) removed, except `\\n` and `\\t`;
+  3. Unicode NFC (`e` + combining acute becomes `é`, so equal-looking texts compare equal). After step 2,
+     because a control character between a letter and its accent blocks composing them, and removing it
+     would leave a text that is not NFC (and whose duplicates dedup would miss);
   4. whitespace tidied: runs of 2+ spaces/tabs become one space, spaces and tabs at line ends go,
      3+ newlines become 2 (one blank line is kept: it separates paragraphs);
   5. the whole document stripped.
-Steps 1, 3 and 4 can be switched off (`clean.Config.unicode_nfc`, `remove_control_chars`,
-`tidy_whitespace`). Every step is one C-speed `unicodedata` or `re` pass, linear in the text, so a
-10 MB document costs tens of milliseconds.
+With every step on, the result is NFC and `normalize(normalize(x)) == normalize(x)`. Steps 2, 3 and 4 can
+be switched off (`clean.Config.remove_control_chars`, `unicode_nfc`, `tidy_whitespace`). Every step is
+one C-speed `unicodedata` or `re` pass, linear in the text, so a 10 MB document costs tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ _BLANK_LINES = re.compile("\n{3,}")
 
 
 def normalize(text: str, *, nfc: bool = True, control: bool = True, whitespace: bool = True) -> str:
-    if nfc:
-        text = unicode_nfc(text)
     text = line_breaks(text)
     if control:
         text = remove_control_chars(text)
+    if nfc:
+        text = unicode_nfc(text)
     if whitespace:
         text = tidy_whitespace(text)
     return text.strip()

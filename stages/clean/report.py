@@ -92,7 +92,9 @@ def read_samples(out_dir: str, reason: str) -> list[dict]:
     path = storage.join(out_dir, "rejected", f"{tally.file_name(reason)}.jsonl")
     if not storage.exists(path):
         return []
-    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
+    # Split on "\n" alone: the samples are written with ensure_ascii=False, so an id, URL or text may hold
+    # U+2028, U+2029 or NEL unescaped, and str.splitlines would cut a sample there.
+    return [json.loads(line) for line in storage.read_text(path).split("\n") if line.strip()]
 
 
 def chart(stats: dict, order: list[tuple[str, str]]) -> bytes:

@@ -4,7 +4,7 @@ Every source yields dicts with the `stages.io.documents` columns. A record that 
 becomes a document, with `text=None` and `error` set to one of the reasons below, so a bad
 record is counted (by this stage's stats and by clean) instead of crashing the run:
 
-    malformed_json    a jsonl line that does not parse
+    malformed_json    a jsonl line that does not parse (or nests deeper than Python's stack can parse)
     not_an_object     a jsonl line that parses but is not a JSON object
     invalid_utf8      bytes that are not UTF-8 (or a string with lone surrogates, e.g. "\\ud800")
     missing_text      the text field is absent or null
@@ -21,7 +21,8 @@ and, for instruction-tuning records rendered through a template (`templates.py`)
 
 A record's fields are addressed by paths (`field`): `text`, or `metadata.url` for a nested object. What a
 record holds besides its id, text and URL can go into the document's `metadata` column (`metadata_json`),
-converted to JSON deterministically (`jsonable`).
+converted to JSON deterministically (`jsonable`; what lies more than `MAX_DEPTH` levels deep becomes the
+string `TOO_DEEP`, and an integer too long for Python's int(), a string of its digits).
 
 A file that cannot be read to its end (a corrupt or truncated gzip stream, a broken parquet file) is
 not a bad record: reading it raises `BadFile`, which names the file, what the library said and how far
@@ -41,6 +42,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 ID_HEX_CHARS = 24   # 96 bits: no collision in practice even at 10^10 documents
+# Metadata nested deeper is cut (`jsonable`): JSON parses a few hundred levels, but converting them by
+# recursion ran out of Python's stack (RecursionError, failing the stage), and sooner inside a Beam worker.
+MAX_DEPTH = 64
+TOO_DEEP = f"<nested more than {MAX_DEPTH} levels deep>"
 
 
 class BadFile(Exception):
@@ -151,23 +156,26 @@ def without(record: Mapping, paths: Iterable[str]) -> dict:
     return out
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: Any, depth: int = 0) -> Any:
     """`value` as plain JSON values, the same way every run: bytes as UTF-8 text (else "base64:<b64>"),
     dates and times as ISO 8601, durations as seconds, decimals as strings, numpy scalars and arrays as
     numbers and lists, NaN and infinities as the strings "NaN", "Infinity", "-Infinity", tuples as lists,
-    sets as sorted lists, mapping keys as strings, anything else as `str(value)`."""
+    sets as sorted lists, mapping keys as strings, anything else as `str(value)`; what lies more than
+    MAX_DEPTH lists or objects deep as the string TOO_DEEP."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         if math.isfinite(value):
             return value
         return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, (Mapping, list, tuple, set, frozenset)) and depth >= MAX_DEPTH:
+        return TOO_DEEP
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
-        items = [jsonable(v) for v in value]
+        items = [jsonable(v, depth + 1) for v in value]
         return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
@@ -182,7 +190,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, decimal.Decimal):
         return str(value)
     if hasattr(value, "tolist") and callable(value.tolist):   # numpy scalars and arrays, without numpy
-        return jsonable(value.tolist())
+        return jsonable(value.tolist(), depth)
     return str(value)
 
 

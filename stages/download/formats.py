@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import decimal
 import io
 import json
 import zlib
@@ -113,7 +114,7 @@ def _jsonl(path: str, fields: Fields) -> Iterator[dict]:
             doc = {"id": doc_id(fields.source, path, line), "text": None, "url": where,
                    "source": fields.source, "error": None}
             try:
-                record = json.loads(raw.decode("utf-8"))
+                record = parse_json(raw.decode("utf-8"))
             except UnicodeDecodeError:
                 yield doc | {"error": "invalid_utf8"}
                 continue
@@ -124,6 +125,24 @@ def _jsonl(path: str, fields: Fields) -> Iterator[dict]:
                 yield doc | {"error": "not_an_object"}
                 continue
             yield _from_record(doc, record, fields)
+
+
+def parse_json(line: str):
+    """`json.loads`, except that an integer with more digits than Python converts from text (4300 by
+    default, `sys.get_int_max_str_digits`) becomes a Decimal instead of failing its record as malformed_json:
+    it is valid JSON, and the record's text may be fine. Only a line that fails the first parse pays for a
+    second one."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return json.loads(line, parse_int=_int)
+
+
+def _int(digits: str) -> int | decimal.Decimal:
+    try:
+        return int(digits)
+    except ValueError:
+        return decimal.Decimal(digits)
 
 
 def _lines(path: str) -> IO[bytes]:
@@ -204,13 +223,14 @@ NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
 @contextlib.contextmanager
 def named_damage(path: str, where: Callable[[], str] = str, parquet: bool = False) -> Iterator[None]:
     """Turns what a damaged file raises into `BadFile(path, reason, where())`: gzip's BadGzipFile (an
-    OSError), zlib.error, EOFError (a stream that ends early) and, for parquet, pyarrow's ArrowException
-    and the OSErrors of its decoders."""
+    OSError), zlib.error, EOFError (a stream that ends early) and, for parquet, pyarrow's ArrowException,
+    the OSErrors of its decoders, and a UnicodeDecodeError from a string that is not UTF-8 in a column of
+    a type `documents.rows` cannot read as bytes (a map)."""
     damage: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
     if parquet:
         import pyarrow as pa
 
-        damage += (pa.ArrowException,)
+        damage += (pa.ArrowException, UnicodeDecodeError)
     try:
         yield
     except NOT_DAMAGE:

@@ -94,7 +94,8 @@ def rows(path: str, columns: Iterable[str] | None, row_group: int | None = None,
     The one parquet row reader: shards here, and the parquet sources download reads (FineWeb, files).
     Rows are decoded a batch at a time (bounded memory); columns the file lacks read as None (or, with
     `absent_as_none=False`, are left out of the dicts), and `columns=None` reads every column the file
-    has (a struct column as a dict, a list as a list).
+    has (a struct column as a dict, a list as a list). A string that is not UTF-8 comes back as its bytes
+    (`_values`).
     """
     import pyarrow.parquet as pq
 
@@ -109,7 +110,49 @@ def rows(path: str, columns: Iterable[str] | None, row_group: int | None = None,
             selection = {"row_groups": [row_group]}
             row = sum(pf.metadata.row_group(g).num_rows for g in range(row_group))
         for batch in pf.iter_batches(columns=have, batch_size=ROWS_PER_GROUP, **selection):
-            values = {c: batch.column(c).to_pylist() for c in have}
+            values = {c: _values(batch.column(c)) for c in have}
             for i in range(batch.num_rows):
                 yield row, {c: values[c][i] if c in values else None for c in wanted}
                 row += 1
+
+
+def _values(column) -> list:
+    """`column.to_pylist()`, except that a string that is not UTF-8 comes back as bytes rather than failing
+    the whole batch with UnicodeDecodeError. Parquet readers do not check that a string column holds UTF-8,
+    so a writer that does not check either, or a damaged page, can put any bytes there; download counts
+    such a text as `invalid_utf8`, like a jsonl line's. Strings inside lists and structs are handled too."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        return [_utf8_or_bytes(v) for v in column.cast(_strings_as_binary(column.type)).to_pylist()]
+
+
+def _strings_as_binary(t):
+    """The arrow type `t` with every string in it (also inside lists and structs) as binary."""
+    import pyarrow as pa
+
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_strings_as_binary(f.type)) for f in map(t.field, range(t.num_fields))])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_strings_as_binary(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_strings_as_binary(t.value_type)))
+    return t
+
+
+def _utf8_or_bytes(value):
+    """`value` (from `_strings_as_binary`) with every bytes value that is UTF-8 decoded back to str."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    if isinstance(value, dict):
+        return {k: _utf8_or_bytes(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8_or_bytes(v) for v in value]
+    return value

@@ -65,15 +65,18 @@ def read(filename: str, *, mmap: bool = False, dtype: np.dtype | str | None = No
     `dtype`, when given (the shard manifest's), must be the one the header's magic implies.
     Returns (N,) uint16 or uint32.
     """
+    size = os.path.getsize(filename)
+    if size < HEADER_BYTES:   # else the check below would name a cut header's first ints as a wrong magic
+        raise ValueError(f"{filename} is {size} bytes, shorter than the {HEADER_BYTES}-byte llm.c header: "
+                         "truncated, or not a token shard")
     h = np.fromfile(filename, dtype="<i4", count=HEADER_INTS)
-    if len(h) != HEADER_INTS or int(h[0]) not in FORMATS or FORMATS[int(h[0])][0] != h[1]:
+    if int(h[0]) not in FORMATS or FORMATS[int(h[0])][0] != h[1]:
         raise ValueError(f"{filename} is not an llm.c shard: header starts {h[:3].tolist()}, expected "
                          f"magic/version in {[(m, v) for m, (v, _) in FORMATS.items()]}")
     stored, count = FORMATS[int(h[0])][1], int(h[2])
     if dtype is not None and np.dtype(dtype).newbyteorder("<") != stored:
         raise ValueError(f"{filename} holds {stored.name} tokens (magic {int(h[0])}) but the manifest says "
                          f"dtype={np.dtype(dtype).name}")
-    size = os.path.getsize(filename)
     if size != HEADER_BYTES + count * stored.itemsize:
         raise ValueError(f"{filename} is {size} bytes; its header promises {count} {stored.name} tokens "
                          f"after {HEADER_BYTES} header bytes = {HEADER_BYTES + count * stored.itemsize}")
