@@ -9,6 +9,14 @@
 T5X habits work too: `--gin_file=F` is `--gin F` and `--gin.NAME=VALUE` is `--gin-param NAME=VALUE`.
 `--overrides 'a.b=1 c.d="x y"'` takes many bindings in one string (how the Makefile passes
 OVERRIDES through untouched). The exit status is non-zero when any stage fails.
+
+Every problem that can be known before a stage runs ends the command with one `error: ...` line on
+stderr and exit status 2, before anything runs: the config (pipeline/config.py), an unknown `--stage`,
+placeholders left to fill in, a cache root with an unknown scheme or that cannot be reached, inputs that
+cannot be listed, a stage's own plan that cannot be made (a training mesh that does not tile its chips), a
+CPU training mesh that does not match the devices its processes will have, and, for `run` and `sweep`
+(which write), a local cache root where no file can be created. tests/pipeline/test_bad_config.py holds
+one case of each.
 """
 
 from __future__ import annotations
@@ -38,39 +46,91 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage:
             dag.check_name(args.stage)
     except (config.ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
     unfilled = config.placeholders(plan)
     if unfilled and args.command != "plan":
-        print(f"error: {', '.join(plan.gin_files) or 'the config'} leaves placeholders to fill in: "
-              f"{'; '.join(unfilled)}", file=sys.stderr)
-        return 2
+        return _error(f"{', '.join(plan.gin_files) or 'the config'} leaves placeholders to fill in: "
+                      f"{'; '.join(unfilled)}")
     if unfilled:          # planning needs only the config: say what is left to fill in, touch no storage
         print(f"note: fill in before running: {'; '.join(unfilled)} (the cache is not checked)")
     elif problem := _unreachable(plan):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return _error(problem)
     if args.command != "plan" and (problem := _unknown_keys(plan)):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return _error(problem)
     if args.command == "status":
         print(status_table(plan))
         return 0
     if args.command == "plan":
+        try:
+            _stage_plans(plan, _targets(args), compile=False)    # fails before any output, and fast
+        except ValueError as e:
+            return _error(str(e))
         print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
         for line in _stage_plans(plan, _targets(args), args.compile):
             print(line)
         return 0
+    if problem := _cannot_run(plan, _to_run(plan, args)):
+        return _error(problem)
     return _run(plan, args, start)
+
+
+def _error(message: str) -> int:
+    """Ends a command on a problem found before anything ran: one line on stderr, exit status 2."""
+    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"error: {one_line}", file=sys.stderr)
+    return 2
 
 
 def _unreachable(plan: config.Plan) -> str:
     """Why the cache root cannot be used, in one line, or "" when it can be reached."""
+    if problem := storage.scheme_problem(plan.cache_root):
+        return f"cannot reach the cache root {plan.cache_root}: {problem} (pipeline.Settings.cache_root)"
     try:
+        storage.existing_directory(plan.cache_root)     # a local root under a regular file: no listing works
         storage.check_reachable(plan.cache_root)
     except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
         return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
     return ""
+
+
+def _unwritable(cache_root: str) -> str:
+    """Why no file can be made in a local cache root, in one line, or "" when one can (or it is a bucket)."""
+    try:
+        storage.check_writable(cache_root)
+    except OSError as e:
+        # The probe's name says nothing to the user: name the directory it was made in.
+        reason = f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
+        return (f"cannot write to the cache root {cache_root} ({reason}); set pipeline.Settings.cache_root "
+                "to a directory you can write")
+    return ""
+
+
+def _to_run(plan: config.Plan, args) -> list[str]:
+    """The stages a run would execute: the forced ones and those of its targets not yet in the cache."""
+    forcing = args.force and args.command == "run"       # a sweep forces nothing
+    forced = set(dag.downstream(args.stage or next(iter(dag.STAGES)))) if forcing else set()
+    return [s for s in dag.closure(*_targets(args))
+            if s in forced or cache.load(plan.cache_root, s, plan.stages[s].key) is None]
+
+
+def _cannot_run(plan: config.Plan, stages: list[str]) -> str:
+    """What stops `stages` of `plan` before they start, in one line, or "": a stage's own plan that cannot
+    be made (its optional `plan(config)` raising ValueError: a training mesh that does not tile the chips
+    train.HardwareConfig names), what its optional `check(config)` returns (training: a CPU mesh or batch
+    that does not fit the devices its processes will have, a config the planner says cannot fit), a local
+    cache root where no file can be made. With nothing to run, nothing is written: a fully cached run on a
+    read-only cache is fine."""
+    for stage in stages:
+        cfg, module = plan.stages[stage].config, dag.module(stage)
+        fn, check = getattr(module, "plan", None), getattr(module, "check", None)
+        try:
+            if fn is not None:
+                fn(cfg, compile=False)
+        except ValueError as e:
+            return f"{stage}: {e}"
+        if check is not None and (problem := check(cfg)):
+            return f"{stage}: {problem}"
+    return _unwritable(plan.cache_root) if stages else ""
 
 
 def _unknown_keys(plan: config.Plan) -> str:
@@ -89,8 +149,11 @@ def _stage_plans(plan: config.Plan, targets: list[str], compile: bool | None) ->
     out = []
     for stage in dag.closure(*targets):
         fn = getattr(dag.module(stage), "plan", None)
-        if fn is not None:
-            out.append(fn(plan.stages[stage].config, compile=compile))
+        try:
+            if fn is not None:
+                out.append(fn(plan.stages[stage].config, compile=compile))
+        except ValueError as e:      # the config cannot be planned (a mesh that does not tile the chips)
+            raise ValueError(f"{stage}: {e}") from None
     return out
 
 
@@ -119,13 +182,16 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
 
     try:
         plans = sweep.plans(gin_files, params)
+        if args.stage:
+            dag.check_name(args.stage)
     except (config.ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for plan in plans.values():
-        if problem := _unknown_keys(plan):
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
+        return _error(str(e))
+    for name, plan in plans.items():
+        if unfilled := config.placeholders(plan):
+            return _error(f"sweep variant {name!r} leaves placeholders to fill in: {'; '.join(unfilled)}")
+        problem = _unreachable(plan) or _unknown_keys(plan)
+        if problem or (problem := _cannot_run(plan, _to_run(plan, args))):
+            return _error(f"sweep variant {name!r}: {problem}")
     result = tasks.build(plans.values(), _targets(args), workers=args.workers, scheduler=args.scheduler)
     if not result.ok:
         print(result.summary, file=sys.stderr)

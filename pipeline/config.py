@@ -8,20 +8,29 @@ configurable dataclasses a stage lists in `CONFIGURABLES` are `<stage>.<Class>`
 (`download.Files.paths = [...]`), the Beam runner is `beam_runner.Runner`, and run-wide
 settings are `pipeline.Settings` (`pipeline.Settings.cache_root = "gs://bucket/refinery"`).
 
-Everything that can be wrong with a config fails here, before any stage runs: unknown
-configurables or parameters (with the valid names), `%gin.REQUIRED` values left unset, values of
-the wrong type, and values a Config's own validation rejects.
+Everything that can be wrong with a config fails here, before any stage runs, as one ConfigError line:
+a gin file that is missing, not text, or leaves a bracket open (naming the file and line), an include
+that is not found (naming the including file and line and where includes are looked up) or that
+includes itself, a syntax error (naming the file and line, or the override), unknown configurables or
+parameters (with the valid names), `%gin.REQUIRED` values and macros left unset, values of the wrong
+type, and values a Config's own validation rejects. (What needs the cache root or the machine, whether
+it can be reached and written, whether the training mesh fits the devices, `python -m pipeline` checks
+next: pipeline/__main__.py.)
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import difflib
 import functools
+import glob
+import io
 import logging
 import os
 import re
+import tokenize
 import types
 import typing
 from collections.abc import Iterable
@@ -40,6 +49,10 @@ class Settings:
     """Run-wide settings that are not part of any stage's key."""
 
     cache_root: str = "cache"   # a local path (relative to the working directory) or gs://bucket/prefix
+
+    def __post_init__(self):
+        if not self.cache_root.strip():     # "" would put the cache in the working directory itself
+            raise ValueError('cache_root is empty; name a local directory ("cache") or a bucket prefix')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +125,10 @@ class InputsError(ValueError):
     """A stage's inputs cannot be listed (offline, a glob that matches nothing), so its key is unknown."""
 
 
+# What gin raises for a file or binding it cannot take (OSError: a file it cannot open).
+GIN_ERRORS = (ValueError, KeyError, SyntaxError, ImportError, OSError, tokenize.TokenError)
+
+
 # ---------------------------------------------------------------------------------------------
 
 def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
@@ -121,13 +138,26 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     for path in gin_files:
         if not os.path.exists(path):
             raise ConfigError(f"gin file {path!r} does not exist (looked relative to {os.getcwd()})")
+        if not os.path.isfile(path):
+            raise ConfigError(f"gin file {path!r} is a directory; name a .gin file in it")
     if GIN_DIR not in gin.config._LOCATION_PREFIXES:
         gin.add_config_file_search_path(GIN_DIR)
-    try:
-        with _quiet_include_search():
-            gin.parse_config_files_and_bindings(list(gin_files), list(gin_params), finalize_config=False)
-    except (ValueError, KeyError, SyntaxError, ImportError) as e:
-        raise ConfigError(_explain(e, registry, gin_files, gin_params)) from None
+    _check_sources(gin_files)
+    # Files, then each override on its own (what parse_config_files_and_bindings does, less the joining of
+    # the overrides into one text), so that an error names the override it is in.
+    with _quiet_include_search():
+        for path in gin_files:
+            try:
+                gin.parse_config_file(path)
+            except GIN_ERRORS as e:
+                raise ConfigError(_explain(e, registry, _where(gin_files, gin_params))) from None
+        for binding in gin_params:
+            _check_text(binding, f"override {binding!r}")
+            try:
+                gin.parse_config(binding)
+            except GIN_ERRORS as e:
+                raise ConfigError(f"override {binding!r}: {_explain(e, registry, '')}{_no_equals(binding)}") \
+                    from None
 
     settings = _build("pipeline.Settings", registry, gin_files, gin_params)
     stages: dict[str, StagePlan] = {}
@@ -218,7 +248,7 @@ def _build(gin_name: str, registry: dict[str, type], files: tuple, params: tuple
     try:
         obj = gin.get_configurable(gin_name)()
     except (ValueError, TypeError) as e:
-        raise ConfigError(_explain(e, registry, files, params)) from None
+        raise ConfigError(_explain(e, registry, _where(files, params))) from None
     try:
         return _plain(obj, gin_name, registry)
     except ConfigError as e:
@@ -300,17 +330,44 @@ def _type_error(value: Any, hint: Any, binding: str) -> ConfigError:
     return ConfigError(f"{binding} = {value!r} has type {type(value).__name__}; expected {expected}{extra}")
 
 
-def _explain(e: Exception, registry: dict[str, type], files: tuple, params: tuple) -> str:
-    """Gin's error, plus the names that would have been valid."""
-    msg = str(e).strip()
-    where = _where(files, params)
-    m = re.search(r"No configurable matching '([^']+)'", msg)
+def _explain(e: Exception, registry: dict[str, type], where: str) -> str:
+    """Gin's error in one line, plus the names that would have been valid. Gin appends where it was (each
+    include on the way, innermost first) as indented lines; they become the line's prefix, and `where`
+    (which files and overrides were read) is added only when gin named no file."""
+    if isinstance(e, SyntaxError):       # gin's own: the file and line are attributes, not text
+        msg = _explain_message(str(e.msg).strip(), registry).rstrip(".")
+        if not e.filename:               # an override, which the caller names
+            return msg
+        text = f" (`{e.text.strip()}`)" if e.text and e.text.strip() else ""
+        return f"{e.filename} line {e.lineno}: {msg}{text}"
+    if isinstance(e, tokenize.TokenError):
+        return f"{e.args[0]}{where}"
+    text = str(e).strip()
+    first = _LOCATION.search(text)
+    msg = _explain_message(text[:first.start()] if first else text, registry)
+    files = [(name, line, code.strip()) for name, line, code in _LOCATION.findall(text) if name]
+    if not files:
+        return msg + where
+    (name, line, code), outer = files[0], files[1:]
+    included = "".join(f"; included from {n} line {ln}" for n, ln, _ in outer)
+    return f"{name} line {line}: {msg} (`{code}`){included}"
+
+
+# How gin appends a location to an error: '\n  In file "F", line N\n    <line>[\n    ^]' or '\n  In bindings
+# string line N\n    <line>'.
+_LOCATION = re.compile(r'\n  In (?:file "([^"]*)",|bindings string) line (\d+)\n    ([^\n]*)(?:\n *\^)?')
+
+
+def _explain_message(msg: str, registry: dict[str, type]) -> str:
+    """One of gin's messages (without its location) in words that name what would be valid."""
+    msg = " ".join(msg.split())
+    m = re.search(r"No configurable matching (?:reference )?'@?([^'(]+)(?:\(\))?'", msg)
     if m:
         bad = m.group(1)
         close = difflib.get_close_matches(bad, registry, n=3, cutoff=0.5)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         names = ", ".join(sorted(registry))
-        return f"unknown configurable {bad!r}.{hint} Configurables are: {names}.{where}"
+        return f"unknown configurable {bad!r}.{hint} Configurables are: {names}."
     m = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", msg)
     if m:
         owner, param = m.groups()
@@ -325,12 +382,114 @@ def _explain(e: Exception, registry: dict[str, type], files: tuple, params: tupl
                       and param in {f.name for f in dataclasses.fields(c)}]
             close += [f"{n}.{param}" for n in owners]
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
-            return f"{owner} has no parameter {param!r}.{hint} Its parameters are: {', '.join(valid)}.{where}"
+            return f"{owner} has no parameter {param!r}.{hint} Its parameters are: {', '.join(valid)}."
     m = re.search(r"Failed to parse token '([^']*)'", msg)
     if m:
         return (f"cannot parse the gin value {m.group(1)!r}; strings need quotes "
-                f"(name = \"{m.group(1)}\"), references an @ (name = @download.Files()).{where}")
-    return msg + where
+                f"(name = \"{m.group(1)}\"), references an @ (name = @download.Files()).")
+    m = re.search(r"In call to configurable 'macro' .* in scope '([^']+)'", msg)
+    if m:      # gin turns %NAME into a call of its `macro` configurable in scope NAME
+        return (f"macro %{m.group(1)} is used but never set; bind it in a gin file or override "
+                f"({m.group(1)} = <value>) or use a value instead")
+    return msg
+
+
+def _no_equals(binding: str) -> str:
+    """A hint for an override that is not a binding at all."""
+    return "" if "=" in binding else "; an override is NAME=VALUE (e.g. train.Config.steps=100)"
+
+
+def _check_sources(gin_files: tuple[str, ...]) -> None:
+    """Reads each gin file and every file it includes, as gin will, and raises ConfigError naming the file
+    and line of what gin reports without them: an include it cannot find (gin names the include only),
+    an include cycle (gin recurses until RecursionError), a bracket or triple-quoted string left open
+    (tokenize.TokenError: no file, no line), a file that is not UTF-8 text."""
+    done: set[str] = set()
+
+    def walk(path: str, chain: tuple[tuple[str, str], ...]):
+        real = os.path.realpath(path)
+        if real in done:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"gin file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read gin file {path}: {e.strerror or e}") from None
+        includes, problem = _scan(text)
+        for line, name in includes:       # gin reads an include where it stands, before the rest of the file
+            found = _find_include(name)
+            if found is None:
+                raise ConfigError(f"{path} line {line}: include {name!r} not found; includes are looked up "
+                                  f"relative to the working directory ({os.getcwd()}), then in the gin/ "
+                                  f"directory ({GIN_DIR}){_similar_gin_files(name)}")
+            here = (*chain, (path, real))
+            starts = [i for i, (_, r) in enumerate(here) if r == os.path.realpath(found)]
+            if starts:
+                cycle = " -> ".join([p for p, _ in here[starts[0]:]] + [found])
+                raise ConfigError(f"{path} line {line}: include {name!r} makes an include cycle ({cycle}); "
+                                  "remove one of the includes")
+            walk(found, here)
+        if problem:
+            raise ConfigError(f"{path} {problem}")
+        done.add(real)
+
+    for path in gin_files:
+        walk(path, ())
+
+
+def _check_text(text: str, where: str) -> None:
+    """ConfigError when gin text (an override) leaves a bracket or a triple-quoted string open: gin would
+    read the next override into it, or raise tokenize.TokenError naming nothing."""
+    _, problem = _scan(text)
+    if problem:
+        raise ConfigError(f"{where}: {problem.removeprefix('line 1: ')}")
+
+
+def _scan(text: str) -> tuple[list[tuple[int, str]], str]:
+    """The `include '...'` statements of gin source `text` as (line, file), and "" or where and why it does
+    not tokenize ("line 3: '(' is never closed"). Gin's parser reads Python tokens, so Python's tokenizer
+    finds what it would choke on."""
+    includes: list[tuple[int, str]] = []
+    opened: list[tuple[str, int]] = []      # the brackets open at this point: (bracket, line)
+    statement: list[tokenize.TokenInfo] = []   # the tokens so far of the statement being read
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.NEWLINE, tokenize.NL) and not opened:
+                statement = []
+            elif tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+                statement.append(tok)
+                if tok.type == tokenize.OP and tok.string in "([{":
+                    opened.append((tok.string, tok.start[0]))
+                elif tok.type == tokenize.OP and tok.string in ")]}" and opened:
+                    opened.pop()
+                if (len(statement) == 2 and statement[0].string == "include"
+                        and tok.type == tokenize.STRING):
+                    with contextlib.suppress(ValueError, SyntaxError):
+                        includes.append((statement[0].start[0], ast.literal_eval(tok.string)))
+    except tokenize.TokenError as e:
+        if "string" in e.args[0]:
+            return includes, f"line {e.args[1][0]}: a triple-quoted string is never closed"
+        if opened:
+            return includes, f"line {opened[-1][1]}: {opened[-1][0]!r} is never closed"
+        return includes, f"line {e.args[1][0]}: {e.args[0]}"
+    return includes, ""
+
+
+def _find_include(name: str) -> str | None:
+    """The file gin reads for `include name`: an absolute path as it is, else the first of the working
+    directory and the search paths (gin/) that holds it."""
+    prefixes = [""] if os.path.isabs(name) else gin.config._LOCATION_PREFIXES
+    return next((os.path.join(p, name) for p in prefixes if os.path.isfile(os.path.join(p, name))), None)
+
+
+def _similar_gin_files(name: str) -> str:
+    """A hint naming the files under gin/ close to `name` (". Did you mean 'model/tiny.gin'?"), or ""."""
+    found = glob.glob(os.path.join(GIN_DIR, "**", "*.gin"), recursive=True)
+    known = [os.path.relpath(p, GIN_DIR) for p in found]
+    close = difflib.get_close_matches(name, known, n=2, cutoff=0.8)
+    return f". Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _where(files: tuple, params: tuple) -> str:

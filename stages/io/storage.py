@@ -198,15 +198,20 @@ def write_bytes(path: str, data: bytes) -> None:
     """
     fs, p = filesystem(path)
     if is_local(path):
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        tmp = f"{p}.tmp-{uuid.uuid4().hex}"
-        with builtins.open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        os.replace(_written_beside(p, data), p)
     else:
         fs.pipe_file(p, data)
+
+
+def _written_beside(p: str, data: bytes) -> str:
+    """`data` written and synced to a new temporary file next to the local path `p`; returns its path."""
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    tmp = f"{p}.tmp-{uuid.uuid4().hex}"
+    with builtins.open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
 
 
 def create_exclusive(path: str, data: bytes) -> bool:
@@ -217,12 +222,7 @@ def create_exclusive(path: str, data: bytes) -> bool:
     GCS refuses with 412 when the object exists."""
     fs, p = filesystem(path)
     if is_local(path):
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        tmp = f"{p}.tmp-{uuid.uuid4().hex}"
-        with builtins.open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp = _written_beside(p, data)
         try:
             os.link(tmp, p)
         except FileExistsError:
@@ -406,3 +406,48 @@ def upload(source: str, path: str) -> None:
     fs, p = filesystem(path)
     fs.put_file(source, p)
 
+
+def scheme_problem(path: str) -> str:
+    """Why `path` cannot hold files this pipeline writes (the cache root), in words that name the kinds that
+    can, or "" when it can: a local path (or file:///path) or gs://bucket/prefix. Other fsspec URLs (hf://)
+    may be read from, never written to.
+
+        storage.scheme_problem("s4://bucket/x")   # "unknown URL scheme 's4'; expected a local path or ..."
+    """
+    if is_local(path):
+        return ""
+    scheme, _, rest = path.partition(SCHEME_SEPARATOR)
+    kinds = f"a local path or {GCS_SCHEME}bucket/prefix"
+    if scheme in ("gs", "gcs"):
+        return "" if rest.strip("/") else f"{path!r} names no bucket; expected {kinds}"
+    if scheme in fsspec.available_protocols():
+        return f"{scheme}{SCHEME_SEPARATOR} can be read from but is not written to here; expected {kinds}"
+    return f"unknown URL scheme {scheme!r}; expected {kinds}"
+
+
+def existing_directory(path: str) -> str:
+    """The local directory that holds `path` now or would hold it once made: `path` itself when it exists,
+    else the nearest directory above it that does. NotADirectoryError, naming it, when that is a regular file
+    (nothing can ever be made under it). URLs come back as they are (a bucket has no directories)."""
+    if not is_local(path):
+        return path
+    directory = absolute(path)
+    while not os.path.exists(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    if not os.path.isdir(directory):
+        raise NotADirectoryError(f"{directory} is a file, not a directory")
+    return directory
+
+
+def check_writable(path: str) -> None:
+    """Raise OSError (naming the directory and the reason) when files cannot be made under the local
+    directory `path`: a probe file is created and removed in `existing_directory(path)` (so nothing is left
+    behind, not even `path` itself), which shows a read-only directory, one under a regular file or a full
+    disk before any work starts. URLs are not probed: writing an object costs a request, and
+    `check_reachable` has already reached the bucket."""
+    if not is_local(path):
+        return
+    probe = os.path.join(existing_directory(path), f".refinery-write-probe-{uuid.uuid4().hex}")
+    with builtins.open(probe, "xb") as f:
+        f.write(b"probe")
+    os.remove(probe)

@@ -26,7 +26,14 @@ from collections.abc import Mapping
 
 from stages.io import storage
 from stages.train import planner
-from stages.train.configs import NAN_POLICIES, HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
+from stages.train.configs import (
+    NAN_POLICIES,
+    HardwareConfig,
+    MeshConfig,
+    ModelConfig,
+    OptimizerConfig,
+    cpu_run_problem,
+)
 from stages.train.launch import LaunchConfig
 
 log = logging.getLogger(__name__)
@@ -116,6 +123,20 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
         return p.render(xla=aot.compile_train_step(config))
     except (RuntimeError, ValueError) as e:
         return f"{p.render()}\n  XLA: not compiled: {e}"
+
+
+def check(config: Config) -> str:
+    """What stops `config` before anything runs, in one line, or "" (the command line asks before any stage
+    starts, so a wrong mesh does not wait for the data half): a CPU run whose mesh or batch does not fit
+    the devices its processes will have (`configs.cpu_run_problem`), a config the planner says cannot fit
+    its hardware (unless `train.HardwareConfig.allow_unfit`)."""
+    if problem := cpu_run_problem(config, os.environ):
+        return problem
+    p = planner.plan(config)
+    if not p.fits and not config.hardware.allow_unfit:
+        verdict = p.render().splitlines()[-1].strip()
+        return f"{verdict} (train.HardwareConfig.allow_unfit=True trains anyway; make plan shows the plan)"
+    return ""
 
 
 def check_fits(config: Config) -> None:

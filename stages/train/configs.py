@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+
+from stages.train import devices
 
 ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
 REMAT_NAMES = ("none", "full", "minimal", "save_qkv_proj", "dots_no_batch", "save_dots",
@@ -364,6 +367,8 @@ class HardwareConfig:
         if self.chips < 0 or self.num_slices < 1:
             raise ValueError(f"HardwareConfig: chips={self.chips} must be >= 0 (0 = from the topology) and "
                              f"num_slices={self.num_slices} >= 1")
+        if self.device not in devices.DEVICES:
+            raise ValueError(f"HardwareConfig: device={self.device!r} is not one of {tuple(devices.DEVICES)}")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"HardwareConfig: mfu={self.mfu} must be in (0, 1]")
         if self.topology and (":" not in self.topology or topology_chips(self.topology) < 1):
@@ -378,3 +383,67 @@ def topology_chips(topology: str) -> int:
         return math.prod(int(n) for n in grid.split("x"))
     except ValueError:
         return 0
+
+
+# --------------------------------------------------------------------------------- devices, before a run
+
+CPU_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def cpu_devices_per_process(env: Mapping[str, str]) -> int:
+    """The CPU devices one JAX process started with `env` gets, read as JAX reads them: JAX_NUM_CPU_DEVICES,
+    else XLA_FLAGS' --xla_force_host_platform_device_count=N, else 1 (how tests simulate 8 devices)."""
+    try:
+        count = int(env.get("JAX_NUM_CPU_DEVICES", "-1"))
+    except ValueError:
+        count = -1
+    if count >= 0:           # JAX's own rule: -1 (unset) defers to XLA_FLAGS
+        return count
+    count = 1
+    for flag in env.get("XLA_FLAGS", "").split():     # XLA splits on whitespace; the last one wins
+        name, _, value = flag.partition("=")
+        if name == CPU_DEVICE_FLAG and value.isdigit():
+            count = int(value)
+    return count
+
+
+def cpu_run_problem(cfg, env: Mapping[str, str]) -> str:
+    """Why `cfg` (a stages.train.Config) cannot train on the devices its processes will have, in one line
+    naming the sizes, the device count and where that comes from, or "" when it can or only the running
+    processes could tell. `python -m pipeline run` asks before any stage runs; without it the mesh and the
+    batch split are found out when training starts, after the whole data half has run:
+
+        cpu_run_problem(dataclasses.replace(cfg, mesh=MeshConfig(fsdp=2)), os.environ)   # 1 device: fsdp 2?
+
+    Known offline: a "cpu" run (train.HardwareConfig.device) gets `cpu_devices_per_process(env)` devices per
+    process (the launchers pass the environment on): one process in process, num_processes with the local
+    launcher. Checked then as training will: the mesh must tile the devices (`MeshConfig.shape`), the global
+    batch must divide by the processes (stages/train/data.py) and each micro-batch split over data x fsdp
+    (the planner's rule). Not checked: accelerators (their count is the machine's; the planner checks the
+    mesh against train.HardwareConfig.chips) and tpu_vm slices (the planner checks the topology).
+    """
+    hardware, launcher, mesh = cfg.hardware, cfg.launcher, cfg.mesh
+    if hardware.device != "cpu" or launcher.kind not in ("inprocess", "local"):
+        return ""
+    if env.get("JAX_PLATFORMS", "cpu").split(",")[0].strip() not in ("", "cpu"):
+        return ""          # JAX is told to prefer another platform: the count is that machine's
+    per_process = cpu_devices_per_process(env)
+    processes = launcher.num_processes if launcher.kind == "local" else 1
+    devices = per_process * processes
+    kind = f"train.LaunchConfig.kind={launcher.kind!r}" + (
+        f" with num_processes={processes}" if launcher.kind == "local" else "")
+    where = (f"a CPU run (train.HardwareConfig.device='cpu') with {kind} trains on {processes} process(es) x "
+             f"{per_process} CPU device(s) = {devices} (XLA_FLAGS={CPU_DEVICE_FLAG}=N gives each process N)")
+    try:
+        data, fsdp, _ = mesh.shape(devices)
+    except ValueError as e:
+        return f"train.MeshConfig: {e}; {where}"
+    if cfg.global_batch % processes:
+        return (f"train.Config.global_batch={cfg.global_batch} does not divide by the {processes} training "
+                f"processes: use a multiple of {processes}; {where}")
+    accum = cfg.optimizer.grad_accum_steps
+    micro, shards = cfg.global_batch // accum, data * fsdp
+    if micro % shards:
+        return (f"a micro-batch of {micro} sequences (train.Config.global_batch {cfg.global_batch} / "
+                f"grad_accum_steps {accum}) does not split over data x fsdp = {shards} devices; {where}")
+    return ""

@@ -93,3 +93,52 @@ def test_placeholders_are_asked_for_only_where_they_are_used():
     twin = config.load([f"{REPO}/gin/twins/600b.gin"])
     assert twin.stages["train"].config.launcher.tpu_name == "YOUR_TPU_SLICE"
     assert config.placeholders(twin) == []
+
+
+def _load_error(tmp_path, text: str, *params: str) -> str:
+    path = tmp_path / "run.gin"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load([str(path)], params)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_a_missing_include_names_the_including_file_its_line_and_where_includes_are_looked_up(tmp_path):
+    error = _load_error(tmp_path, "# a run\ninclude 'tiny.gin'\ninclude 'recipe/tinny.gin'\n")
+    assert error.startswith(f"{tmp_path}/run.gin line 3: include 'recipe/tinny.gin' not found; ")
+    assert f"then in the gin/ directory ({config.GIN_DIR})" in error
+    assert error.endswith("Did you mean 'recipe/tiny.gin'?")
+
+
+def test_an_include_cycle_is_named_instead_of_recursing_until_python_gives_up(tmp_path):
+    (tmp_path / "b.gin").write_text(f"include '{tmp_path}/run.gin'\n")
+    error = _load_error(tmp_path, f"include '{tmp_path}/b.gin'\n")
+    assert f"include cycle ({tmp_path}/run.gin -> {tmp_path}/b.gin -> {tmp_path}/run.gin)" in error
+
+
+def test_an_error_in_an_included_file_names_that_file_and_the_include(tmp_path):
+    (tmp_path / "inner.gin").write_text("\ntrain.ModelConfig.d_modl = 64\n")
+    error = _load_error(tmp_path, f"include 'tiny.gin'\ninclude '{tmp_path}/inner.gin'\n")
+    assert error.startswith(f"{tmp_path}/inner.gin line 2: train.ModelConfig has no parameter 'd_modl'. "
+                            "Did you mean d_model?")
+    assert error.endswith(f"(`train.ModelConfig.d_modl = 64`); included from {tmp_path}/run.gin line 2")
+
+
+def test_a_bracket_left_open_names_where_it_opened(tmp_path):
+    error = _load_error(tmp_path, "include 'tiny.gin'\ntrain.Config.steps = 5\nevaluate.Config.prompts = [\n")
+    assert error == f"{tmp_path}/run.gin line 3: '[' is never closed"
+
+
+def test_an_override_error_names_that_override_not_the_next_one(tmp_path):
+    with pytest.raises(config.ConfigError) as e:
+        config.load([TINY], ["train.Config.steps = (1,", "train.Config.seed = 1"])
+    assert str(e.value) == "override 'train.Config.steps = (1,': '(' is never closed"
+    with pytest.raises(config.ConfigError) as e:
+        config.load([TINY], ["train.Config.seed = 1", "train.Config.steps = 1e"])
+    assert str(e.value).startswith("override 'train.Config.steps = 1e': ")
+
+
+def test_includes_are_found_only_where_gin_reads_them():
+    text = "# include 'x.gin'\ninclude 'a.gin'\nx.y = ['include', 'b.gin']\n\ninclude \"c.gin\"  # why\n"
+    assert config._scan(text) == ([(2, "a.gin"), (5, "c.gin")], "")
