@@ -2,6 +2,7 @@
 #   make pipeline [GIN=gin/tiny.gin] [OVERRIDES='tokenizer.Config.vocab_size=3000 clean.Config.min_chars=100']
 #   make stage STAGE=tokenizer [FORCE=1]     one stage (and what it needs); FORCE reruns it and its dependents
 #   make status | make test | make bench | make lint
+#   make faults N=200                        N seeded kills of stages, reruns checked against an undisturbed run
 PYTHON ?= python3
 PY := .venv/bin/python
 GIN ?= gin/tiny.gin
@@ -14,7 +15,7 @@ export OVERRIDES
 
 RUN := $(PY) -m pipeline
 
-.PHONY: pipeline stage sweep status plan test bench lint install clean-cache
+.PHONY: pipeline stage sweep status plan test bench faults lint install clean-cache
 
 pipeline: .venv/installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
@@ -38,6 +39,12 @@ test: .venv/installed
 
 bench: .venv/bench-installed
 	$(PY) -m benchmarks
+
+# N seeded kills (default 18: every stage and kill point once), then a table (kills per stage and point, reruns
+# completed, outputs identical, records lost), also written to benchmarks/out/faults.json; tests/faults/harness.py
+# says how each kill is made and checked.
+faults: .venv/installed
+	$(PY) -m tests.faults.harness --n $(or $(N),18)
 
 # The `bench` extra (datatrove, spaCy, NLTK) is for `make bench` only: `make test` never installs it.
 .venv/bench-installed: .venv/installed

@@ -82,7 +82,10 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
                     storage.write_text(history_path, writer.jsonl(upto=step))
 
             stop = ckpt.install_sigterm_handler()
-            last, throughput = {}, {}
+            # Resumed at the last step (killed after its final checkpoint, before the commit), no interval
+            # runs: the summary's numbers come from the rows logged before.
+            last = writer.rows[-1] if writer.rows else {}
+            throughput = next((r for r in reversed(writer.rows) if "tokens_per_s" in r), {})
             for begin, end in intervals(start, cfg.steps, cfg.log_every):
                 params, opt_state, last = one_interval(run, params, opt_state, begin, end, ckpt, stop,
                                                        first=begin == start, on_saved=saved)
@@ -195,12 +198,14 @@ def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[
 
 
 def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
-    """The logging intervals [begin, end) from `start` to `steps`: the first step alone (it is mostly
-    compilation, so it is timed on its own and gives no rate), then up to each multiple of `every` and
-    the last step: a metrics row is logged at the end of each."""
+    """The logging intervals [begin, end) from `start` to `steps`: a fresh run's first step alone (it is
+    mostly compilation, so it is timed on its own and gives no rate), then up to each multiple of `every`
+    and the last step: a metrics row is logged at the end of each. A resumed run keeps the same grid, so
+    when it resumes from a logging step (checkpoint_every a multiple of log_every) its rows are the rows an
+    uninterrupted run logs, number for number."""
     begin = start
     while begin < steps:
-        end = begin + 1 if begin == start else min(steps, (begin // every + 1) * every)
+        end = 1 if begin == 0 else min(steps, (begin // every + 1) * every)
         yield begin, end
         begin = end
 

@@ -90,6 +90,11 @@ class MetricsWriter:
         for record in history:        # an earlier attempt's rows, before the checkpoint this run resumed
             self._record(dict(record))
 
+    @property
+    def rows(self) -> list[dict]:
+        """Every row logged so far, history first (none when not enabled)."""
+        return list(self._rows)
+
     def jsonl(self, upto: int) -> str:
         """The rows logged so far (history included) up to step `upto`, as metrics.jsonl text."""
         return "".join(json.dumps(r) + "\n" for r in self._rows if r["step"] <= upto)

@@ -123,7 +123,9 @@ def test_logging_intervals_are_the_first_step_then_every_log_every_and_the_last(
 
     assert list(loop.intervals(0, 25, 10)) == [(0, 1), (1, 10), (10, 20), (20, 25)]
     assert list(loop.intervals(6, 10, 1)) == [(6, 7), (7, 8), (8, 9), (9, 10)]        # resumed at step 6
-    assert list(loop.intervals(12, 30, 10)) == [(12, 13), (13, 20), (20, 30)]
+    # A resumed run keeps the grid (its rows are an uninterrupted run's when it resumes at a logging step)
+    assert list(loop.intervals(12, 30, 10)) == [(12, 20), (20, 30)]
+    assert list(loop.intervals(20, 30, 10)) == [(20, 30)]
     assert list(loop.intervals(30, 30, 10)) == []
 
 
@@ -226,7 +228,7 @@ def test_sigterm_stops_training_within_two_steps_whatever_the_intervals_and_the_
     resumed = _train(root, shard, dataclasses.replace(CONFIG, steps=steps, log_every=steps,
                                                       checkpoint_every=steps, eval_every=0))
     losses = _losses(resumed)
-    assert sorted(losses) == [1, stopped + 1, steps]       # continuous: the stopped run's row kept
+    assert sorted(losses) == [1, steps]       # continuous: the stopped run's row for step 1 kept
     whole = _train(str(tmp_path / "a"), shard, dataclasses.replace(CONFIG, steps=steps, log_every=steps,
                                                                    checkpoint_every=steps, eval_every=0))
     # The last row's loss averages a different interval; its norms are the final step's own: bitwise equal
