@@ -1,7 +1,7 @@
 # Refinery. Two commands set up a fresh machine: `make pipeline` and `make test`.
 #   make pipeline [GIN=gin/tiny.gin] [OVERRIDES='tokenizer.Config.vocab_size=3000 clean.Config.min_chars=100']
 #   make stage STAGE=tokenizer [FORCE=1]     one stage (and what it needs); FORCE reruns it and its dependents
-#   make status | make test | make bench | make lint
+#   make status [VERIFY=1] | make gc | make test | make bench | make lint
 #   make faults N=200                        N seeded kills of stages, reruns checked against an undisturbed run
 PYTHON ?= python3
 PY := .venv/bin/python
@@ -15,7 +15,7 @@ export OVERRIDES
 
 RUN := $(PY) -m pipeline
 
-.PHONY: pipeline stage sweep status plan test bench faults lint install clean-cache
+.PHONY: pipeline stage sweep status gc plan test bench faults lint install clean-cache
 
 pipeline: .venv/installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
@@ -29,7 +29,11 @@ sweep: .venv/installed
 	$(RUN) sweep --gin $(SWEEP) --overrides "$$OVERRIDES"
 
 status: .venv/installed
-	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES"
+	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES" $(if $(VERIFY),--verify)
+
+# Removes attempts no manifest names under keys no live run holds (what crashed runs left).
+gc: .venv/installed
+	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES" --gc
 
 plan: .venv/installed
 	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)

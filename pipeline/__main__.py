@@ -30,6 +30,8 @@ import time
 from pipeline import cache, config, dag
 from stages.io import storage
 
+STOPPED_EXIT_CODE = 75   # a stage stopped on request after saving (preemption): EX_TEMPFAIL, rerun to resume
+
 
 def main(argv: list[str] | None = None) -> int:
     start = time.time()
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return _error(problem)
     if args.command == "status":
         print(status_table(plan))
-        return 0
+        return _verify(plan) if args.verify else _collect_garbage(plan.cache_root) if args.gc else 0
     if args.command == "plan":
         try:
             _stage_plans(plan, _targets(args), compile=False)    # fails before any output, and fast
@@ -72,6 +74,40 @@ def main(argv: list[str] | None = None) -> int:
     if problem := _cannot_run(plan, _to_run(plan, args)):
         return _error(problem)
     return _run(plan, args, start)
+
+
+def _verify(plan: config.Plan) -> int:
+    """`status --verify`: compares every committed stage's files with the checksums its manifest recorded;
+    a damaged stage is un-committed (its manifest kept as _DAMAGED-<time>.json) so the next run rebuilds
+    it. Exit status 1 when anything was damaged."""
+    damaged = 0
+    for stage, sp in plan.stages.items():
+        done = cache.load(plan.cache_root, stage, sp.key)
+        if done is None:
+            continue
+        problems = cache.verify(done)
+        if not problems:
+            print(f"verify: {stage} {sp.key[:12]}: {len(done.files)} files match their checksums"
+                  if done.manifest.get("checksums") else
+                  f"verify: {stage} {sp.key[:12]}: committed before checksums were recorded; sizes match")
+            continue
+        damaged += 1
+        kept = cache.uncommit(plan.cache_root, stage, sp.key)
+        for problem in problems:
+            print(f"verify: {stage} {sp.key[:12]}: DAMAGED {problem}")
+        print(f"verify: {stage} {sp.key[:12]}: no longer counts as done (manifest kept as {kept}); the next "
+              "run that needs it rebuilds it")
+    return 1 if damaged else 0
+
+
+def _collect_garbage(cache_root: str) -> int:
+    """`status --gc` (`make gc`): removes the attempts no manifest names under keys no live lease holds."""
+    found = cache.garbage(cache_root)
+    for path in found:
+        print(f"gc: removing {path}")
+        storage.remove(path)
+    print(f"gc: {len(found)} stale attempt(s) removed from {cache_root}")
+    return 0
 
 
 def _error(message: str) -> int:
@@ -168,6 +204,9 @@ def _run(plan: config.Plan, args, start: float) -> int:
         if line:
             print(f"  {stage}: {line}")
     took = time.time() - start
+    if not result.ok and result.stopped:      # preempted on purpose (SIGTERM): an expected end, one line
+        print(f"stopped after {took:.1f} s: {'; '.join(result.stopped)}", file=sys.stderr)
+        return STOPPED_EXIT_CODE
     if not result.ok:
         print(result.summary, file=sys.stderr)
         print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
@@ -323,6 +362,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="rerun --stage (default: all) even if cached, and everything downstream of it")
     p.add_argument("--workers", type=int, default=1, help="Luigi workers (parallel stages)")
     p.add_argument("--scheduler", metavar="HOST:PORT", help="a central luigid scheduler (default: local)")
+    p.add_argument("--verify", action="store_true",
+                   help="status: check every committed stage's files against their recorded checksums; a "
+                        "damaged stage is rebuilt by the next run")
+    p.add_argument("--gc", action="store_true",
+                   help="status: remove attempts that no manifest names and no live run holds (make gc)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="plan: also compile the train step for train.HardwareConfig.topology ahead of time "
                         "(default: when a topology is named)")

@@ -3,6 +3,7 @@ embedded corpus with a few training steps, locally and with the cache on a real 
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -184,3 +185,53 @@ def test_every_run_file_has_a_tiny_twin_that_runs_the_whole_dag(size, twins_cach
     assert (twin.n_kv_heads < twin.n_heads) == (real.n_kv_heads < real.n_heads)
     done = cache.load(plan.cache_root, "evaluate", plan.stages["evaluate"].key)
     assert storage.read_json(done.file("eval.json"))["loss"] > 0
+
+
+@pytest.mark.slow
+def test_status_verify_finds_a_file_rewritten_at_its_size_and_gc_removes_orphans(tmp_path, capsys):
+    root = str(tmp_path / "cache")
+    assert cli.main(["run", "--stage", "download", *_argv(root)]) == 0
+    plan = config.load([f"{REPO}/gin/tiny.gin"], [f'pipeline.Settings.cache_root = "{root}"', *SMALL])
+    done = cache.load(root, "download", plan.stages["download"].key)
+    capsys.readouterr()
+    assert cli.main(["status", "--verify", *_argv(root)]) == 0
+    assert "verify: download" in capsys.readouterr().out
+    shard = done.paths("docs-*.parquet")[0]
+    data = bytearray(storage.read_bytes(shard))
+    data[len(data) // 2] ^= 0xFF                                      # one flipped byte, same size
+    storage.write_bytes(shard, bytes(data))
+    assert cli.main(["status", "--verify", *_argv(root)]) == 1
+    out = capsys.readouterr().out
+    assert f"DAMAGED {shard}: checksum" in out and "the next run that needs it rebuilds it" in out
+    assert cache.load(root, "download", plan.stages["download"].key) is None
+    key_dir = cache.stage_dir(root, "download", plan.stages["download"].key)
+    orphan = f"{key_dir}/attempt-20260101T000000-0rphan00"
+    storage.write_text(f"{orphan}/part.txt", "a crashed run's leftovers")
+    assert cli.main(["run", "--stage", "download", *_argv(root)]) == 0   # rebuilt; its commit removes both
+    assert _ran(capsys) == ["download"] and not storage.exists(orphan)
+    storage.write_text(f"{orphan}/part.txt", "left by another crash")
+    assert cli.main(["status", "--gc", *_argv(root)]) == 0
+    assert f"gc: removing {orphan}" in capsys.readouterr().out and not storage.exists(orphan)
+    assert cache.load(root, "download", plan.stages["download"].key) is not None
+
+
+@pytest.mark.slow
+def test_sigterm_during_training_is_one_line_and_exit_75_and_the_rerun_resumes(tmp_path):
+    root = str(tmp_path / "cache")
+    long = ["train.Config.steps = 1500", "train.Config.log_every = 1500",
+            "train.Config.checkpoint_every = 1500", "train.Config.eval_every = 0"]
+    argv = [sys.executable, "-m", "pipeline", "run", "--stage", "train", *_argv(root, *long)]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+    for line in proc.stderr:
+        if "step 1/1500" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 75, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stopped after ") and "train: stopped at step " in last and "preempted" in last
+    assert "Traceback" not in err, err[-3000:]
+    rerun = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=REPO))
+    assert rerun.returncode == 0 and "resumed from step" in rerun.stderr, rerun.stderr[-3000:]
