@@ -198,6 +198,13 @@ def _run(plan: config.Plan, args, start: float) -> int:
 
     force = [args.stage or next(iter(dag.STAGES))] if args.force else []
     result = tasks.build([plan], _targets(args), force=force, workers=args.workers, scheduler=args.scheduler)
+    took = time.time() - start
+    if not result.ok and (lost := _unreachable(plan)):    # the storage went away mid-run: no table to show
+        print(result.summary, file=sys.stderr)
+        print(f"error: {lost}; no stage that failed was committed: rerun once it can be reached",
+              file=sys.stderr)
+        print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
+        return 1
     print(status_table(plan, targets=_targets(args), ran=result.ran))
     for stage in dag.closure(*_targets(args)):
         line = _highlight(plan, stage)

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import signal
 import socket
 import time
@@ -86,7 +87,16 @@ def stage_key(stage: str, version: str, config: Any, upstream_keys: Mapping[str,
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
 def stage_dir(cache_root: str, stage: str, key: str) -> str:
+    """`<cache_root>/<stage>/<key>`; a stage name or key that is not a plain name (a separator, `..`, an
+    empty string) is refused, so nothing a config or a manifest says can write outside the cache root."""
+    for what, name in (("stage", stage), ("key", key)):
+        if not _NAME.fullmatch(name) or ".." in name:
+            raise ValueError(f"{what} {name!r} is not a plain name (letters, digits, _ . -): refusing to "
+                             f"write outside the cache root {cache_root}")
     return storage.join(cache_root, stage, key)
 
 

@@ -124,11 +124,15 @@ def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str]
     result = luigi.build(tasks, **kwargs)
     ok = result.status in (luigi.LuigiStatusCode.SUCCESS, luigi.LuigiStatusCode.SUCCESS_WITH_RETRY)
     ran = []
-    for plan in plans:
-        for stage in dag.closure(*targets):
-            done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
-            if done is not None and done.manifest.get("run_id") == run_id and stage not in ran:
-                ran.append(stage)
+    try:
+        for plan in plans:
+            for stage in dag.closure(*targets):
+                done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
+                if done is not None and done.manifest.get("run_id") == run_id and stage not in ran:
+                    ran.append(stage)
+    except OSError as e:      # the cache went away during the run (a failed build says so, in one line)
+        log.warning("cannot read back what this run committed: %s", e)
+        ok = False
     return BuildResult(ok, run_id, result.summary_text, ran, _STOPPED.pop(run_id, []))
 
 

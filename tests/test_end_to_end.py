@@ -235,3 +235,21 @@ def test_sigterm_during_training_is_one_line_and_exit_75_and_the_rerun_resumes(t
     rerun = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=REPO))
     assert rerun.returncode == 0 and "resumed from step" in rerun.stderr, rerun.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_no_credential_from_the_environment_reaches_the_cache_or_the_output(tmp_path):
+    """Tokens planted in the environment where a run would find real ones (the hub, GCS, AWS, any
+    *_TOKEN): no manifest, log, report, spec or checkpoint of the whole DAG, and nothing it prints, holds
+    one."""
+    root = str(tmp_path / "cache")
+    secret = "planted-" + "5ecret-" + os.urandom(8).hex()
+    env = dict(os.environ, PYTHONPATH=REPO, HF_TOKEN=secret, HUGGING_FACE_HUB_TOKEN=secret,
+               GCS_OAUTH_TOKEN=secret, AWS_SECRET_ACCESS_KEY=secret, WANDB_API_KEY=secret,
+               REFINERY_TEST_TOKEN=secret)
+    run = subprocess.run([sys.executable, "-m", "pipeline", "run", *_argv(root)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert secret not in run.stdout + run.stderr
+    files = [os.path.join(d, f) for d, _, names in os.walk(root) for f in names]
+    assert len(files) > 20 and not [f for f in files if secret.encode() in storage.read_bytes(f)]

@@ -203,3 +203,14 @@ def test_garbage_is_the_attempts_no_manifest_names_under_keys_no_live_lease_hold
     for path in found:
         storage.remove(path)
     assert cache.garbage(root) == [] and cache.load(root, "a", "done") == done
+
+
+@pytest.mark.parametrize("stage, key", [("a", "../../etc"), ("../a", "k"), ("a", "k/../../x"), ("a", ""),
+                                        ("a/b", "k"), ("a", "/abs"), ("a", ".."), ("a", "k\\x")])
+def test_a_stage_name_or_key_cannot_reach_outside_the_cache_root(stage, key, tmp_path):
+    with pytest.raises(ValueError, match="not a plain name"):
+        cache.stage_dir(str(tmp_path), stage, key)
+    with pytest.raises(ValueError, match="refusing to write outside the cache root"):
+        cache.run_stage(cache_root=str(tmp_path / "cache"), stage=stage, key=key, config={}, upstream={},
+                        fn=fake_stage.run)
+    assert not (tmp_path / "etc").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
