@@ -49,6 +49,7 @@ bench: .venv/bench-installed
 # says how each kill is made and checked.
 faults: .venv/installed
 	$(PY) -m tests.faults.harness --n $(or $(N),18)
+	REFINERY_OUTAGE=1 $(PY) -m pytest -q -p no:cacheprovider tests/faults/test_storage_outage.py
 
 # The `bench` extra (datatrove, spaCy, NLTK) is for `make bench` only: `make test` never installs it.
 .venv/bench-installed: .venv/installed
