@@ -218,13 +218,13 @@ def test_status_verify_finds_a_file_rewritten_at_its_size_and_gc_removes_orphans
 @pytest.mark.slow
 def test_sigterm_during_training_is_one_line_and_exit_75_and_the_rerun_resumes(tmp_path):
     root = str(tmp_path / "cache")
-    long = ["train.Config.steps = 1500", "train.Config.log_every = 1500",
-            "train.Config.checkpoint_every = 1500", "train.Config.eval_every = 0"]
+    long = ["train.Config.steps = 400", "train.Config.log_every = 400",
+            "train.Config.checkpoint_every = 400", "train.Config.eval_every = 0"]
     argv = [sys.executable, "-m", "pipeline", "run", "--stage", "train", *_argv(root, *long)]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=REPO))
     for line in proc.stderr:
-        if "step 1/1500" in line:
+        if "step 1/400" in line:
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=600)

@@ -209,7 +209,7 @@ def test_sigterm_stops_training_within_two_steps_whatever_the_intervals_and_the_
     """log_every = checkpoint_every = steps: the loop has no reason to look up from the device until the
     end. SIGTERM right after the first step must still stop it within about two steps (the host stays
     MAX_IN_FLIGHT steps ahead), with a checkpoint, and the rerun continues from there to the same end."""
-    steps = 3000
+    steps = 1000
     root = str(tmp_path / "b")
     proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT.format(steps=steps),
                              shard.path.rsplit("/shard/", 1)[0], root],
