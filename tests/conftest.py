@@ -2,10 +2,8 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -15,13 +13,9 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # every process that imports JAX tries to start a TPU runtime and prints its errors. TPU topologies still
 # compile with it set.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from tests import emulator_process  # noqa: E402 - after the environment above
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -30,34 +24,9 @@ def gcs_server():
 
     Yields its URL; `STORAGE_EMULATOR_HOST` points gcsfs at it while it runs.
     """
-    port = _free_port()
     # The emulator, plus the download headers TensorStore needs (see tests/gcs_emulator.py).
-    launcher = os.path.join(REPO, "tests", "gcs_emulator.py")
-    proc = subprocess.Popen([sys.executable, launcher, "start", "--host=127.0.0.1", f"--port={port}",
-                             "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"gcp-storage-emulator did not start on port {port}") from None
-            time.sleep(0.2)
-    url = f"http://127.0.0.1:{port}"
-    old = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    try:
+    with emulator_process.running() as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        if old is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = old
 
 
 @pytest.fixture

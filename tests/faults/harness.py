@@ -38,7 +38,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ import uuid
 
 from pipeline import cache, config, dag
 from stages.io import storage
+from tests import emulator_process
 from tests.test_end_to_end import SMALL
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -445,35 +445,11 @@ def table(results: list[Result]) -> str:
 def gcs_emulator():
     """The GCS emulator (tests/gcs_emulator.py) on a free loopback port, with one fresh bucket: yields
     `gs://<bucket>` while `STORAGE_EMULATOR_HOST` points at it (as tests/conftest.py's fixtures do)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "gcs_emulator.py"), "start",
-                             "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    old = os.environ.get("STORAGE_EMULATOR_HOST")
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"the GCS emulator did not start on port {port}") from None
-                time.sleep(0.2)
-        os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    with emulator_process.running():
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
         bucket = f"faults-{uuid.uuid4().hex[:10]}"
         storage.filesystem(f"gs://{bucket}")[0].mkdir(bucket)
         yield f"gs://{bucket}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        if old is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = old
 
 
 def main(argv: list[str] | None = None) -> int:

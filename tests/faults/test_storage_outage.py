@@ -12,34 +12,24 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from pipeline import cache, config
-from tests.conftest import REPO, _free_port
+from tests import emulator_process
+from tests.conftest import REPO
 from tests.test_end_to_end import SMALL
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REFINERY_OUTAGE"),
                                 reason="a two-minute storage outage: make faults runs it (REFINERY_OUTAGE=1)")
 
 
-def _emulator(port: int, data_dir: str) -> subprocess.Popen:
-    """The test emulator on `port`, keeping its objects on disk under `data_dir` so a restart finds them."""
-    env = dict(os.environ, STORAGE_BASE=data_dir)
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "gcs_emulator.py"), "start",
-                             "--host=127.0.0.1", f"--port={port}", "-q"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(3)
-    return proc
-
-
 def test_a_storage_outage_mid_run_fails_clearly_commits_nothing_and_the_rerun_completes(tmp_path,
                                                                                       monkeypatch):
-    port = _free_port()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    server, url = emulator_process.start(data_dir=str(tmp_path))    # on disk: a restart finds the objects
+    port = int(url.rsplit(":", 1)[1])
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    server = _emulator(port, str(tmp_path))
     from stages.io import storage
 
     fs, _ = storage.filesystem("gs://outage")
@@ -61,7 +51,7 @@ def test_a_storage_outage_mid_run_fails_clearly_commits_nothing_and_the_rerun_co
     assert lines[-1].startswith("FAILED after ")
     assert lines[-2].startswith(f"error: cannot reach the cache root {root}: ") and "rerun once" in lines[-2]
 
-    server = _emulator(port, str(tmp_path))
+    server, _ = emulator_process.start(port, data_dir=str(tmp_path))
     try:
         plan = config.load([f"{REPO}/gin/tiny.gin"], params)
         assert cache.load(root, "download", plan.stages["download"].key) is not None

@@ -46,13 +46,6 @@ def test_nested_configs_of_different_types_get_different_keys():
     assert cache.stage_key("s", "1", A(), {}) != cache.stage_key("s", "1", B(), {})
 
 
-@pytest.fixture(params=["local", "gcs"])
-def root(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "cache")
-    return request.getfixturevalue("gcs_bucket") + "/cache"
-
-
 def test_commit_lists_every_file_with_its_size(root):
     done = _run(root, fake_stage.Config(value=3, name="a"))
     assert storage.read_text(done.file("out.txt")) == "a=3;"

@@ -14,13 +14,6 @@ from pipeline import cache, lease
 from stages.io import storage
 
 
-@pytest.fixture(params=["local", "gcs"])
-def root(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "cache")
-    return request.getfixturevalue("gcs_bucket") + "/cache"
-
-
 def test_exclusive_create_lets_exactly_one_of_many_racers_win(root):
     path = f"{root}/k/_lease-000001.json"
     wins, barrier = [], threading.Barrier(6)
