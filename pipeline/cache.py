@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import fnmatch
 import hashlib
 import json
 import logging
@@ -44,6 +43,7 @@ from typing import Any
 
 from pipeline import lease
 from stages.io import storage
+from stages.io.committed import Committed
 
 log = logging.getLogger(__name__)
 MANIFEST = "_SUCCESS.json"
@@ -109,30 +109,6 @@ WORK = "work"   # <key>/work/: resumable scratch shared by every attempt of a ke
 
 # ---------------------------------------------------------------------------------------------
 # What downstream stages see of a committed stage
-
-@dataclasses.dataclass(frozen=True)
-class Committed:
-    """A finished stage's output, as its `_SUCCESS.json` describes it.
-
-    Downstream stages find their inputs here, never by globbing the bucket: `paths("*.parquet")`
-    returns the full paths of the listed files that match, in sorted order.
-    """
-
-    stage: str
-    key: str
-    path: str                 # the committed attempt directory
-    files: Mapping[str, int]  # relative name -> size in bytes
-    manifest: Mapping[str, Any]
-
-    def file(self, name: str) -> str:
-        if name not in self.files:
-            raise FileNotFoundError(
-                f"{self.stage} output {self.path} has no {name!r}; it has: {sorted(self.files)}")
-        return storage.join(self.path, name)
-
-    def paths(self, pattern: str = "*") -> list[str]:
-        return [storage.join(self.path, n) for n in sorted(self.files) if fnmatch.fnmatch(n, pattern)]
-
 
 def load(cache_root: str, stage: str, key: str) -> Committed | None:
     """The committed output of (stage, key), or None when it is missing, incomplete or its manifest is

@@ -20,7 +20,6 @@ class or calls a function the file names. Unknown, missing or wrongly typed fiel
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import json
 import math
 import types
@@ -29,31 +28,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from stages.io import storage
+from stages.io.committed import Committed
 from stages.train import Config
 
 # Bump when the schema changes shape (not when a config gains a field: that is checked field by field).
 FORMAT = "refinery.train.spec/1"
-
-
-@dataclasses.dataclass(frozen=True)
-class Committed:
-    """A committed upstream output as a worker sees it: the fields and methods of
-    `pipeline.cache.Committed`, rebuilt here because stages never import pipeline/."""
-
-    stage: str
-    key: str
-    path: str                 # the committed attempt directory
-    files: dict[str, int]     # relative name -> size in bytes
-    manifest: dict[str, Any]  # the stage's _SUCCESS.json
-
-    def file(self, name: str) -> str:
-        if name not in self.files:
-            raise FileNotFoundError(
-                f"{self.stage} output {self.path} has no {name!r}; it has: {sorted(self.files)}")
-        return storage.join(self.path, name)
-
-    def paths(self, pattern: str = "*") -> list[str]:
-        return [storage.join(self.path, n) for n in sorted(self.files) if fnmatch.fnmatch(n, pattern)]
 
 
 @dataclasses.dataclass(frozen=True)

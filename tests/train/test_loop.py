@@ -179,10 +179,10 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_one_befor
         for name in files:
             with open(os.path.join(dirpath, name), "r+b") as f:
                 f.truncate(max(0, os.path.getsize(f.name) // 2))
-    with caplog.at_level(logging.WARNING, logger="stages.train.loop"):
+    with caplog.at_level(logging.INFO, logger="stages.train.loop"):
         resumed = _train(root, shard, CONFIG)
     assert "checkpoint step 7 in" in caplog.text and "cannot be restored" in caplog.text
-    assert "resumed from step 6" in caplog.text or _losses(resumed) == _losses(whole)
+    assert "resumed from step 6" in caplog.text
     assert _losses(resumed) == _losses(whole)                          # steps 7-10 retrained from 6, bitwise
 
 
