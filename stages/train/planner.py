@@ -26,9 +26,16 @@ layers' backward pass begins):
                  scattered) and recompute (the layer being recomputed: its activations and their gradients)
     loss         one chunk of logits and what the chunked cross entropy holds with it (`loss_bytes`)
 
+XLA:CPU (the "cpu" device: a laptop, CI, simulated devices) holds more than the TPU compiler, measured
+from its compiled step: through the loss, the layers' zero-filled gradient stacks and two transposed
+copies of the output matrix (`xla_cpu_bytes`); and a third phase, the optimizer update, where every
+parameter's update is computed before any is applied (grads + updates, one more copy of the parameters,
+held with the state but not the activations, which the backward pass has freed).
+
 The figures are estimates from first principles, so they can be read without a compiler; `--compile`
 (stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them
-(benchmarks/plan_vs_xla.py checks seven configurations). The time estimate is FLOPs per token
+(benchmarks/plan_vs_xla.py checks ten configurations: seven TPU topologies, three of 8 simulated CPU
+devices). The time estimate is FLOPs per token
 (`configs.flops_per_token`) x tokens per step / (chips x peak x the assumed MFU). This module imports no
 JAX: `make plan` runs in a second.
 """
@@ -198,7 +205,7 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
     m = cfg.model
     pbytes = DTYPE_BYTES[m.param_dtype]
     params = param_bytes(m, mesh, pbytes)
-    tpu = device.name.startswith("tpu-")
+    tpu, cpu = device.name.startswith("tpu-"), device.name == "cpu"
     lanes, splash = (TPU_LANES if tpu else 1), tpu and m.attention_impl in ("auto", "splash")
     # A platform without host memory of its own (CPU) runs an offload policy as the one it is named after.
     m = dataclasses.replace(m, remat=m.remat if device.host_bytes else m.remat.removeprefix(OFFLOAD))
@@ -209,9 +216,14 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
            "grads": params, "gathered": gathered_bytes(m, mesh),
            "recompute": recompute_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes,
                                         splash=splash),
-           "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh)}
+           "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh),
+           "xla_cpu": xla_cpu_bytes(m, mesh, pbytes) if cpu else 0,
+           "updates": params if cpu else 0}
     backward = out["grads"] + out["gathered"] + out["recompute"]
-    out["total"] = sum(out[k] for k in ALWAYS) + max(backward, out["loss"])
+    held = sum(out[k] for k in ALWAYS)
+    # The update runs after the backward pass has freed the activations.
+    update = held - out["activations"] + out["grads"] + out["updates"]
+    out["total"] = max(held + max(backward, out["loss"] + out["xla_cpu"]), update)
     return out, host
 
 
@@ -327,6 +339,19 @@ def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int
     return min(loss_chunk, tokens) * vocab * per_logit + _shard_size(*param_layout(m)[out], mesh) * 4
 
 
+def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
+    """What XLA:CPU holds through the loss that the TPU and GPU compilers do not (read from the compiled
+    step's HLO schedule and buffer report, benchmarks/RESULTS.md): its scheduler places the zero-filled
+    gradient stacks of the scanned layers at the start of the step, so they are live through the loss
+    (in the parameters' dtype); and it copies the output matrix into its transposed layout before the
+    forward pass and accumulates that matrix's gradient in the transposed layout, then transposes it back:
+    two more float32 copies of this device's shard of it."""
+    layers = sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
+                 if name.startswith("layers."))
+    out = "embed" if m.tie_embeddings else "unembedding"
+    return layers * dtype_bytes + 2 * _shard_size(*param_layout(m)[out], mesh) * 4
+
+
 def advice(failed: Plan) -> str:
     """The smallest single change that makes a plan that does not fit fit, tried in this order: more FSDP
     (taken from the data axis), a heavier remat policy, more gradient accumulation (a smaller
@@ -403,7 +428,11 @@ def _slices(mesh, chips: int) -> str:
 def _render_memory(parts: dict[str, int]) -> str:
     held = ", ".join(f"{k} {_gib(parts[k])}" for k in ALWAYS if parts[k] or k != "accumulated")
     backward = " + ".join(f"{k} {_gib(parts[k])}" for k in ("grads", "gathered", "recompute"))
-    return f"  per device: {held}, then the larger of backward ({backward}) and loss {_gib(parts['loss'])}"
+    if not parts["xla_cpu"]:
+        return f"  per device: {held}, then the larger of backward ({backward}) and loss {_gib(parts['loss'])}"
+    return (f"  per device: {held}, then the largest of backward ({backward}), loss ({_gib(parts['loss'])} + "
+            f"XLA:CPU's copies {_gib(parts['xla_cpu'])}) and update (grads {_gib(parts['grads'])} + "
+            f"updates {_gib(parts['updates'])})")
 
 
 def _explicit_chips(mesh) -> int:
