@@ -114,6 +114,8 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
     p = planner.plan(config)
     if not (config.hardware.topology if compile is None else compile):
         return p.render()
+    if p.problem:            # a batch that does not split over the mesh cannot even be traced
+        return p.render(xla_note="this layout cannot run (the verdict says why)")
     # Planning needs no accelerator: keep JAX on the CPU (the topology is described, not used), which
     # also keeps libtpu from trying to start a TPU runtime here.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -122,7 +124,7 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
     try:
         return p.render(xla=aot.compile_train_step(config))
     except (RuntimeError, ValueError) as e:
-        return f"{p.render()}\n  XLA: not compiled: {e}"
+        return p.render(xla_note=str(e))
 
 
 def check(config: Config) -> str:

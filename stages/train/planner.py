@@ -122,9 +122,9 @@ class Plan:
     def days(self) -> float:
         return self.config.steps * self.step_s / 86400
 
-    def render(self, xla: dict[str, int] | None = None) -> str:
+    def render(self, xla: dict[str, int] | None = None, xla_note: str = "") -> str:
         """The plan as text, its verdict last; `xla` (aot.compile_train_step's figures) adds XLA's own
-        per-device total for the real train step beside the estimate."""
+        per-device total for the real train step beside the estimate, `xla_note` why it is not there."""
         cfg, m = self.config, self.config.model
         hw = cfg.hardware
         total_params = sum(self.params.values())
@@ -158,6 +158,8 @@ class Plan:
             rows.append(f"  XLA, compiled for {hw.topology}{slices}: {_gib(xla['total'])} per device "
                         f"(arguments {_gib(xla['argument'])}, scratch {_gib(xla['temp'])}); the estimate is "
                         f"{self.per_device['total'] / max(xla['total'], 1):.0%} of it")
+        elif xla_note:
+            rows.append(f"  XLA: not compiled: {xla_note}")
         if self.fits:
             rows.append(f"  verdict: fits on {where}")
         elif self.problem:

@@ -79,6 +79,12 @@ def test_the_flagship_fits_its_slice_and_an_undersized_layout_is_told_what_would
     assert "train.MeshConfig.tensor=8" in unsplit.advice
 
 
+def test_a_layout_that_cannot_run_is_not_compiled_and_the_verdict_stays_last():
+    lines = train.plan(_flagship("train.MeshConfig.fsdp=16", "train.MeshConfig.tensor=1")).splitlines()
+    assert lines[-2] == "  XLA: not compiled: this layout cannot run (the verdict says why)", lines
+    assert lines[-1].startswith("  verdict: does NOT fit: a micro-batch of 128 sequences"), lines
+
+
 def test_the_loss_and_the_layers_backward_pass_are_phases_that_never_overlap():
     """The loss (forward and backward, one chunk of logits at a time) runs before the layers' backward pass:
     the device total holds the larger of the two, not their sum (1B, full remat: the sum was 19% above
