@@ -79,7 +79,7 @@ CONFIGURABLES = (Config, *SOURCES)
 # carry their other fields in metadata, FineWeb on the hub is read at a pinned commit (stats.json: revision);
 # 5: metadata nested more than 64 levels deep is cut (it crashed the stage from a few hundred), and a jsonl
 # integer of more than 4300 digits no longer makes its record malformed_json
-VERSION = "5"
+VERSION = "6"
 
 
 def key_inputs(config: Config) -> Any:
@@ -129,6 +129,8 @@ def summary(out) -> str:
     s = storage.read_json(out.file("stats.json"))
     errors = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"
     bad = f"; bad files: {len(s['bad_files'])}" if s.get("bad_files") else ""
+    skipped = sum(s.get("skipped_records", {}).values())
+    bad += f"; skipped {skipped:,} records that are not pages (WARC requests, metadata)" if skipped else ""
     revision = f"; hub revision {s['revision'][:12]}" if s.get("revision") else ""
     return (f"{s['docs']:,} docs, {s['bytes'] / 1e6:.1f} MB in {s['shards']} shards; "
             f"bad records: {errors}{bad}{revision}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from stages.download.document import BadFile
+from stages.download.document import SKIPPED_RECORDS, BadFile
 from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shard
         for done, unit in enumerate(units, 1):
             try:
                 for doc in source.read(unit):
+                    if doc["error"] in SKIPPED_RECORDS:
+                        counts["skipped_records"][doc["error"]] += 1
+                        continue
                     text = doc["text"]
                     counts["docs"] += 1
                     counts["bytes"] += len(text.encode("utf-8")) if text is not None else 0
@@ -72,7 +75,8 @@ def write_shard(group: tuple[int, list], *, source: Any, out_dir: str, num_shard
 
 def empty_counts() -> dict:
     return {"docs": 0, "bytes": 0, "units": 0,
-            "errors": collections.Counter(), "by_source": collections.Counter(), "bad_files": {}}
+            "errors": collections.Counter(), "by_source": collections.Counter(),
+            "skipped_records": collections.Counter(), "bad_files": {}}
 
 
 def sum_counts(parts: Iterable[dict]) -> dict:
@@ -80,7 +84,7 @@ def sum_counts(parts: Iterable[dict]) -> dict:
     for part in parts:
         for name in ("docs", "bytes", "units"):
             total[name] += part[name]
-        for name in ("errors", "by_source"):
+        for name in ("errors", "by_source", "skipped_records"):
             total[name].update(part[name])
         for path, reason in part["bad_files"].items():   # damaged row groups of a file: same answer each run
             total["bad_files"][path] = min(reason, total["bad_files"].get(path, reason))

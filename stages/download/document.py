@@ -46,6 +46,10 @@ ID_HEX_CHARS = 24   # 96 bits: no collision in practice even at 10^10 documents
 # recursion ran out of Python's stack (RecursionError, failing the stage), and sooner inside a Beam worker.
 MAX_DEPTH = 64
 TOO_DEEP = f"<nested more than {MAX_DEPTH} levels deep>"
+# Records a source reads past without making a document of them (a WARC file's request, metadata and
+# warcinfo records: two of every three records in a Common Crawl WARC): counted in stats.json under
+# `skipped_records`, never written, so they are not "removed documents" in the clean report.
+SKIPPED_RECORDS = frozenset({"not_a_response"})
 
 
 class BadFile(Exception):

@@ -10,10 +10,12 @@ What a record becomes (`to_document`), in this order:
 
     response, HTML payload    the main text, by the extractor (below)
     conversion (a WET file)   the text as it is
+    not a response            `error` "not_a_response" (warcinfo, request, metadata, revisit and resource
+                              records: no page of their own), which the stage counts in stats.json under
+                              `skipped_records` and writes nowhere (document.SKIPPED_RECORDS)
     otherwise                 a document with no text and one of these `error` reasons, which the stage
                               counts in stats.json (`errors`) and clean counts as drops:
 
-    not_a_response      warcinfo, request, metadata, revisit and resource records: no page of their own
     non_html            a response whose payload is not HTML: an image, a PDF, JSON, plain text, ...
     undecodable         a body no charset decodes (binary data, a mislabelled or mixed encoding that
                         fits none), or an HTTP body whose chunked / gzip transfer encoding is broken

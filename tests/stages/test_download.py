@@ -68,7 +68,8 @@ def test_files_reads_every_format_into_the_requested_shards(tmp_path, mixed):
     assert sorted(committed.files) == ["docs-00000-of-00002.parquet", "docs-00001-of-00002.parquet",
                                        "stats.json"]
     assert stats == {"docs": 11, "bytes": sum(len(t.encode()) for t in expected), "shards": 2, "units": 6,
-                     "errors": {}, "by_source": {"files": 11}, "bad_files": {}}
+                     "errors": {}, "by_source": {"files": 11}, "skipped_records": {},
+                     "bad_files": {}}
     by_text = {d["text"]: d for d in docs}
     data = tmp_path / "data"
     assert by_text["alpha one"]["id"] == "rec-1" and by_text["alpha one"]["url"] == "https://a.example/1"

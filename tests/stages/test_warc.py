@@ -115,8 +115,10 @@ def test_every_reason_is_counted_in_stats_and_nothing_crashes(tmp_path):
         w.conversion("https://x.org/empty", b"  \n ")
         w.conversion("https://x.org/text", b"Some plain text of a page.")
     docs, stats = _run(tmp_path / "cache", Warc(paths=(str(tmp_path / "*.gz"),)))
-    assert stats["errors"] == {"not_a_response": 4, "non_html": 2, "undecodable": 2, "empty_extraction": 2}
-    assert stats["by_source"] == {"warc": 9, "wet": 3} and stats["docs"] == 12 and stats["units"] == 2
+    assert stats["errors"] == {"non_html": 2, "undecodable": 2, "empty_extraction": 2}
+    # warcinfo (one per file), request and metadata records are read past, counted, and are no document
+    assert stats["skipped_records"] == {"not_a_response": 4} and "not_a_response" not in {d["error"] for d in docs}
+    assert stats["by_source"] == {"warc": 6, "wet": 2} and stats["docs"] == 8 and stats["units"] == 2
     assert sorted(d["url"] for d in docs if d["text"]) == [PROSE[0][0], "https://x.org/text"]
     assert all(d["metadata"] and d["id"] for d in docs)
 
@@ -289,7 +291,8 @@ def test_the_commoncrawl_twin_runs_the_whole_dag_on_a_written_crawl(tmp_path, ca
     assert all(done.values()), done
     got = storage.read_json(done["download"].file("stats.json"))
     assert got["units"] == 3 and got["by_source"]["wet"] > 0
-    assert set(got["errors"]) == {"not_a_response", "non_html", "undecodable", "empty_extraction"}
+    assert set(got["errors"]) == {"non_html", "undecodable", "empty_extraction"}
+    assert got["skipped_records"]["not_a_response"] > got["docs"] / 2      # request + metadata per page
     cleaned = storage.read_json(done["clean"].file("stats.json"))
     assert cleaned["docs_kept"] >= 60, cleaned
     assert {"duplicate", "near_duplicate"} & set(cleaned["dropped"]), cleaned["dropped"]
