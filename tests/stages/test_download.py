@@ -302,3 +302,17 @@ def test_importing_the_stage_imports_neither_beam_nor_pyarrow():
             "print(sorted(m for m in ('apache_beam', 'pyarrow', 'tensorflow_datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_an_embedded_file_that_does_not_parse_is_a_syntax_error_record_and_the_next_file_is_read(tmp_path,
+                                                                                                monkeypatch):
+    """A standard-library file that does not parse (some builds ship test data written as .py) is one
+    `syntax_error` record, and reading goes on."""
+    from stages.download import embedded
+
+    (tmp_path / "broken.py").write_text("def (:\n")
+    (tmp_path / "fine.py").write_text('"""A module docstring."""\n')
+    monkeypatch.setattr(embedded, "_stdlib", lambda: str(tmp_path))
+    docs = list(embedded.read(("broken.py", "fine.py")))
+    assert [(d["url"], d["error"]) for d in docs] == [("broken.py", "syntax_error"), ("fine.py:1", None)]
+    assert docs[0]["text"] is None and docs[1]["text"] == "A module docstring."

@@ -136,6 +136,12 @@ REPETITION = [
      " ".join(["a b c d", *VOCAB[:4], "a b c d", *VOCAB[4:8], "a b c d"] + VOCAB[8:20])),
     ("duplicated_5_n_grams", " ".join(VOCAB[:5] * 2 + VOCAB[10:25]), " ".join(VOCAB[:5] * 2 + VOCAB[10:40])),
 ]
+# A repeated n-gram (n = 6..10) and k filler words: k is the most that still trips the default limit
+# (0.14 at n = 6 down to 0.10 at n = 10, of the characters in duplicated n-grams); k + 1 does not.
+FILLER = VOCAB[20:] + [w.upper() for w in VOCAB]
+REPETITION += [(f"duplicated_{n}_n_grams", " ".join(VOCAB[:n] * 2 + FILLER[:k]),
+                " ".join(VOCAB[:n] * 2 + FILLER[:k + 1]))
+               for n, k in ((6, 23), (7, 31), (8, 39), (9, 50), (10, 63))]
 
 
 def _only(reason):
@@ -158,7 +164,7 @@ def test_gopher_repetition_reasons(reason, trips, near_miss):
     assert _only(reason).check(_doc(near_miss)) is None
     # ... and with all rules on, the document stops at this rule or an earlier one
     order = ["dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac", "top_2_gram",
-             "top_3_gram", "top_4_gram", "duplicated_5_n_grams"]
+             "top_3_gram", "top_4_gram", *(f"duplicated_{n}_n_grams" for n in range(5, 11))]
     assert order.index(quality.GopherRepetition().check(_doc(trips))) <= order.index(reason)
 
 
