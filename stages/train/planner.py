@@ -434,7 +434,7 @@ def _render_memory(parts: dict[str, int]) -> str:
         return f"  per device: {held}, then the larger of backward ({backward}) and loss {_gib(parts['loss'])}"
     return (f"  per device: {held}, then the largest of backward ({backward}), loss ({_gib(parts['loss'])} + "
             f"XLA:CPU's copies {_gib(parts['xla_cpu'])}) and update (grads {_gib(parts['grads'])} + "
-            f"updates {_gib(parts['updates'])})")
+            f"updates {_gib(parts['updates'])}, once the activations are freed)")
 
 
 def _explicit_chips(mesh) -> int:
