@@ -13,15 +13,12 @@ result beside the planner's estimate.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
 
-from stages.train import loop, sharding
+from stages.train import loop, native, sharding
 from stages.train.configs import topology_chips
 
 
@@ -61,7 +58,7 @@ def _topology_devices(topology: str, num_slices: int = 1) -> list:
     try:
         from jax.experimental import topologies
 
-        with _native_stderr_captured() as said:
+        with native.stderr_captured() as said:
             desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **slices)
     except Exception as e:  # noqa: BLE001 - libtpu missing or a name it does not know: say which and how
         libtpu = f"; libtpu said: {said()[-2000:]}" if said().strip() else ""
@@ -75,27 +72,3 @@ def _topology_devices(topology: str, num_slices: int = 1) -> list:
                            f"expected {expected}")
     return devices
 
-
-@contextlib.contextmanager
-def _native_stderr_captured():
-    """Hold what native code writes to file descriptor 2 while the block runs; yields a function that
-    returns it. Loading libtpu on a machine without a TPU prints a dozen lines of warnings about the
-    missing chips (accelerator type, worker hostnames) that do not apply to compiling ahead of time:
-    they are shown only when describing the topology fails."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as held:
-        os.dup2(held.fileno(), 2)
-        text = ""
-
-        def said() -> str:
-            return text
-
-        try:
-            yield said
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            text = held.read().decode("utf-8", "replace")

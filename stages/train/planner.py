@@ -430,9 +430,10 @@ def _slices(mesh, chips: int) -> str:
 def _render_memory(parts: dict[str, int]) -> str:
     held = ", ".join(f"{k} {_gib(parts[k])}" for k in ALWAYS if parts[k] or k != "accumulated")
     backward = " + ".join(f"{k} {_gib(parts[k])}" for k in ("grads", "gathered", "recompute"))
+    loss = _gib(parts["loss"])
     if not parts["xla_cpu"]:
-        return f"  per device: {held}, then the larger of backward ({backward}) and loss {_gib(parts['loss'])}"
-    return (f"  per device: {held}, then the largest of backward ({backward}), loss ({_gib(parts['loss'])} + "
+        return f"  per device: {held}, then the larger of backward ({backward}) and loss {loss}"
+    return (f"  per device: {held}, then the largest of backward ({backward}), loss ({loss} + "
             f"XLA:CPU's copies {_gib(parts['xla_cpu'])}) and update (grads {_gib(parts['grads'])} + "
             f"updates {_gib(parts['updates'])}, once the activations are freed)")
 

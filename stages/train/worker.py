@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from stages.train import spec
+from stages.train import native, spec
 
 
 def main(spec_path: str) -> dict:
@@ -35,6 +35,7 @@ def init_distributed() -> tuple[int, int]:
                                    process_id=int(os.environ["REFINERY_PROCESS_ID"]))
     elif os.environ.get("REFINERY_DISTRIBUTED") == "auto":
         jax.distributed.initialize()   # TPU VM slices: the runtime knows the topology
+    native.backends_initialized()      # no TPU here: one line, not libtpu's dozen
     return jax.process_index(), jax.process_count()
 
 

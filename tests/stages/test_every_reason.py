@@ -16,8 +16,6 @@ it is added there (and given a test).
 import json
 import random
 
-import pytest
-
 from pipeline import cache
 from stages import clean
 from stages.download import warc
@@ -26,33 +24,31 @@ from tests.stages.warc_pages import Writer
 
 # Every reason a filter of `clean.build_filters` can return with every step on, in pipeline order, and
 # the test that makes each appear (Gopher repetition's are built from its default n-gram settings).
+GOPHER_REPETITION = ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+                     "top_2_gram", "top_3_gram", "top_4_gram",
+                     *(f"duplicated_{n}_n_grams" for n in range(5, 11)))
+GOPHER_QUALITY = ("gopher_short_doc", "gopher_long_doc", "gopher_below_avg_threshold",
+                  "gopher_above_avg_threshold", "gopher_too_many_hashes", "gopher_too_many_ellipsis",
+                  "gopher_too_many_bullets", "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold",
+                  "gopher_enough_stop_words")
 FILTER_REASONS = {
     "too_short": "test_filters.py::test_each_reason",
     "too_long": "test_filters.py::test_each_reason",
     "too_few_alpha": "test_filters.py::test_each_reason",
-    "url_domain": "test_langid_url_pii.py::test_url_filter_reasons",
-    "url_listed": "test_langid_url_pii.py::test_url_filter_reasons",
-    "url_banned_word": "test_langid_url_pii.py::test_url_filter_reasons",
-    "url_soft_words": "test_langid_url_pii.py::test_url_filter_reasons",
-    "url_banned_subword": "test_langid_url_pii.py::test_url_filter_reasons",
-    "language": "test_langid_url_pii.py::test_language_reasons",
-    "language_score": "test_langid_url_pii.py::test_language_reasons",
-    **{r: "test_quality.py::test_gopher_repetition_reasons" for r in (
-        "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
-        "top_2_gram", "top_3_gram", "top_4_gram", *(f"duplicated_{n}_n_grams" for n in range(5, 11)))},
-    **{r: "test_quality.py::test_gopher_quality_reasons" for r in (
-        "gopher_short_doc", "gopher_long_doc", "gopher_below_avg_threshold", "gopher_above_avg_threshold",
-        "gopher_too_many_hashes", "gopher_too_many_ellipsis", "gopher_too_many_bullets",
-        "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words")},
-    **{r: "test_quality.py::test_c4_reasons" for r in ("c4_lorem_ipsum", "c4_curly_bracket",
-                                                       "c4_too_few_sentences")},
+    **dict.fromkeys(("url_domain", "url_listed", "url_banned_word", "url_soft_words", "url_banned_subword"),
+                    "test_langid_url_pii.py::test_url_filter_reasons"),
+    **dict.fromkeys(("language", "language_score"), "test_langid_url_pii.py::test_language_reasons"),
+    **dict.fromkeys(GOPHER_REPETITION, "test_quality.py::test_gopher_repetition_reasons"),
+    **dict.fromkeys(GOPHER_QUALITY, "test_quality.py::test_gopher_quality_reasons"),
+    **dict.fromkeys(("c4_lorem_ipsum", "c4_curly_bracket", "c4_too_few_sentences"),
+                    "test_quality.py::test_c4_reasons"),
     "empty": "test_quality.py::test_fineweb_empty_after_c4_removed_every_line",
-    **{r: "test_quality.py::test_fineweb_reasons" for r in ("line_punct_ratio", "short_line_ratio",
-                                                            "char_dup_ratio", "list_ratio")},
+    **dict.fromkeys(("line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio"),
+                    "test_quality.py::test_fineweb_reasons"),
 }
 
-ALL_ON = dict(url_filter=True, language_id=True, gopher_repetition=True, gopher_quality=True, c4_quality=True,
-              fineweb_quality=True, pii_masking=True)
+ALL_ON = {"url_filter": True, "language_id": True, "gopher_repetition": True, "gopher_quality": True,
+          "c4_quality": True, "fineweb_quality": True, "pii_masking": True}
 
 
 def test_every_filter_reason_is_known():
@@ -65,7 +61,8 @@ def test_every_filter_reason_is_known():
 # near_duplicate with exact dedup off (graph.WriteShard's `not self.config.dedup` branch)
 
 def _words(rng, n):
-    return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9))) for _ in range(n)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return ["".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(n)]
 
 
 def test_near_duplicate_is_dropped_when_exact_dedup_is_off(tmp_path):
@@ -75,7 +72,8 @@ def test_near_duplicate_is_dropped_when_exact_dedup_is_off(tmp_path):
     for i in (75, 225):                           # 2 of 300 words: 5-gram Jaccard ~0.935, p(candidate) 0.9996
         near[i] = "q" + near[i]
     a, b = " ".join(base), " ".join(near)
-    docs = [{"id": "b", "text": b}, {"id": "a", "text": a}, {"id": "c", "text": a}, {"id": "d", "text": " " + a}]
+    docs = [{"id": "b", "text": b}, {"id": "a", "text": a}, {"id": "c", "text": a},
+            {"id": "d", "text": " " + a}]
     root = str(tmp_path)
 
     def write(config, inputs, out_dir, work_dir):
@@ -87,7 +85,7 @@ def test_near_duplicate_is_dropped_when_exact_dedup_is_off(tmp_path):
                            config=clean.Config(dedup=False, minhash=True, num_shards=2),
                            upstream={"download": download}, fn=clean.run)
     stats = storage.read_json(done.file("stats.json"))
-    assert stats["dropped"] == {"near_duplicate": 1}          # exact copies of the survivor stay: dedup is off
+    assert stats["dropped"] == {"near_duplicate": 1}      # exact copies of the survivor stay: dedup is off
     kept = sorted(d["id"] for p in documents.shards_of(done) for d in documents.read(p))
     assert kept == ["a", "c", "d"]
     sample = json.loads(storage.read_text(done.file("rejected/near_duplicate.jsonl")).splitlines()[0])
@@ -104,7 +102,8 @@ WARC_CASES = [      # (url, how to write it, its error)
     ("https://x.org/json", lambda w, u: w.response(u, b'{"a": 1}', "application/json"), "non_html"),
     ("https://x.org/untyped", lambda w, u: w.response(u, b"plain words, no markup", None), "non_html"),
     ("https://x.org/gzip", lambda w, u: w.response(u, b"\x1f\x8b\x08\x00broken", "text/html",
-                                                    http_extra=(("Content-Encoding", "gzip"),)), "undecodable"),
+                                                    http_extra=(("Content-Encoding", "gzip"),)),
+     "undecodable"),
     ("https://x.org/nul", lambda w, u: w.response(u, b"<html><body>\x00\x00" + bytes(range(1, 40)) * 20
                                                    + b"</body></html>"), "undecodable"),
     ("https://x.org/links", lambda w, u: w.response(u, LINKS), "empty_extraction"),
