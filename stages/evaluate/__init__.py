@@ -51,7 +51,9 @@ VERSION = "2"
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.evaluate import measure, report
+    from stages.train import native
 
+    native.backends_initialized()       # no TPU here: one line, not libtpu's dozen
     result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"])
     storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
     storage.write_text(storage.join(out_dir, "samples.txt"), report.samples_text(result["samples"]))
