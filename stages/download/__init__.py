@@ -129,11 +129,11 @@ def summary(out) -> str:
     s = storage.read_json(out.file("stats.json"))
     errors = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"
     bad = f"; bad files: {len(s['bad_files'])}" if s.get("bad_files") else ""
-    skipped = sum(s.get("skipped_records", {}).values())
-    bad += f"; skipped {skipped:,} records that are not pages (WARC requests, metadata)" if skipped else ""
+    n = sum(s.get("skipped_records", {}).values())
+    skipped = f"; skipped {n:,} records that are not pages (WARC requests, metadata)" if n else ""
     revision = f"; hub revision {s['revision'][:12]}" if s.get("revision") else ""
     return (f"{s['docs']:,} docs, {s['bytes'] / 1e6:.1f} MB in {s['shards']} shards; "
-            f"bad records: {errors}{bad}{revision}")
+            f"bad records: {errors}{bad}{skipped}{revision}")
 
 
 def _bad_file(e: BaseException | None) -> BadFile | None:

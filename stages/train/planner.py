@@ -270,9 +270,8 @@ def cast_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
     matrix), which XLA makes once per step; none when the parameters are already in the compute dtype."""
     if m.param_dtype == m.dtype:
         return 0
-    out = "embed" if m.tie_embeddings else "unembedding"
     return sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
-               if name.startswith("layers.") or name == out) * DTYPE_BYTES[m.dtype]
+               if name.startswith("layers.") or name == _output_matrix(m)) * DTYPE_BYTES[m.dtype]
 
 
 def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1) -> dict[str, int]:
@@ -337,8 +336,7 @@ def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int
     tensor = mesh["tensor"]
     vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
     per_logit = 4 + (4 if mesh["fsdp"] > 1 else DTYPE_BYTES[m.dtype])
-    out = "embed" if m.tie_embeddings else "unembedding"
-    return min(loss_chunk, tokens) * vocab * per_logit + _shard_size(*param_layout(m)[out], mesh) * 4
+    return min(loss_chunk, tokens) * vocab * per_logit + _output_matrix_bytes(m, mesh)
 
 
 def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
@@ -350,8 +348,7 @@ def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int
     two more float32 copies of this device's shard of it."""
     layers = sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
                  if name.startswith("layers."))
-    out = "embed" if m.tie_embeddings else "unembedding"
-    return layers * dtype_bytes + 2 * _shard_size(*param_layout(m)[out], mesh) * 4
+    return layers * dtype_bytes + 2 * _output_matrix_bytes(m, mesh)
 
 
 def advice(failed: Plan) -> str:
@@ -412,6 +409,16 @@ def _try(cfg) -> Plan | None:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0 and (d & (d - 1)) == 0]      # powers of two
+
+
+def _output_matrix(m: ModelConfig) -> str:
+    """The parameter that maps the last hidden state to logits: the embedding itself when tied."""
+    return "embed" if m.tie_embeddings else "unembedding"
+
+
+def _output_matrix_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
+    """This device's shard of the output matrix in float32 (the loss accumulates its gradient so)."""
+    return _shard_size(*param_layout(m)[_output_matrix(m)], mesh) * 4
 
 
 def _shard_size(shape, names, mesh: dict[str, int]) -> int:

@@ -14,7 +14,9 @@ it is added there (and given a test).
 """
 
 import json
+import os
 import random
+import re
 
 from pipeline import cache
 from stages import clean
@@ -55,6 +57,10 @@ def test_every_filter_reason_is_known():
     built = clean.build_filters(clean.Config(**ALL_ON))
     listed = [reason for f in built for reason in f.reasons()]
     assert listed == list(FILTER_REASONS)        # a new reason: add it above, with the test that makes it
+    for ref in set(FILTER_REASONS.values()):     # and every test named there exists
+        file, name = ref.split("::")
+        with open(os.path.join(os.path.dirname(__file__), file)) as f:
+            assert re.search(rf"^def {name}\(", f.read(), re.MULTILINE), ref
 
 
 # ---------------------------------------------------------------------------------------------

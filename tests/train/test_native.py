@@ -20,8 +20,8 @@ def test_a_tpu_probe_that_finds_no_tpu_is_one_line():
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "(0, 1)", out.stderr
-    assert out.stderr.strip() == ("stages.train.native: libtpu is installed but found no TPU here: running on "
-                                  "cpu (JAX_PLATFORMS=cpu skips the probe)"), out.stderr
+    assert out.stderr.strip() == ("stages.train.native: libtpu is installed but found no TPU here: "
+                                  "running on cpu (JAX_PLATFORMS=cpu skips the probe)"), out.stderr
 
 
 def test_told_the_platform_nothing_is_probed_or_said():
