@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import glob
 import os
 import subprocess
 import sys
@@ -245,8 +246,19 @@ def load_gin_model(name: str) -> C.ModelConfig:
 NOMINAL = {"124m": 124.4e6, "1b": 1.236e9, "9b": 9.24e9, "600b": 600e9}
 
 
-@pytest.mark.parametrize("name", ["tiny", "124m", "1b", "9b", "600b"])
+# Every model file but the shared base, found by glob so that a new size cannot go untested.
+MODEL_SIZES = sorted(os.path.basename(p)[:-len(".gin")] for p in glob.glob(f"{REPO}/gin/model/*.gin")
+                     if not p.endswith("/base.gin"))
+
+
+def test_the_model_sizes_are_found():
+    assert {"tiny", "124m", "600b"} <= set(MODEL_SIZES) and "base" not in MODEL_SIZES
+
+
+@pytest.mark.parametrize("name", MODEL_SIZES)
 def test_gin_model_sizes_have_their_nominal_parameter_count(name):
+    assert name == "tiny" or name in NOMINAL, \
+        f"gin/model/{name}.gin: add the published size of the model it imitates to NOMINAL"
     cfg = load_gin_model(name)
     n = M.num_params(cfg)                                     # abstract shapes only: nothing allocated
     assert n == sum(C.param_counts(cfg).values())
