@@ -183,6 +183,16 @@ def test_every_run_file_has_a_twin():
     assert not missing, f"run files without a tiny twin: {missing}"
 
 
+@pytest.mark.parametrize("name", ["tiny", *RUN_FILES])
+def test_every_run_file_binds_its_vocabulary_once(name):
+    """The model file binds the macro VOCAB_SIZE and the run file's tokenizer reads it: the tokenizer the
+    run trains is the vocabulary the plan sizes (training itself takes the tokenizer's from the manifest)."""
+    plan = config.load([f"{REPO}/gin/{name}.gin"])
+    assert plan.stages["tokenizer"].config.vocab_size == plan.stages["train"].config.model.vocab_size
+    with open(f"{REPO}/gin/{name}.gin") as f:
+        assert "tokenizer.Config.vocab_size = %VOCAB_SIZE" in f.read()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("size", RUN_FILES)
 def test_every_run_file_has_a_tiny_twin_that_runs_the_whole_dag(size, twins_cache, capsys):
