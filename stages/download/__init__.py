@@ -78,7 +78,8 @@ CONFIGURABLES = (Config, *SOURCES)
 # 2: stats.json lists bad_files; 3: shards have a metadata column; 4: jsonl/parquet records and FineWeb rows
 # carry their other fields in metadata, FineWeb on the hub is read at a pinned commit (stats.json: revision);
 # 5: metadata nested more than 64 levels deep is cut (it crashed the stage from a few hundred), and a jsonl
-# integer of more than 4300 digits no longer makes its record malformed_json
+# integer of more than 4300 digits no longer makes its record malformed_json; 6: WARC request, metadata and
+# warcinfo records are counted in stats.json's skipped_records instead of being written as documents
 VERSION = "6"
 
 
