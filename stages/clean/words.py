@@ -29,12 +29,33 @@ Known differences from NLTK (`tests/stages/test_quality.py` pins the cases above
 - Not split here: `gonna`, `gotta`, `wanna`, `gimme`, `lemme`, `d'ye`, `more'n`, `'tis`, `'twas`,
   and a quote made of two apostrophes (`''`) inside a word.
 These change a word count by about one token in a thousand, far below the filters' margins.
+
+The splitter each reference used, by name (`splitter(name)`, picklable, so Beam can ship it):
+
+    split = splitter("spacy")       # or "fast" (`words`, above), or "nltk"
+    split("Don't stop.")            # -> the words, as that reference splits them
+    split.sentences("It works. Yes!")   # -> 2, sentences in a line as that reference counts them
+
+- "fast": `words` and `sentences` above (no dependency; ~10x NLTK and ~30x spaCy).
+- "spacy": what datatrove 0.10.1 does for English (`datatrove/utils/word_tokenizers.py`,
+  `SpaCyTokenizer("en")`): `spacy.blank("en")` plus its rule-based `sentencizer`, every token's text
+  stripped, empty ones dropped. Needs spaCy: `pip install -e '.[spacy]'`.
+- "nltk": what FineWeb ran (datatrove 0.2.0): `nltk.word_tokenize` = punkt sentences, then the
+  Treebank rules per sentence. punkt's trained English model (`punkt_tab`) is a separate NLTK data
+  download; when it is not installed (as here, offline) an untrained `PunktSentenceTokenizer` splits
+  the sentences instead, and the `model` attribute says which ran ("punkt_tab" or "untrained").
+  Needs NLTK: `pip install -e '.[nltk]'`.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Sequence
+
+SPLITTERS = ("fast", "spacy", "nltk")
+# The extra that installs each splitter's library (setup.cfg).
+_EXTRA = {"spacy": "spacy", "nltk": "nltk"}
 
 # Characters that are always a token of their own (NLTK's PUNCTUATION, PARENS_BRACKETS and quotes).
 _ALONE = r"""[;@#$%&?!\[\](){}<>*\u2012-\u2015«»“”‘’„]"""
@@ -91,3 +112,139 @@ def words(text: str) -> tuple[str, ...]:
 def sentences(line: str) -> int:
     """How many sentences punkt would find in `line` (at least 1 when it holds any text)."""
     return len(_SENTENCE_END.findall(line)) + 1 if line.strip() else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The splitters by name
+
+def splitter(name: str) -> Callable[[str], Sequence[str]]:
+    """The word splitter `name` (one of `SPLITTERS`): a picklable callable text -> words, with a
+    `sentences(line) -> int` method. spaCy and NLTK are imported on first use (ImportError naming the
+    extra to install when they are missing)."""
+    if name not in SPLITTERS:
+        raise ValueError(f"unknown word splitter {name!r}: valid choices are {', '.join(SPLITTERS)}")
+    return {"fast": Fast, "spacy": Spacy, "nltk": Nltk}[name]()
+
+
+class _Splitter:
+    """A splitter that loads its library once per process (not pickled) and remembers its last
+    text's words (the Gopher and FineWeb filters split the same document in turn)."""
+
+    name = ""
+
+    def __init__(self):
+        self._loaded = None
+        self._last: tuple[str, tuple[str, ...]] | None = None
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+    def __hash__(self):
+        return hash(type(self))
+
+    def __repr__(self):
+        return f"words.splitter({self.name!r})"
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        if self._last is None or self._last[0] != text:
+            self._last = (text, self._words(text))
+        return self._last[1]
+
+    def sentences(self, line: str) -> int:
+        """How many sentences this reference finds in `line` (datatrove counts at least 1)."""
+        raise NotImplementedError
+
+    def _words(self, text: str) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _library(self):
+        if self._loaded is None:
+            try:
+                self._loaded = self._load()
+            except ImportError as e:
+                extra = _EXTRA[self.name]
+                raise ImportError(f"word splitter {self.name!r} needs {e.name}, which is not installed: "
+                                  f"install the {extra!r} extra (pip install -e '.[{extra}]')") from None
+        return self._loaded
+
+    def _load(self):
+        raise NotImplementedError
+
+
+class Fast(_Splitter):
+    """`words` and `sentences` above: NLTK's rules as regular expressions, no library."""
+
+    name = "fast"
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        return words(text)
+
+    def sentences(self, line: str) -> int:
+        return sentences(line)
+
+
+class Spacy(_Splitter):
+    """datatrove 0.10.1's English splitter: `spacy.blank("en")` + `sentencizer`."""
+
+    name = "spacy"
+
+    def _load(self):
+        import spacy
+
+        nlp = spacy.blank("en")
+        nlp.add_pipe("sentencizer")
+        return nlp
+
+    def _doc(self, text: str):
+        nlp = self._library()
+        nlp.max_length = len(text) + 10
+        return nlp(text)
+
+    def _words(self, text: str) -> tuple[str, ...]:
+        nlp = self._library()
+        with nlp.memory_zone():
+            return tuple(t for t in (token.text.strip() for token in self._doc(text)) if t)
+
+    def sentences(self, line: str) -> int:
+        nlp = self._library()
+        with nlp.memory_zone():
+            return max(sum(1 for _ in self._doc(line).sents), 1)
+
+
+class Nltk(_Splitter):
+    """FineWeb's splitter: `nltk.word_tokenize` (punkt sentences, Treebank rules per sentence)."""
+
+    name = "nltk"
+
+    @property
+    def model(self) -> str:
+        """"punkt_tab" (NLTK's trained English model) or "untrained" (it is not installed)."""
+        return self._library()[2]
+
+    def _load(self):
+        import nltk
+        from nltk.tokenize import NLTKWordTokenizer
+        from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+        try:
+            nltk.data.find("tokenizers/punkt_tab/english/")
+            from nltk.tokenize import PunktTokenizer
+
+            punkt, model = PunktTokenizer("english"), "punkt_tab"
+        except LookupError:
+            punkt, model = PunktSentenceTokenizer(), "untrained"
+        return punkt, NLTKWordTokenizer(), model
+
+    def _words(self, text: str) -> tuple[str, ...]:
+        punkt, treebank, _ = self._library()
+        return tuple(t for s in punkt.tokenize(text) for t in (w.strip() for w in treebank.tokenize(s)) if t)
+
+    def sentences(self, line: str) -> int:
+        punkt = self._library()[0]
+        return max(sum(1 for s in punkt.tokenize(line) if s.strip()), 1)
