@@ -12,11 +12,11 @@ OVERRIDES through untouched). The exit status is non-zero when any stage fails.
 
 Every problem that can be known before a stage runs ends the command with one `error: ...` line on
 stderr and exit status 2, before anything runs: the config (pipeline/config.py), an unknown `--stage`,
-placeholders left to fill in, a cache root with an unknown scheme or that cannot be reached, inputs that
-cannot be listed, a stage's own plan that cannot be made (a training mesh that does not tile its chips), a
-CPU training mesh that does not match the devices its processes will have, and, for `run` and `sweep`
-(which write), a local cache root where no file can be created. tests/pipeline/test_bad_config.py holds
-one case of each.
+placeholders left to fill in, and the pre-run checks of pipeline/checks.py (`--workers` below 1, a
+`--scheduler` where no luigid answers, a cache root with an unknown scheme or that cannot be reached,
+inputs that cannot be listed, a stage's own plan or `check(config)`, and, for `run` and `sweep` (which
+write), a local cache root where no file can be created). tests/pipeline/test_bad_config.py holds one
+case of each.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import os
 import sys
 import time
 
-from pipeline import cache, config, dag
+from pipeline import cache, checks, config, dag
+from pipeline import plan as run_plan
 from stages.io import storage
 
 STOPPED_EXIT_CODE = 75   # a stage stopped on request after saving (preemption): EX_TEMPFAIL, rerun to resume
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("apache_beam", "luigi", "luigi-interface", "absl", "gcsfs", "fsspec", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     params = list(args.gin_param) + _split_overrides(args.overrides)
+    if args.command in ("run", "sweep") and (problem := checks.arguments(args.workers, args.scheduler)):
+        return _error(problem)
     gin_files = args.gin or [os.path.join(config.GIN_DIR, "tiny.gin")]
     if args.command == "sweep":
         return _sweep(gin_files, params, args, start)
@@ -55,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'; '.join(unfilled)}")
     if unfilled:          # planning needs only the config: say what is left to fill in, touch no storage
         print(f"note: fill in before running: {'; '.join(unfilled)} (the cache is not checked)")
-    elif problem := _unreachable(plan):
+    elif problem := checks.unreachable(plan):
         return _error(problem)
-    if args.command != "plan" and (problem := _unknown_keys(plan)):
+    if args.command != "plan" and (problem := checks.unknown_keys(plan)):
         return _error(problem)
     if args.command == "status":
         print(status_table(plan))
@@ -71,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in _stage_plans(plan, _targets(args), args.compile):
             print(line)
         return 0
-    if problem := _cannot_run(plan, _to_run(plan, args)):
+    if problem := checks.cannot_run(plan, _to_run(plan, args)):
         return _error(problem)
     return _run(plan, args, start)
 
 
-def _verify(plan: config.Plan) -> int:
+def _verify(plan: run_plan.Plan) -> int:
     """`status --verify`: compares every committed stage's files with the checksums its manifest recorded;
     a damaged stage is un-committed (its manifest kept as _DAMAGED-<time>.json) so the next run rebuilds
     it. Exit status 1 when anything was damaged."""
@@ -117,69 +120,7 @@ def _error(message: str) -> int:
     return 2
 
 
-def _unreachable(plan: config.Plan) -> str:
-    """Why the cache root cannot be used, in one line, or "" when it can be reached."""
-    if problem := storage.scheme_problem(plan.cache_root):
-        return f"cannot reach the cache root {plan.cache_root}: {problem} (pipeline.Settings.cache_root)"
-    try:
-        storage.existing_directory(plan.cache_root)     # a local root under a regular file: no listing works
-        storage.check_reachable(plan.cache_root)
-    except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
-        return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
-    return ""
-
-
-def _unwritable(cache_root: str) -> str:
-    """Why no file can be made in a local cache root, in one line, or "" when one can (or it is a bucket)."""
-    try:
-        storage.check_writable(cache_root)
-    except OSError as e:
-        # The probe's name says nothing to the user: name the directory it was made in.
-        reason = f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
-        return (f"cannot write to the cache root {cache_root} ({reason}); set pipeline.Settings.cache_root "
-                "to a directory you can write")
-    return ""
-
-
-def _to_run(plan: config.Plan, args) -> list[str]:
-    """The stages a run would execute: the forced ones and those of its targets not yet in the cache."""
-    forcing = args.force and args.command == "run"       # a sweep forces nothing
-    forced = set(dag.downstream(args.stage or next(iter(dag.STAGES)))) if forcing else set()
-    return [s for s in dag.closure(*_targets(args))
-            if s in forced or cache.load(plan.cache_root, s, plan.stages[s].key) is None]
-
-
-def _cannot_run(plan: config.Plan, stages: list[str]) -> str:
-    """What stops `stages` of `plan` before they start, in one line, or "": a stage's own plan that cannot
-    be made (its optional `plan(config)` raising ValueError: a training mesh that does not tile the chips
-    train.HardwareConfig names), what its optional `check(config)` returns (training: a CPU mesh or batch
-    that does not fit the devices its processes will have, a config the planner says cannot fit), a local
-    cache root where no file can be made. With nothing to run, nothing is written: a fully cached run on a
-    read-only cache is fine."""
-    for stage in stages:
-        cfg, module = plan.stages[stage].config, dag.module(stage)
-        fn, check = getattr(module, "plan", None), getattr(module, "check", None)
-        try:
-            if fn is not None:
-                fn(cfg, compile=False)
-        except ValueError as e:
-            return f"{stage}: {e}"
-        if check is not None and (problem := check(cfg)):
-            return f"{stage}: {problem}"
-    return _unwritable(plan.cache_root) if stages else ""
-
-
-def _unknown_keys(plan: config.Plan) -> str:
-    """Why a key cannot be computed (a stage's inputs cannot be listed), or "" when every key can."""
-    try:
-        for sp in plan.stages.values():
-            sp.key   # noqa: B018 - computed here so a listing failure is one line, not a traceback
-    except config.InputsError as e:
-        return str(e)
-    return ""
-
-
-def _stage_plans(plan: config.Plan, targets: list[str], compile: bool | None) -> list[str]:
+def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None) -> list[str]:
     """Each stage's own plan (its optional `plan(config, compile=...)`: the train stage's memory and time,
     and with `compile` XLA's figure for the named TPU topology)."""
     out = []
@@ -193,13 +134,13 @@ def _stage_plans(plan: config.Plan, targets: list[str], compile: bool | None) ->
     return out
 
 
-def _run(plan: config.Plan, args, start: float) -> int:
+def _run(plan: run_plan.Plan, args, start: float) -> int:
     from pipeline import tasks
 
-    force = [args.stage or next(iter(dag.STAGES))] if args.force else []
-    result = tasks.build([plan], _targets(args), force=force, workers=args.workers, scheduler=args.scheduler)
+    result = tasks.build([plan], _targets(args), force=_force(args), workers=args.workers,
+                         scheduler=args.scheduler)
     took = time.time() - start
-    if not result.ok and (lost := _unreachable(plan)):    # the storage went away mid-run: no table to show
+    if not result.ok and (lost := checks.unreachable(plan)):   # the storage went away mid-run: no table
         print(result.summary, file=sys.stderr)
         print(f"error: {lost}; no stage that failed was committed: rerun once it can be reached",
               file=sys.stderr)
@@ -235,8 +176,8 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
     for name, plan in plans.items():
         if unfilled := config.placeholders(plan):
             return _error(f"sweep variant {name!r} leaves placeholders to fill in: {'; '.join(unfilled)}")
-        problem = _unreachable(plan) or _unknown_keys(plan)
-        if problem or (problem := _cannot_run(plan, _to_run(plan, args))):
+        problem = checks.unreachable(plan) or checks.unknown_keys(plan)
+        if problem or (problem := checks.cannot_run(plan, _to_run(plan, args))):
             return _error(f"sweep variant {name!r}: {problem}")
     result = tasks.build(plans.values(), _targets(args), workers=args.workers, scheduler=args.scheduler)
     if not result.ok:
@@ -249,6 +190,19 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
     return 0
 
 
+def _force(args) -> list[str]:
+    """The stages `--force` names: `--stage`, or the first stage (so every stage); none for a sweep or
+    without --force. What they rerun with them is `dag.forced`."""
+    if not args.force or args.command != "run":
+        return []
+    return [args.stage or next(iter(dag.STAGES))]
+
+
+def _to_run(plan: run_plan.Plan, args) -> list[str]:
+    """The stages the command would execute: the forced ones and those of its targets not yet cached."""
+    return run_plan.to_run(plan, _targets(args), dag.forced(*_force(args)))
+
+
 def _targets(args) -> list[str]:
     """What to build: `--stage S` builds S (and what it needs); forcing S also rebuilds what
     depends on it, so stale downstream outputs are never left behind. No stage: everything."""
@@ -259,7 +213,7 @@ def _targets(args) -> list[str]:
     return dag.sinks(list(dag.STAGES))
 
 
-def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[str] = (),
+def status_table(plan: run_plan.Plan, targets: list[str] | None = None, ran: list[str] = (),
                  check_cache: bool = True) -> str:
     stages = dag.closure(*targets) if targets else list(plan.stages)
     rows = [("stage", "key", "status", "size", "wall", "path")]
@@ -268,7 +222,7 @@ def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[
         sp = plan.stages[name]
         try:
             sp.key   # noqa: B018
-        except config.InputsError as e:   # `plan` offline: the configs are known, this key is not
+        except run_plan.InputsError as e:   # `plan` offline: the configs are known, this key is not
             unknown = unknown or str(e)
             rows.append((name, "?", "unknown", "-", "-", "-"))
             continue
@@ -287,7 +241,7 @@ def status_table(plan: config.Plan, targets: list[str] | None = None, ran: list[
     return table + (f"\nnote: {unknown}" if unknown else "")
 
 
-def _highlight(plan: config.Plan, stage: str) -> str:
+def _highlight(plan: run_plan.Plan, stage: str) -> str:
     """The stage's own one-line summary (its optional `summary(committed)`), if it has one."""
     summary = getattr(dag.module(stage), "summary", None)
     done = cache.load(plan.cache_root, stage, plan.stages[stage].key)

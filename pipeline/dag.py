@@ -1,7 +1,7 @@
 """The stage graph: which stages exist, where their code lives, and what each one reads.
 
 This is the one place the DAG is written down; config.py, tasks.py and the CLI derive
-everything (gin names, Luigi task classes, force propagation) from it.
+everything (gin names, Luigi task classes, what `--force` reruns: `forced`) from it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ def downstream(stage: str) -> list[str]:
         if name not in out and any(u in out for u in ups):
             out.append(name)
     return out
+
+
+def forced(*stages: str) -> list[str]:
+    """What `--force` reruns: each of `stages` and every stage downstream of it, in DAG order. Downstream
+    keys do not depend on upstream output bytes, so a forced stage's readers must rerun too, or they
+    would stay cached on the output it replaced. No stages: nothing is forced."""
+    out = {s for stage in stages for s in downstream(stage)}
+    return [name for name in STAGES if name in out]
 
 
 def closure(*stages: str) -> list[str]:

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline import config, dag
+from pipeline import checks, config, dag
 from stages.io import storage
 from stages.train import configs as train_configs
 from tests.conftest import REPO
@@ -245,8 +245,8 @@ def test_the_shipped_configs_pass_the_checks_before_a_run(gin, tmp_path):
     root = str(tmp_path / "cache")
     plan = config.load([gin], [f'pipeline.Settings.cache_root="{root}"'])
     args = argparse.Namespace(stage=None, force=False, command="run")
-    assert cli._unwritable(plan.cache_root) == ""
-    assert cli._cannot_run(plan, ["train", "evaluate"]) == ""
+    assert checks.unwritable(plan.cache_root) == ""
+    assert checks.cannot_run(plan, ["train", "evaluate"]) == ""
     if "twins" in gin or gin == "gin/tiny.gin":          # offline, their keys (and so the cache) can be read
         assert cli._to_run(plan, args) == list(dag.STAGES)
     assert not os.path.exists(root)                    # the write probe made nothing, not even the root

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pipeline import config
+from pipeline import config, gin_errors
 from tests.conftest import REPO
 
 TINY = f"{REPO}/gin/tiny.gin"
@@ -141,4 +141,4 @@ def test_an_override_error_names_that_override_not_the_next_one(tmp_path):
 
 def test_includes_are_found_only_where_gin_reads_them():
     text = "# include 'x.gin'\ninclude 'a.gin'\nx.y = ['include', 'b.gin']\n\ninclude \"c.gin\"  # why\n"
-    assert config._scan(text) == ([(2, "a.gin"), (5, "c.gin")], "")
+    assert gin_errors.scan(text) == ([(2, "a.gin"), (5, "c.gin")], "")

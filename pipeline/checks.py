@@ -1,0 +1,101 @@
+"""The pre-run checks: what stops a command before any stage starts, each as one line ("" when nothing does).
+
+    problem = checks.arguments(workers=0, scheduler=None)   # "--workers 0: ..."
+    problem = checks.unreachable(plan) or checks.unknown_keys(plan) or checks.cannot_run(plan, stages)
+
+`python -m pipeline` (pipeline/__main__.py) runs them after the config has loaded (pipeline/config.py
+catches everything a config alone can get wrong) and prints the first problem as one `error:` line with
+exit status 2. They cover what needs the command line, the cache root, the inputs or the machine: the
+Luigi workers and scheduler, a cache root with an unknown scheme or that cannot be reached or written,
+inputs that cannot be listed, a stage's own plan that cannot be made and its own `check(config)` (the
+training mesh against the devices its processes will have; download's files: a glob that matches a
+directory, an extension no reader takes, a first record without the text field). Every check is cheap:
+a listing, a connection, a probe file, the first record of a file. tests/pipeline/test_bad_config.py holds
+one case of each.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pipeline import dag
+from pipeline.plan import InputsError, Plan
+from stages.io import storage
+
+SCHEDULER_PROBE_S = 3.0   # how long a --scheduler may take to accept a connection before the run gives up
+
+
+def arguments(workers: int, scheduler: str | None) -> str:
+    """What is wrong with the command line's `--workers` and `--scheduler`: a worker count below 1, a
+    scheduler that is not HOST:PORT, or one where nothing accepts a connection (Luigi would retry it for a
+    minute and print hundreds of lines before failing)."""
+    if workers < 1:
+        return f"--workers {workers}: the number of Luigi workers must be >= 1 (1 runs one stage at a time)"
+    if scheduler is None:
+        return ""
+    host, _, port = scheduler.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return (f"--scheduler {scheduler!r} is not HOST:PORT (e.g. localhost:8082, where `luigid --port "
+                "8082` listens); leave it out to use a scheduler inside this run")
+    try:
+        socket.create_connection((host or "localhost", int(port)), timeout=SCHEDULER_PROBE_S).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        return (f"--scheduler {scheduler}: no Luigi scheduler answers there ({why}); start one "
+                f"(`luigid --port {port}`) or leave --scheduler out to use a scheduler inside this run")
+    return ""
+
+
+def unreachable(plan: Plan) -> str:
+    """Why the cache root cannot be used, in one line, or "" when it can be reached."""
+    if problem := storage.scheme_problem(plan.cache_root):
+        return f"cannot reach the cache root {plan.cache_root}: {problem} (pipeline.Settings.cache_root)"
+    try:
+        storage.existing_directory(plan.cache_root)     # a local root under a regular file: no listing works
+        storage.check_reachable(plan.cache_root)
+    except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
+        return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
+    return ""
+
+
+def unwritable(cache_root: str) -> str:
+    """Why no file can be made in a local cache root, in one line, or "" when one can (or it is a bucket)."""
+    try:
+        storage.check_writable(cache_root)
+    except OSError as e:
+        # The probe's name says nothing to the user: name the directory it was made in.
+        reason = f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
+        return (f"cannot write to the cache root {cache_root} ({reason}); set pipeline.Settings.cache_root "
+                "to a directory you can write")
+    return ""
+
+
+def unknown_keys(plan: Plan) -> str:
+    """Why a key cannot be computed (a stage's inputs cannot be listed), or "" when every key can."""
+    try:
+        for sp in plan.stages.values():
+            sp.key   # noqa: B018 - computed here so a listing failure is one line, not a traceback
+    except InputsError as e:
+        return str(e)
+    return ""
+
+
+def cannot_run(plan: Plan, stages: list[str]) -> str:
+    """What stops `stages` of `plan` before they start, in one line, or "": a stage's own plan that cannot
+    be made (its optional `plan(config)` raising ValueError: a training mesh that does not tile the chips
+    train.HardwareConfig names), what its optional `check(config)` returns (training: a CPU mesh or batch
+    that does not fit the devices its processes will have, a config the planner says cannot fit;
+    download: files its readers cannot take), a local cache root where no file can be made. With nothing
+    to run, nothing is written: a fully cached run on a read-only cache is fine."""
+    for stage in stages:
+        cfg, module = plan.stages[stage].config, dag.module(stage)
+        fn, check = getattr(module, "plan", None), getattr(module, "check", None)
+        try:
+            if fn is not None:
+                fn(cfg, compile=False)
+        except ValueError as e:
+            return f"{stage}: {e}"
+        if check is not None and (problem := check(cfg)):
+            return f"{stage}: {problem}"
+    return unwritable(plan.cache_root) if stages else ""
