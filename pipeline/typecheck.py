@@ -41,7 +41,7 @@ def check(value: Any, hint: Any, binding: str) -> Any:
             return tuple(check(v, args[0], f"{binding}[{i}]") for i, v in enumerate(value))
         if args and len(args) != len(value):
             raise _type_error(value, hint, binding)
-        return tuple(check(v, a, f"{binding}[{i}]") for i, (v, a) in enumerate(zip(args, value))) \
+        return tuple(check(v, a, f"{binding}[{i}]") for i, (a, v) in enumerate(zip(args, value))) \
             if args else tuple(value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
