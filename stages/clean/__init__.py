@@ -176,7 +176,11 @@ class Config:
 
 
 CONFIGURABLES = (Config,)
-VERSION = "3"   # 2: report.md and removed.png; 3: NFC after removing control characters (normalize.py)
+# 2: report.md and removed.png; 3: NFC after removing control characters (normalize.py);
+# 4: which copy of a text survives, and the order of rows, is a total order over the whole record (order.py):
+# copies with the same id and text but other metadata were picked by arrival, so the bytes changed with
+# the number of Beam workers
+VERSION = "4"
 # The URL filter's list files (`url_blocked_domain_files`, ...): what the stage reads from outside the cache
 _URL_PREFIX = urls.CONFIG_FIELDS["url_filter"][1]
 LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(Config)
@@ -293,8 +297,3 @@ def duplicate_key(text: str) -> bytes:
     """Documents with equal keys are duplicates: 16 bytes of blake2b, so an accidental collision among
     1e9 documents has odds of about 1e-21."""
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
-
-
-def doc_order(doc: dict) -> tuple:
-    """Sort key: by id, then by the other fields so that equal ids still sort the same way every run."""
-    return tuple((doc.get(c) is not None, doc.get(c) or "") for c in ("id", "text", "url", "source"))

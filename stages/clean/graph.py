@@ -8,7 +8,8 @@
         "bands": (partition, [(band key, node), ...]), when `minhash` is on (below)
     + Create((b, []) for every bucket)                          so all N shards get written, even empty ones
     -> CoGroupByKey with the near-duplicate keys of bucket b
-    -> WriteShard        dedups by key, drops near duplicates, sorts by id, writes shard b;
+    -> WriteShard        dedups by key (keeping the copy first in `survivor_order`, a total order over
+                         the whole record), drops near duplicates, sorts by `order.doc_order`, writes shard b;
                          emits a Tally of the kept documents, the duplicates and the near duplicates
     -> Flatten(tallies) -> CombineGlobally(merge) -> stats.json and rejected/*.jsonl
 
@@ -41,6 +42,7 @@ import apache_beam as beam
 from stages import beam_runner, clean
 from stages.clean import minhash
 from stages.clean import tally as tally_lib
+from stages.clean.order import doc_order
 from stages.io import documents, storage
 
 log = logging.getLogger(__name__)
@@ -183,8 +185,12 @@ class Components(beam.CombineFn):
 def near_duplicates(forest: minhash.UnionFind, num_shards: int):
     """(bucket, sorted duplicate keys to drop) for the documents that are not their cluster's survivor.
 
+    The survivor is the cluster's smallest node, (id, duplicate key) (`minhash.node`): a total order over
+    the nodes, and two documents share a node only when they share the id and the normalized text, so
+    the survivor depends only on which documents there are, never on the order the edges arrived in.
     Exact copies share a duplicate key and so a cluster; a key is dropped unless it is the survivor's key,
-    and exact dedup (in WriteShard) already keeps only the smallest id of the survivor's key."""
+    and exact dedup (in WriteShard) keeps one copy of the survivor's key by the whole record
+    (`survivor_order`), so copies that differ only in metadata are settled there."""
     drop: dict[int, set[bytes]] = {}
     for n, root in forest.components().items():
         key = minhash.node_key(n)
@@ -206,8 +212,8 @@ class WriteShard(beam.DoFn):
         batches = grouped["docs"]
         near = {key for keys in grouped["near"] for key in keys}   # keys of near duplicates to drop
         tally = tally_lib.Tally(self.config.samples_per_reason)
-        # key -> (chars_in, doc, rewrites) with the smallest doc_order
-        survivors: dict[bytes, tuple[int, dict, tuple[str, ...]]] = {}
+        # key -> (order, chars_in, doc, rewrites) of the copy with the smallest `survivor_order`
+        survivors: dict[bytes, tuple[tuple, int, dict, tuple[str, ...]]] = {}
         kept: list[tuple[dict, tuple[str, ...]]] = []
         for batch in batches:
             for key, chars, doc, rewrites in batch:
@@ -217,24 +223,35 @@ class WriteShard(beam.DoFn):
                     else:
                         kept.append((doc, rewrites))
                     continue
+                order = survivor_order(doc, chars, rewrites)
                 other = survivors.get(key)
-                if other is not None and clean.doc_order(other[1]) <= clean.doc_order(doc):
+                if other is not None and other[0] <= order:
                     tally.drop("duplicate", doc, chars)
                     continue
                 if other is not None:
-                    tally.drop("duplicate", other[1], other[0])
-                survivors[key] = (chars, doc, rewrites)
-        for key, (chars, doc, rewrites) in survivors.items():
+                    tally.drop("duplicate", other[2], other[1])
+                survivors[key] = (order, chars, doc, rewrites)
+        for key, (_, chars, doc, rewrites) in survivors.items():
             if key in near:
                 tally.drop("near_duplicate", doc, chars)
             else:
                 kept.append((doc, rewrites))
-        kept.sort(key=lambda kept_doc: clean.doc_order(kept_doc[0]))
+        # Rows equal under doc_order are equal in every column, so their order cannot show in the file.
+        kept.sort(key=lambda kept_doc: doc_order(kept_doc[0]))
         for doc, rewrites in kept:
             tally.keep(len(doc["text"]), rewrites)
         path = storage.join(self.out_dir, documents.shard_name(bucket, self.config.num_shards))
         documents.write(path, [doc for doc, _ in kept])
         yield tally
+
+
+def survivor_order(doc: dict, chars: int, rewrites: tuple[str, ...]) -> tuple:
+    """Which copy of a text exact dedup keeps: the smallest `doc_order` (the whole record, id first: see
+    order.py), then the fewest characters as downloaded and the rewrites, which stats.json counts
+    (`dropped_chars`, `rewritten`) and which can differ between copies whose written rows are equal
+    (the same id and normalized text from two differently spaced originals). A total order over all
+    that the stage writes, so the survivor never depends on which copy a worker met first."""
+    return doc_order(doc), chars, rewrites
 
 
 class MergeTallies(beam.CombineFn):

@@ -182,7 +182,7 @@ class MinHasher:
 
 
 def node(doc_id: str | None, key: bytes) -> tuple:
-    """A document's node in the candidate graph, ordered as `clean.doc_order` orders ids (a null id first),
+    """A document's node in the candidate graph, ordered as `order.doc_order` orders ids (a null id first),
     then by `key` (`clean.duplicate_key` of its text), so the smallest node of a cluster is the survivor."""
     return (doc_id is not None, doc_id or "", key)
 

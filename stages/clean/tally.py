@@ -4,8 +4,8 @@ Each Beam worker tallies the documents it saw (`Tally.keep`, `Tally.drop`); `rew
 documents per kind of text rewrite (`filters.Rewriter`: `pii_email`, `pii_ip`, `c4_lines`, ...), so a
 document masked twice counts once per kind and each count is at most `docs_kept`. Tallies of disjoint
 parts of the data `merge` in any order to the same result: counts add, and samples keep the
-`samples_per_reason` smallest by `doc_order` (id first), a total order, so the merged samples do
-not depend on how Beam bundled the work.
+`samples_per_reason` smallest by `order.doc_order` (id first, then every other field), a total
+order, so the merged samples do not depend on how Beam bundled the work.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import bisect
 import dataclasses
 import json
 
-from stages.clean import doc_order
+from stages.clean.order import doc_order
 from stages.io import storage
 
 SAMPLE_CHARS = 500
