@@ -156,16 +156,20 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward) for MFU, PaLM's convention (Chowdhery et al. 2022,
-    appendix B): 6 * N_matmul + 12 * L * n_heads * head_dim * seq_len.
+    """Training FLOPs per token (forward + backward) for MFU and planning: 6 * N_matmul + 6 * L * n_heads *
+    head_dim * seq_len, the causal count MaxText uses (`calculate_tflops_training_per_device` in
+    maxtext_utils.py: the score and value matmuls, 4 * T^2 * n_heads * head_dim a layer, halved for the
+    causal mask, x 3 for forward and backward).
 
     N_matmul counts the parameters that take part in matmuls: everything but the embedding lookup table
-    (kept when tied, since it is then the unembedding) and the norm scales. The attention term counts the
-    full T x T score and value matmuls, as PaLM does, though a causal kernel skips about half of them.
+    (kept when tied, since it is then the unembedding) and the norm scales. PaLM's appendix B (Chowdhery et
+    al. 2022) counts the full T x T matrices instead (12 * L * n_heads * head_dim * seq_len), twice what a
+    causal kernel executes (splash and blockwise skip the masked blocks): up to 38% more FLOPs than run at
+    9B / 32K, which would inflate the planned days and deflate the measured MFU.
     """
     c = param_counts(cfg)
     n_matmul = c["layers"] - cfg.n_layers * 2 * cfg.d_model + (c["unembed"] or c["embed"])
-    return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.effective_head_dim * seq_len
+    return 6.0 * n_matmul + 6.0 * cfg.n_layers * cfg.n_heads * cfg.effective_head_dim * seq_len
 
 
 # ------------------------------------------------------------------------------------------ optimizer
@@ -374,6 +378,18 @@ class HardwareConfig:
         if self.topology and (":" not in self.topology or topology_chips(self.topology) < 1):
             raise ValueError(f"HardwareConfig: topology={self.topology!r} is not a TPU topology such as "
                              '"v5p:8x8x16" (generation, then the chip grid)')
+        generation = self.topology.partition(":")[0]
+        if self.topology and generation not in TPU_GENERATIONS:
+            raise ValueError(f"HardwareConfig: topology={self.topology!r} names TPU generation "
+                             f"{generation!r}, not one of {tuple(TPU_GENERATIONS)} (a topology such as "
+                             '"v5p:8x8x16")')
+
+
+# TPU generations a topology may name ("v5p:8x8x16") -> (their row in devices.DEVICES, megacore: whether a
+# chip's two TensorCores run as one JAX device). libtpu describes v4 with a device per TensorCore unless
+# asked for megacore (stages/train/aot.py asks), v5p as megacore already; v5e and v6e have one TensorCore.
+TPU_GENERATIONS = {"v4": ("tpu-v4", True), "v5e": ("tpu-v5e", False), "v5p": ("tpu-v5p", True),
+                   "v6e": ("tpu-v6e", False)}
 
 
 def topology_chips(topology: str) -> int:
