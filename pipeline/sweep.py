@@ -23,6 +23,7 @@ import os
 
 import gin
 from pipeline import cache, config, dag
+from pipeline import plan as run_plan
 from stages.io import figures, storage
 
 METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")
@@ -34,23 +35,40 @@ def _sweep(variants=gin.REQUIRED):
 
 
 def variants(gin_files: list[str], params: list[str]) -> dict[str, list[str]]:
-    """The sweep's variants (name -> bindings), read from the gin files."""
+    """The sweep's variants (name -> bindings), read from the gin files; ConfigError naming the file and
+    the variant when `sweep.variants` is not a dict of names to lists of binding strings."""
     config.load(gin_files, params)   # validates the base config and parses the sweep binding
+    files = ", ".join(gin_files)
     try:
         found = _sweep()
     except (ValueError, RuntimeError) as e:
-        raise config.ConfigError(f"{', '.join(gin_files)} binds no sweep.variants: {e}") from None
+        raise config.ConfigError(f"{files} binds no sweep.variants: {e}") from None
     if not isinstance(found, dict) or not found:
-        raise config.ConfigError(f"sweep.variants must be a non-empty dict name -> [bindings], got {found!r}")
-    return {str(k): [v] if isinstance(v, str) else list(v) for k, v in found.items()}
+        raise config.ConfigError(f"{files}: sweep.variants must be a non-empty dict name -> [bindings], "
+                                 f"got {found!r}")
+    out = {}
+    for name, bindings in found.items():
+        bindings = [bindings] if isinstance(bindings, str) else bindings
+        if not isinstance(bindings, (list, tuple)) or not all(isinstance(b, str) for b in bindings):
+            raise config.ConfigError(
+                f"{files}: sweep.variants[{name!r}] = {bindings!r} is not a list of binding strings; write "
+                f'{{{str(name)!r}: ["train.OptimizerConfig.learning_rate = 1e-3", ...]}}')
+        out[str(name)] = list(bindings)
+    return out
 
 
-def plans(gin_files: list[str], params: list[str]) -> dict[str, config.Plan]:
-    return {name: config.load(gin_files, params + bindings)
-            for name, bindings in variants(gin_files, params).items()}
+def plans(gin_files: list[str], params: list[str]) -> dict[str, run_plan.Plan]:
+    """Each variant's plan: the gin files, the overrides, then the variant's bindings."""
+    out = {}
+    for name, bindings in variants(gin_files, params).items():
+        try:
+            out[name] = config.load(gin_files, params + bindings)
+        except config.ConfigError as e:
+            raise config.ConfigError(f"sweep variant {name!r}: {e}") from None
+    return out
 
 
-def compare(name: str, by_variant: dict[str, config.Plan]) -> str:
+def compare(name: str, by_variant: dict[str, run_plan.Plan]) -> str:
     """Writes the comparison report of finished variants; returns the markdown table."""
     last = list(dag.STAGES)[-1]
     rows = {}

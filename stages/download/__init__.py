@@ -34,7 +34,9 @@ host, or a file the globs do not match does not.
 A corrupt or truncated file (`document.BadFile`) fails the stage with its path and how far reading
 got; with `skip_bad_files` the documents read before the damage are kept, the file is listed under
 `bad_files` in stats.json and the rest is read. Fewer than `min_docs` documents with text fail the
-stage, naming the source (an empty glob result is already an error when planning).
+stage, naming the source. A glob that matches nothing is an error when planning; one that matches a
+directory or a file of an unsupported extension (`.json`), or a first record without the text field, is
+one before the stage runs (`check`).
 """
 
 from __future__ import annotations
@@ -79,8 +81,10 @@ CONFIGURABLES = (Config, *SOURCES)
 # carry their other fields in metadata, FineWeb on the hub is read at a pinned commit (stats.json: revision);
 # 5: metadata nested more than 64 levels deep is cut (it crashed the stage from a few hundred), and a jsonl
 # integer of more than 4300 digits no longer makes its record malformed_json; 6: WARC request, metadata and
-# warcinfo records are counted in stats.json's skipped_records instead of being written as documents
-VERSION = "6"
+# warcinfo records are counted in stats.json's skipped_records instead of being written as documents;
+# 7: a UTF-8 byte-order mark at the start of a jsonl or txt file is dropped (it made the first record
+# malformed_json, or started the text with U+FEFF)
+VERSION = "7"
 
 
 def key_inputs(config: Config) -> Any:
@@ -91,6 +95,14 @@ def key_inputs(config: Config) -> Any:
         raise                  # already names the glob (one that matches nothing)
     except Exception as e:     # a listing that failed (offline, no access): name what was being listed
         raise OSError(f"listing the files of {config.source!r}: {type(e).__name__}: {e}") from e
+
+
+def check(config: Config) -> str:
+    """What would fail the download before it starts, in one line, or "": the source's own `check()` where
+    it has one (Files: a glob that matches a directory, an extension no reader takes, a first record
+    without the text field). `python -m pipeline run` calls it when the stage is about to run."""
+    source_check = getattr(config.source, "check", None)
+    return source_check() if source_check else ""
 
 
 def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) -> None:

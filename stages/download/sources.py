@@ -3,7 +3,8 @@
     download.Config.source = @download.Files()
     download.Files.paths = ["gs://bucket/crawl/*.jsonl.gz"]
 
-A source has three methods:
+A source has three methods (and may have a fourth, `check() -> str`: what would fail its run, found
+cheaply before any stage starts, in one line; `download.check` calls it):
 
     fingerprint() -> JSON   what it will read, without reading it, for the download key (on the
                             planning machine, whenever a plan is made): it changes when an input is
@@ -22,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import zlib
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 
 from stages.download import embedded, formats, templates
-from stages.download.document import doc_id, plain_str, text_or_error
+from stages.download.document import MISSING, doc_id, field, plain_str, text_or_error
 from stages.io import storage
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,42 @@ class Files:
     def fingerprint(self) -> dict[str, str]:
         """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
         return _fingerprint("download.Files.paths", self.paths)
+
+    def check(self) -> str:
+        """What would fail the run, found before it starts, in one line ("" when nothing): a glob that
+        matches a directory, a file whose extension no reader takes (`formats.SUFFIXES`), and, unless a
+        template makes the text, a first record without `text_field`: the first non-blank line of the
+        first jsonl file, the schema (footer) of the first parquet file. It lists the globs and reads at
+        most that line and that footer; what it cannot read is left for the run to name."""
+        first: dict[str, str] = {}      # format -> its first file
+        for pattern in self.paths:
+            files = storage.versions(pattern)            # regular files only, as the key lists them
+            where = f"download.Files.paths: {pattern!r} matches"
+            for path in storage.glob(pattern):
+                if path not in files:
+                    return (f"{where} the directory {path}; match files only, e.g. "
+                            f"{storage.join(path, '*.jsonl')!r}")
+                try:
+                    fmt = formats.file_format(path)
+                except ValueError:
+                    json = " (.json is not read: a file of one JSON object per line is .jsonl)" \
+                        if path.endswith((".json", ".json.gz")) else ""
+                    return (f"{where} {path}, an extension no reader takes{json}; supported are "
+                            f"{', '.join(formats.SUFFIXES)}")
+                first[fmt] = min(first.get(fmt, path), path)
+        if self.template:
+            return ""
+        if "jsonl" in first and (problem := _first_record_problem(first["jsonl"], self.text_field)):
+            return problem
+        if "parquet" in first:
+            try:
+                formats.parquet_row_groups([first["parquet"]], self.text_field,
+                                           hint="; set download.Files.text_field to the text column")
+            except ValueError as e:
+                return f"download.Files.text_field={self.text_field!r}: {e}"
+            except OSError:
+                return ""        # unreadable here (the network, a permission): the run says which
+        return ""
 
     def units(self) -> list[tuple[str, int]]:
         found: set[str] = set()
@@ -306,6 +344,22 @@ class Warc:
 
 
 SOURCES = (Embedded, Files, Tfds, FineWeb, Warc)
+
+
+def _first_record_problem(path: str, text_field: str) -> str:
+    """Why the first record of the jsonl file `path` shows its text is not at `text_field`, or "" when it is
+    there, or when that line is not a JSON object or cannot be read (the run counts or names that)."""
+    try:
+        with storage.open(path, "rb", compression="infer") as f:
+            line, raw = next(((n, r) for n, r in enumerate(f, 1) if r.strip()), (0, b""))
+        record = formats.parse_json(raw.decode("utf-8-sig")) if line else None   # -sig: a byte-order mark
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):
+        return ""
+    if not isinstance(record, dict) or field(record, text_field) is not MISSING:
+        return ""
+    return (f"download.Files.text_field={text_field!r}: the first record of {path} (line {line}) has no "
+            f"field {text_field!r}; its fields are {', '.join(map(repr, record)) or 'none'} (set "
+            "download.Files.text_field to the one holding the text, e.g. \"metadata.text\" for a nested one)")
 
 
 def _matching(found, what: str, hint: str = ""):

@@ -45,6 +45,16 @@ def _case(name, expect, *params, **kw):
     return Case(name, (expect,) if isinstance(expect, str) else tuple(expect), tuple(params), **kw)
 
 
+def _parquet(columns: dict[str, list]) -> bytes:
+    """A small parquet file's bytes (for a case's `files`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), out)
+    return out.getvalue().to_pybytes()
+
+
 CASES = [
     # ---- gin files
     _case("missing_gin_file", "gin file 'gin/nope.gin' does not exist", gin_path="gin/nope.gin"),
@@ -152,6 +162,54 @@ CASES = [
     _case("sweep_variant_mesh_too_large",
           "sweep variant 'lr=1e-3': train: train.MeshConfig: mesh data=-1 x fsdp=1 x tensor=2 does not "
           "match the 1 devices", "train.MeshConfig.tensor=2", command="sweep", gin_path="gin/sweeps/lr.gin"),
+    # ---- the cache root's home, the sweep file's variants
+    _case("cache_root_in_the_home_of_an_unknown_user",
+          "cache_root='~no_such_user_xyz/x': no such user's home directory to expand '~no_such_user_xyz' to",
+          'pipeline.Settings.cache_root="~no_such_user_xyz/x"'),
+    _case("sweep_variant_not_a_list",
+          "{gin}: sweep.variants['a'] = 3 is not a list of binding strings; write {{'a': [\"train.",
+          gin="include 'tiny.gin'\nsweep.variants = {{'a': 3}}\n", command="sweep"),
+    _case("sweep_variant_binding_not_a_string",
+          "sweep.variants['b'] = ['train.Config.steps = 2', 3] is not a list of binding strings",
+          gin="include 'tiny.gin'\nsweep.variants = {{'a': [], 'b': ['train.Config.steps = 2', 3]}}\n",
+          command="sweep"),
+    _case("sweep_variant_binding_unknown",
+          "sweep variant 'a': override 'train.Config.stepz = 2': train.Config has no parameter 'stepz'",
+          gin="include 'tiny.gin'\nsweep.variants = {{'a': ['train.Config.stepz = 2']}}\n", command="sweep"),
+    # ---- download.Files: what its readers cannot take, found from a listing and one record before it runs
+    _case("files_glob_matches_a_directory",
+          "download: download.Files.paths: '{dir}/data/*.jsonl' matches the directory {dir}/data/more.jsonl; "
+          "match files only, e.g. '{dir}/data/more.jsonl/*.jsonl'",
+          "download.Config.source=@download.Files()", 'download.Files.paths=["{dir}/data/*.jsonl"]',
+          files=(("data/a.jsonl", '{{"text": "a"}}\n'), ("data/more.jsonl/b.jsonl", '{{"text": "b"}}\n'))),
+    _case("files_json_extension",
+          ["download.Files.paths: '{dir}/data/*' matches {dir}/data/a.json, an extension no reader takes",
+           "a file of one JSON object per line is .jsonl); supported are .jsonl, .jsonl.gz, .txt"],
+          "download.Config.source=@download.Files()", 'download.Files.paths=["{dir}/data/*"]',
+          files=(("data/a.json", '{{"text": "a"}}\n'),)),
+    _case("files_jsonl_without_the_text_field",
+          "download: download.Files.text_field='text': the first record of {dir}/data/a.jsonl (line 2) has "
+          "no field 'text'; its fields are 'body', 'url'",
+          "download.Config.source=@download.Files()", 'download.Files.paths=["{dir}/data/*.jsonl"]',
+          files=(("data/a.jsonl", '\n{{"body": "a", "url": "u"}}\n{{"text": "b"}}\n'),)),
+    _case("files_parquet_without_the_text_column",
+          "download.Files.text_field='text': {dir}/data/a.parquet has no column 'text'; its columns are "
+          "['body', 'id']",
+          "download.Config.source=@download.Files()", 'download.Files.paths=["{dir}/data/*.parquet"]',
+          files=(("data/a.parquet", _parquet({"body": ["a"], "id": ["1"]})),)),
+    # ---- the command line
+    _case("workers_zero", "--workers 0: the number of Luigi workers must be >= 1", args=("--workers", "0")),
+    _case("workers_negative", "--workers -3: the number of Luigi workers must be >= 1",
+          args=("--workers", "-3"), command="sweep", gin_path="gin/sweeps/lr.gin"),
+    _case("scheduler_not_host_port", "--scheduler 'localhost' is not HOST:PORT",
+          args=("--scheduler", "localhost")),
+    # Port 1 on loopback: nothing listens there, and the refusal is immediate (Luigi retried for 62 s).
+    _case("scheduler_with_no_luigid", ["--scheduler 127.0.0.1:1: no Luigi scheduler answers there",
+                                       "or leave --scheduler out"], args=("--scheduler", "127.0.0.1:1")),
+    # ---- the hardware named
+    _case("topology_of_an_unknown_tpu_generation",
+          "HardwareConfig: topology='v9z:2x2x1' names TPU generation 'v9z', not one of ('v4', 'v5e', 'v5p', "
+          "'v6e')", 'train.HardwareConfig.topology="v9z:2x2x1"'),
 ]
 
 
@@ -172,6 +230,7 @@ def _setup(case: Case, tmp_path) -> tuple[list[str], str, dict[str, str]]:
         os.chmod(root, 0o555)
     names = {"dir": str(d), "root": root, "gin": str(d / "case.gin")}
     for name, text in case.files:
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
         (d / name).write_bytes(_fill(text, **names).encode() if isinstance(text, str) else text)
     if case.gin is not None:
         text = _fill(case.gin, **names)
@@ -256,3 +315,19 @@ def test_the_write_probe_leaves_an_existing_root_as_it_was(tmp_path):
     (tmp_path / "kept").write_text("x")
     storage.check_writable(str(tmp_path))
     assert os.listdir(tmp_path) == ["kept"]
+
+
+def test_a_cache_root_in_the_home_directory_is_expanded_there(tmp_path):
+    """`~/x` is x in the home directory, as a shell reads it, not a directory `~` where the run starts."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    argv = [sys.executable, "-m", "pipeline", "status", "--gin", f"{REPO}/gin/tiny.gin",
+            "--gin-param", 'pipeline.Settings.cache_root="~/refinery"']
+    out = subprocess.run(argv, cwd=work, env={**_env(), "HOME": str(home), "PYTHONPATH": REPO},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    paths = [line.split()[-1] for line in out.stdout.splitlines()[1:]]
+    assert len(paths) == len(dag.STAGES)
+    assert all(p.startswith(f"{home}/refinery/") for p in paths), out.stdout
+    assert os.listdir(work) == []
