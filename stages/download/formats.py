@@ -9,6 +9,8 @@ parquet struct column: `document.field`). A jsonl or parquet record's other fiel
 `metadata` column as a JSON object (`Fields.metadata`: ("*",) all of them, () none, or the paths to
 keep); with a `Fields.template`, instruction-tuning records are rendered into the text (`templates.py`).
 
+A UTF-8 byte-order mark at the start of a jsonl or txt file is dropped (`BOM`).
+
 A damaged file (a corrupt or truncated gzip stream, a broken parquet footer or page) raises
 `document.BadFile` naming it and how far reading got, after the records before the damage: jsonl
 keeps every line before it, parquet every batch before it, a txt file nothing (it is one read).
@@ -19,6 +21,7 @@ keeps every line before it, parquet every batch before it, a txt file nothing (i
 
 from __future__ import annotations
 
+import codecs
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -47,6 +50,10 @@ ALL = "*"               # Fields.metadata: every field not taken for the id, tex
 SUFFIXES = {".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".txt": "txt", ".txt.gz": "txt", ".parquet": "parquet"}
 BATCH_ROWS = 1024       # records read at a time
 FOOTER_READERS = 16     # parquet footers are small, remote reads are latency-bound: read them in parallel
+# A UTF-8 byte-order mark some editors (Notepad, Excel exports) put first in a file: not part of the first
+# record, which would otherwise fail as malformed_json (jsonl) or start with U+FEFF (txt). Stripped once,
+# at the start of the (decompressed) file.
+BOM = codecs.BOM_UTF8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +115,8 @@ def _jsonl(path: str, fields: Fields) -> Iterator[dict]:
     with named_damage(path, lambda: f"after line {line}, byte {offset:,} {text}"), _lines(path) as f:
         for line, raw in enumerate(f, 1):
             offset += len(raw)
+            if line == 1:
+                raw = raw.removeprefix(BOM)
             if not raw.strip():
                 continue
             where = f"{path}:{line}"
@@ -156,7 +165,7 @@ def _lines(path: str) -> IO[bytes]:
 def _txt(path: str, fields: Fields) -> Iterator[dict]:
     with named_damage(path), storage.open(path, "rb", compression="infer") as f:
         data = f.read()
-    text, error = text_or_error(data)
+    text, error = text_or_error(data.removeprefix(BOM))
     if error or fields.txt_unit == "file":
         yield {"id": doc_id(fields.source, path), "text": text, "url": path, "source": fields.source,
                "error": error}

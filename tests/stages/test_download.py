@@ -155,6 +155,21 @@ def test_bad_records_become_documents_with_a_reason_and_never_crash(tmp_path):
     assert sorted(len(doc["text"]) for doc in docs if not doc["error"]) == [2, 4, 10_000_000]
 
 
+def test_a_utf8_byte_order_mark_does_not_cost_the_first_record(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    jsonl = bom + b'{"text": "first"}\n' + bom + b'{"text": "second"}\n'   # only a leading BOM is one
+    (tmp_path / "a.jsonl").write_bytes(jsonl)
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(jsonl))
+    (tmp_path / "c.txt").write_bytes(bom + b"Para one\n\nPara two \xef\xbb\xbf kept")
+    for name in ("a.jsonl", "b.jsonl.gz"):
+        docs = list(formats.read(str(tmp_path / name), 0, formats.Fields()))
+        assert [(d["text"], d["error"]) for d in docs] == [("first", None), (None, "malformed_json")], name
+    split = {"file": ["Para one\n\nPara two \ufeff kept"], "paragraph": ["Para one", "Para two \ufeff kept"]}
+    for unit, texts in split.items():
+        docs = list(formats.read(str(tmp_path / "c.txt"), 0, formats.Fields(txt_unit=unit)))
+        assert [d["text"] for d in docs] == texts and not any(d["error"] for d in docs)
+
+
 def test_ids_and_bytes_are_identical_across_runs(tmp_path, mixed):
     first, docs1, _ = _run(tmp_path / "one", mixed, num_shards=3)
     second, docs2, _ = _run(tmp_path / "two", mixed, num_shards=3)
