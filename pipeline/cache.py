@@ -15,6 +15,11 @@ creates its attempt until after it commits, and a second run of the same key wai
 reuses its commit. So the commit that removes other attempts never removes one that a live run is
 still writing, and a manifest is only ever written by the run that holds the key.
 
+A run reads an upstream stage through `reading`, which pins the committed attempt (`lease.pin`) for as
+long as the downstream stage runs: a concurrent forced run may commit the key anew meanwhile, but it
+leaves a pinned attempt in place, and the last reader removes it when it lets go. A forced run
+(`run_stage(since=...)`) reuses a commit only when it was made under a lease taken after the run began.
+
 The key is `sha256(stage name, VERSION, canonical JSON of the Config, upstream keys, inputs)` and
 nothing else. Config fields declared with `metadata={"key": False}` (how a stage runs, such as
 the Beam runner, not what it computes) stay out of the key. `inputs` is what a stage reads from
@@ -37,7 +42,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from typing import Any
 
@@ -112,23 +117,72 @@ WORK = "work"   # <key>/work/: resumable scratch shared by every attempt of a ke
 
 def load(cache_root: str, stage: str, key: str) -> Committed | None:
     """The committed output of (stage, key), or None when it is missing, incomplete or its manifest is
-    damaged (logged as a warning naming the file: the stage is rebuilt by the next run that needs it)."""
+    damaged (logged as a warning naming the file: the stage is rebuilt by the next run that needs it).
+    A manifest that changed while its files were being listed (a concurrent commit of the key, which may
+    remove the attempt it replaced) is read again, so a recommit never reads as "not done"."""
     root = stage_dir(cache_root, stage, key)
     path = storage.join(root, MANIFEST)
+    raw = _read_manifest(path)
+    while raw is not None:
+        manifest, problem = parse_manifest(raw)
+        if problem:
+            log.warning("%s: %s; %s is not done and will be rebuilt", path, problem, stage)
+            return None
+        attempt = storage.join(root, manifest["attempt"])
+        try:
+            present = storage.sizes(attempt)
+        except FileNotFoundError:     # removed while listed
+            present = {}
+        if all(present.get(name) == size for name, size in manifest["files"].items()):
+            return Committed(stage, key, attempt, manifest["files"], manifest)
+        again = _read_manifest(path)
+        raw = again if again != raw else None
+    return None
+
+
+def _read_manifest(path: str) -> bytes | None:
     try:
-        raw = storage.read_bytes(path)
+        return storage.read_bytes(path)
     except FileNotFoundError:
         return None
-    manifest, problem = parse_manifest(raw)
-    if problem:
-        log.warning("%s: %s; %s is not done and will be rebuilt", path, problem, stage)
-        return None
-    attempt = storage.join(root, manifest["attempt"])
-    present = storage.sizes(attempt)
-    for name, size in manifest["files"].items():
-        if present.get(name) != size:
-            return None
-    return Committed(stage, key, attempt, manifest["files"], manifest)
+
+
+@contextlib.contextmanager
+def reading(cache_root: str, stage: str, key: str, *, owner: str) -> Iterator[Committed | None]:
+    """The committed output of (stage, key), as `load` gives it, pinned (`lease.pin`) while the block runs,
+    so that no commit removes its attempt meanwhile; None when the stage is not done.
+
+        with cache.reading(root, "tokenizer", key, owner="run 3f2a… of shard") as tokenizer:
+            ...   # tokenizer.file("tokenizer.model") stays readable until the block ends
+
+    The pin is made, then the manifest is read again: a commit that landed in between (and may already have
+    removed the attempt) is pinned instead. On the way out, an attempt that a newer commit superseded and
+    no other live pin names is removed (the last reader cleans up what the commit had to leave)."""
+    root = stage_dir(cache_root, stage, key)
+    with contextlib.ExitStack() as stack:
+        done = load(cache_root, stage, key)
+        while done is not None:
+            attempt = done.manifest["attempt"]
+            stack.enter_context(lease.pin(root, attempt, owner=owner))
+            again = load(cache_root, stage, key)
+            if again is not None and again.manifest["attempt"] == attempt:
+                break
+            stack.close()             # recommitted (or undone) before the pin was seen: pin that instead
+            done = again
+        try:
+            yield done
+        finally:
+            stack.close()
+            if done is not None:
+                _remove_if_superseded(root, done.manifest["attempt"])
+
+
+def _remove_if_superseded(root: str, attempt: str) -> None:
+    """Removes `attempt` (once committed) when the manifest now names another one and no live pin names it."""
+    raw = _read_manifest(storage.join(root, MANIFEST))
+    named = parse_manifest(raw)[0].get("attempt") if raw is not None else None
+    if named and named != attempt and attempt not in lease.pinned(root):
+        storage.remove(storage.join(root, attempt))
 
 
 def parse_manifest(raw: bytes) -> tuple[dict, str]:
@@ -161,11 +215,13 @@ def parse_manifest(raw: bytes) -> tuple[dict, str]:
 
 def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
               upstream: Mapping[str, Committed], fn: Callable[[Any, Mapping[str, Committed], str, str], Any],
-              extra_files: Mapping[str, str] = (), run_id: str = "", reuse: bool = True,
+              extra_files: Mapping[str, str] = (), run_id: str = "", since: int | None = None,
               lease_ttl_s: float = lease.TTL_S) -> Committed:
     """Runs `fn(config, upstream, attempt_dir, work_dir)` in a fresh attempt and commits it, holding the
-    key's lease throughout; when `reuse` and another run committed the key while this one waited for the
-    lease, returns that commit instead of running.
+    key's lease throughout; when the key is committed once this run holds the lease (another run committed
+    it while this one waited), returns that commit instead of running. With `since` (a lease number, as
+    `lease_now` gave it when a forced run began), only a commit made under a later lease is taken: one made
+    during the forced run, by it or by a concurrent run; an older one is computed again.
 
     `work_dir` (`<key>/work/`) is scratch space that survives a failed attempt of the same key and is
     deleted by the commit: the one deliberate exception to "a crashed attempt's leftovers are never
@@ -173,13 +229,16 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     instead of starting over; everything a downstream stage reads lives in the committed attempt.
 
     `extra_files` (name -> text) are written into the attempt before the commit, for example the
-    operative gin config. `run_id` is recorded so `--force` can tell this invocation's commit
-    from an older one.
+    operative gin config. `run_id` and the lease number are recorded in the manifest.
+
+    Upstream attempts should be pinned (`reading`) for as long as this runs, so a concurrent forced run
+    cannot remove them. The commit removes the attempts it supersedes except those a live pin names.
     """
     root = stage_dir(cache_root, stage, key)
     with lease.hold(root, owner=f"run {run_id or uuid.uuid4().hex} of {stage}", ttl_s=lease_ttl_s) as held:
-        if reuse and (done := load(cache_root, stage, key)) is not None:
+        if (done := load(cache_root, stage, key)) is not None and (since is None or made_after(done, since)):
             log.info("%s %s: committed by another run while this one waited; reusing it", stage, key[:12])
+            lease.remove_old(root, keep=held.number)
             return done
         attempt = f"{ATTEMPT}{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         out_dir = storage.join(root, attempt)
@@ -205,6 +264,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "run_id": run_id,
+            "lease": held.number,         # what a forced run compares with the lease it saw when it began
             "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         held.check()          # taken over while this run stalled: the other run owns the key now
@@ -217,6 +277,19 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     if committed is None:
         raise RuntimeError(f"stage {stage} committed {root} but its files do not match the manifest")
     return committed
+
+
+def lease_now(cache_root: str, stage: str, key: str) -> int:
+    """The number of the key's newest lease (0 when it has none): what a forced run notes when it begins, so
+    that it later takes only a commit made under a lease after it (`run_stage(since=...)`, `made_after`)."""
+    numbers = lease.lease_numbers(stage_dir(cache_root, stage, key))
+    return numbers[-1] if numbers else 0
+
+
+def made_after(done: Committed, lease_number: int) -> bool:
+    """Whether `done` was committed under a lease numbered above `lease_number` (taken after it)."""
+    made = done.manifest.get("lease")
+    return isinstance(made, int) and made > lease_number
 
 
 def verify(done: Committed) -> list[str]:
@@ -240,9 +313,9 @@ def uncommit(cache_root: str, stage: str, key: str) -> str:
 
 
 def garbage(cache_root: str) -> list[str]:
-    """The attempt directories no manifest names, under keys that no live lease holds: what a crashed or
-    superseded run left. A key's `work/` (a preempted training run's checkpoints, which its rerun resumes
-    from) is not garbage."""
+    """The attempt directories no manifest names and no live pin names, under keys that no live lease holds:
+    what a crashed or superseded run left. A key's `work/` (a preempted training run's checkpoints, which
+    its rerun resumes from) is not garbage."""
     out = []
     for stage in storage.listdir(cache_root):
         for key in storage.listdir(storage.join(cache_root, stage)):
@@ -257,15 +330,20 @@ def garbage(cache_root: str) -> list[str]:
             if MANIFEST in names:
                 with contextlib.suppress(OSError):
                     named = parse_manifest(storage.read_bytes(storage.join(root, MANIFEST)))[0].get("attempt")
-            out += [storage.join(root, n) for n in names if n.startswith(ATTEMPT) and n != named]
+            read = lease.pinned(root)
+            out += [storage.join(root, n) for n in names
+                    if n.startswith(ATTEMPT) and n != named and n not in read]
     return out
 
 
 def remove_stale_attempts(root: str, keep: str) -> None:
-    """Remove every attempt but `keep`, and the scratch `work/`. Called only by the run that holds the key's
-    lease and has just committed it, so no other attempt belongs to a live run."""
+    """Remove every attempt but `keep` and those a live pin names (a concurrent downstream stage reads
+    them; its `reading` removes them after), and the scratch `work/`. Called only by the run that holds the
+    key's lease and has just written its manifest, so no other attempt belongs to a live writer, and a
+    reader that pins one from now on finds the new manifest and reads that instead."""
+    read = lease.pinned(root, prune=True)
     for name in storage.listdir(root):
-        if (name.startswith(ATTEMPT) or name == WORK) and name != keep:
+        if (name.startswith(ATTEMPT) or name == WORK) and name != keep and name not in read:
             storage.remove(storage.join(root, name))
 
 

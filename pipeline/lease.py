@@ -19,6 +19,12 @@ lease. The holder renews its own file from a thread every `ttl_s / 4`; a holder 
 number than its own has been taken over (it stalled for longer than `ttl_s`) and must not commit.
 Old lease files are removed by the holder that commits (`cache.run_stage`).
 
+Pins: a run that reads a committed attempt (a downstream stage reading its inputs) holds a pin on it,
+`<key>/_pin-<random>.json` (the attempt it reads, owner, host, pid, heartbeat, ttl), live by the same rule
+as a lease and renewed the same way. A commit removes the attempts it supersedes only when no live pin
+names them (`pinned`), so a forced rerun never deletes an attempt a concurrent run is reading; the last
+reader of a superseded attempt removes it when it lets go (`cache.reading`).
+
 Why not the Luigi central scheduler alone: it dedupes tasks only among the runs that use the same
 scheduler process, and `make pipeline` uses a local scheduler per run. Two users (or a user and a
 sweep, or two TPU hosts) pointing at one bucket share nothing but the bucket, so the lock has to
@@ -32,10 +38,12 @@ import dataclasses
 import json
 import logging
 import os
+import posixpath
 import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 from stages.io import storage
@@ -43,6 +51,7 @@ from stages.io import storage
 log = logging.getLogger(__name__)
 
 PREFIX, SUFFIX = "_lease-", ".json"
+PIN = "_pin-"           # <key>/_pin-<random>.json: a live reader of one committed attempt
 _NAME = re.compile(rf"^{PREFIX}(\d+){re.escape(SUFFIX)}$")
 TTL_S = 60.0            # a lease whose heartbeat is older than this is dead (another host's clock)
 POLL_S = 1.0            # how often a waiting run looks again
@@ -115,17 +124,43 @@ def _process_exists(pid: int) -> bool:
 def hold(key_dir: str, *, owner: str, ttl_s: float = TTL_S, poll_s: float = POLL_S) -> Iterator[Held]:
     """Wait until this run holds `key_dir`'s lease, renew it while the block runs, release it after."""
     held = acquire(key_dir, owner=owner, ttl_s=ttl_s, poll_s=poll_s)
-    stop = threading.Event()
-    renewer = threading.Thread(target=_renew, args=(held, stop, ttl_s / 4), daemon=True,
-                               name=f"lease-{held.number}")
-    renewer.start()
     try:
-        yield held
+        with _renewed(held.path, held.record, ttl_s):
+            yield held
     finally:
-        stop.set()
-        renewer.join()
         with contextlib.suppress(OSError):
             storage.write_json(held.path, held.record | {"released": True, "heartbeat": time.time()})
+
+
+@contextlib.contextmanager
+def pin(key_dir: str, attempt: str, *, owner: str, ttl_s: float = TTL_S) -> Iterator[str]:
+    """Mark `attempt` (a committed attempt's name) as being read until the block ends; yields the pin's path.
+    The caller checks, after pinning, that the manifest still names `attempt` (see `cache.reading`)."""
+    path = storage.join(key_dir, f"{PIN}{uuid.uuid4().hex[:12]}{SUFFIX}")
+    record = {"attempt": attempt, "owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
+              "ttl_s": ttl_s, "heartbeat": time.time()}
+    storage.write_json(path, record)
+    try:
+        with _renewed(path, record, ttl_s):
+            yield path
+    finally:
+        with contextlib.suppress(OSError):
+            storage.remove(path)
+
+
+def pinned(key_dir: str, *, prune: bool = False) -> set[str]:
+    """The attempts of `key_dir` that a live pin names. With `prune`, the files of dead pins (their reader
+    was killed) are removed on the way (the committing run does this)."""
+    out = set()
+    for name in storage.listdir(key_dir):
+        if name.startswith(PIN) and name.endswith(SUFFIX):
+            path = storage.join(key_dir, name)
+            record = read(path)
+            if live(record):
+                out.add(str(record.get("attempt")))
+            elif prune and not (record is None and _young(path, TTL_S)):   # unreadable, young: being written
+                storage.remove(path)
+    return out
 
 
 def acquire(key_dir: str, *, owner: str, ttl_s: float = TTL_S, poll_s: float = POLL_S) -> Held:
@@ -160,13 +195,27 @@ def _young(path: str, ttl_s: float) -> bool:
     return False
 
 
-def _renew(held: Held, stop: threading.Event, every_s: float) -> None:
+@contextlib.contextmanager
+def _renewed(path: str, record: dict, ttl_s: float) -> Iterator[None]:
+    """Renews `record` (a lease's or a pin's) at `path` every `ttl_s / 4` from a thread during the block."""
+    stop = threading.Event()
+    renewer = threading.Thread(target=_renew, args=(path, record, stop, ttl_s / 4), daemon=True,
+                               name=f"renew {posixpath.basename(path)}")
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+
+
+def _renew(path: str, record: dict, stop: threading.Event, every_s: float) -> None:
     while not stop.wait(every_s):
-        held.record["heartbeat"] = time.time()
+        record["heartbeat"] = time.time()
         try:
-            storage.write_json(held.path, held.record)
+            storage.write_json(path, record)
         except OSError as e:     # storage hiccup: the next renewal tries again; ttl_s covers a few misses
-            log.warning("could not renew lease %s: %s", held.path, e)
+            log.warning("could not renew %s: %s", path, e)
 
 
 def remove_old(key_dir: str, keep: int) -> None:

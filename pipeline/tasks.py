@@ -6,11 +6,17 @@ runs each once. The plan itself is looked up by a non-significant `plan_id` in t
 registry (Luigi's `workers>1` forks, so the registry travels with the workers).
 
 Luigi decides "done" through `complete()`, which reads the stage's `_SUCCESS.json` and checks
-every listed file's size. A forced task is complete only once this invocation has committed it.
+every listed file's size. A forced task is complete once its key holds a commit made during this
+invocation: under a lease taken after `build()` noted the key's newest lease (`cache.lease_now`), by this
+run or by a concurrent one. The same rule decides whether `run()` computes or takes a concurrent run's
+commit (`cache.run_stage(since=...)`), so Luigi's check before a downstream task runs never finds a
+dependency "unfulfilled" because another forced run committed it meanwhile. A task reads its upstream
+stages through `cache.reading`, pinned until it has committed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -43,8 +49,9 @@ class StageTask(luigi.Task):
         return task_class(stage)(key=self.plan.stages[stage].key, plan_id=self.plan_id, run_id=self.run_id)
 
     @property
-    def forced(self) -> bool:
-        return self.stage in _FORCED.get(self.run_id, ())
+    def since(self) -> int | None:
+        """For a forced task, the key's newest lease number when this invocation began; else None."""
+        return _FORCED.get(self.run_id, {}).get((self.plan.cache_root, self.stage, self.key))
 
     def committed(self) -> cache.Committed | None:
         return cache.load(self.plan.cache_root, self.stage, self.key)
@@ -53,20 +60,28 @@ class StageTask(luigi.Task):
         done = self.committed()
         if done is None:
             return False
-        return not self.forced or done.manifest.get("run_id") == self.run_id
+        since = self.since
+        return since is None or done.manifest.get("run_id") == self.run_id or cache.made_after(done, since)
 
     def run(self):
         plan = self.plan
-        upstream = {u: t.committed() for u, t in self.requires().items()}
-        missing = [u for u, c in upstream.items() if c is None]
-        if missing:
-            raise RuntimeError(f"{self.stage}: upstream {missing} not committed")
-        log.info("running %s (key %s)", self.stage, self.key[:12])
+        owner = f"run {self.run_id} of {self.stage} {self.key[:12]}"
+        with contextlib.ExitStack() as pins:
+            upstream = {u: pins.enter_context(cache.reading(plan.cache_root, u, t.key, owner=owner))
+                        for u, t in self.requires().items()}
+            missing = [u for u, c in upstream.items() if c is None]
+            if missing:
+                raise RuntimeError(f"{self.stage}: upstream {missing} not committed")
+            log.info("running %s (key %s)", self.stage, self.key[:12])
+            self._run(upstream)
+
+    def _run(self, upstream: dict[str, cache.Committed]) -> None:
+        plan = self.plan
         try:
             cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
                             config=plan.stages[self.stage].config, upstream=upstream,
                             fn=dag.module(self.stage).run, extra_files={"config.gin": plan.operative_gin},
-                            run_id=self.run_id, reuse=not self.forced)
+                            run_id=self.run_id, since=self.since)
         except Exception as e:
             if getattr(e, "resumable", False):    # stopped on request after saving (training's preemption)
                 _STOPPED.setdefault(self.run_id, []).append(f"{self.stage}: {e}")
@@ -83,8 +98,9 @@ def task_class(stage: str) -> type[StageTask]:
                                {"stage": stage, "__module__": __name__})
     return _CLASSES[stage]
 
-# run_id -> stages forced in that invocation
-_FORCED: dict[str, set[str]] = {}
+# run_id -> (cache root, stage, key) of each stage forced in that invocation -> its newest lease number
+# when the invocation began (`cache.lease_now`): a commit under a later lease is this invocation's
+_FORCED: dict[str, dict[tuple[str, str, str], int]] = {}
 # run_id -> "<stage>: <message>" for stages that stopped on request (preemption) and resume on a rerun
 _STOPPED: dict[str, list[str]] = {}
 
@@ -104,10 +120,10 @@ def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str]
     even when cached, together with everything downstream of them."""
     plans, targets = list(plans), list(targets)
     run_id = uuid.uuid4().hex
-    forced: set[str] = set()
-    for stage in force:
-        forced.update(dag.downstream(stage))
-    _FORCED[run_id] = forced
+    forced = dag.forced(*force)
+    _FORCED[run_id] = {(plan.cache_root, stage, key): cache.lease_now(plan.cache_root, stage, key)
+                       for plan in plans for stage in dag.closure(*targets) if stage in forced
+                       for key in (plan.stages[stage].key,)}
     tasks = []
     for plan in plans:
         plan_id = uuid.uuid4().hex
