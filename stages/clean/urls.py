@@ -28,6 +28,8 @@ Deliberate differences from datatrove 0.10.1:
   domain (tldextract), so it keeps `a.b.example.com` when only `b.example.com` is listed.
 - URLs are also looked up without their scheme and a trailing `/` (`example.com/page`), the form the
   entries of datatrove's own URL list have; datatrove compares the whole URL, which never matches them.
+- A URL stored without its scheme (`example.com/page`, as in Dolma's `metadata.url`) has its host
+  looked up too (datatrove: tldextract, which also parses it); a local `path:line` has no host.
 - URL words are lowercased, as the lists are; datatrove compares them as written, so `/PORN/` passes it.
 - List entries that are empty once normalized are ignored; in datatrove an empty banned word matches
   every URL that ends in `/`.
@@ -46,6 +48,11 @@ from stages.io import storage
 
 _NOT_WORD = re.compile(r"[^a-z0-9]+")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# A URL stored without its scheme (Dolma's `metadata.url`: `example.com/page`, `//example.com/page`): a
+# dotted host name whose last label starts with a letter (or an IPv4 address), an optional port, then
+# a path, query, fragment or the end. A local file's `data/x.jsonl:12` or `x.jsonl:12` is not one.
+_BARE_HOST = re.compile(r"(?://)?(?:(?:[\w-]+\.)+[^\W\d_][\w-]*\.?|\d{1,3}(?:\.\d{1,3}){3})"
+                        r"(?::\d+(?=[/?#])|(?=[/?#]|$))")
 # The builtin word lists (stages/clean/data/), by the URLFilter field they add to.
 BUILTIN_WORDS = {"banned_word_files": "banned_words.txt", "banned_subword_files": "banned_subwords.txt",
                  "soft_word_files": "soft_banned_words.txt"}
@@ -150,7 +157,9 @@ def _entries(text: str) -> list[str]:
 
 def _host(url: str) -> str | None:
     if not _SCHEME.match(url):
-        return None     # a local file's `path:line`, or no URL at all
+        if not _BARE_HOST.match(url):
+            return None     # a local file's `path:line`, or no URL at all
+        url = "//" + url.removeprefix("//")     # urlsplit finds the host of `//example.com/page`
     try:
         host = urlsplit(url).hostname     # lowercased, without user, port or brackets
     except ValueError:                    # a malformed URL (an unclosed IPv6 bracket, a bad port)
