@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 
@@ -331,3 +332,23 @@ def test_a_cache_root_in_the_home_directory_is_expanded_there(tmp_path):
     assert len(paths) == len(dag.STAGES)
     assert all(p.startswith(f"{home}/refinery/") for p in paths), out.stdout
     assert os.listdir(work) == []
+
+
+def test_a_scheduler_that_accepts_connections_and_one_or_more_workers_pass():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert checks.arguments(1, f"127.0.0.1:{port}") == ""
+        assert checks.arguments(4, f":{port}") == ""          # no host: this machine, as Luigi reads it
+    assert checks.arguments(1, None) == ""
+
+
+def test_what_force_reruns_is_one_set_for_the_checks_and_the_tasks():
+    assert dag.forced() == []
+    assert dag.forced("tokenizer") == ["tokenizer", "shard", "train", "evaluate"]
+    assert dag.forced("train", "clean") == ["clean", "tokenizer", "shard", "train", "evaluate"]
+    # What the command line forces: --stage, else the first stage (so everything); a sweep forces nothing.
+    run = {"stage": "train", "force": True, "command": "run"}
+    assert cli._force(argparse.Namespace(**run)) == ["train"]
+    assert cli._force(argparse.Namespace(**{**run, "stage": None})) == ["download"]
+    assert cli._force(argparse.Namespace(**{**run, "command": "sweep"})) == []
+    assert cli._force(argparse.Namespace(**{**run, "force": False})) == []
