@@ -6,7 +6,7 @@
 non-empty str) and returns None to keep it or a short reason string to drop it; `reasons()` lists
 every reason it can return, in the order it checks them. The stage counts the reasons (`stats.json`),
 samples them (`rejected/<reason>.jsonl`) and charts them in that order (`report.md`, report.py).
-It runs the filters that `clean.build_filters(config)` lists, in that order, and stops at the first
+It runs the filters that `build_filters(config)` (config.py) lists, in that order, and stops at the first
 reason, so the cheap checks go first: `Length` looks only at `len(text)`, so a 10 MB line is
 dropped before any filter walks its characters.
 
@@ -15,11 +15,14 @@ A filter that also changes the text it keeps (C4's line filter, quality.py) has 
 calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not;
 what a rewriter changed is counted per kept document (`Rewriter`, `stats.json`'s `rewritten`).
 
-Adding a filter means three small edits: the class (here, or a module of its own for FineWeb's
-recipe: urls.py, langid.py, quality.py, pii.py), the `clean.Config` fields that parameterize it, and
-one line in `clean.build_filters` placing it after the cheaper ones. A filter must be
-deterministic and picklable (Beam ships it to workers); one that needs a model or large lists
-(langid.py, urls.py) loads them lazily on first use and keeps them out of its dataclass fields.
+A filter of FineWeb's recipe is its own config: a frozen dataclass whose fields are its parameters,
+with defaults (datatrove's FineWeb recipe), checked in `__post_init__` (a ValueError that starts with the
+field's name: `min_doc_words=-1 must be >= 0`). Adding one is the class (in a module of its own: urls.py,
+langid.py, quality.py, pii.py) plus one line in `clean.Config` (`my_filter: MyFilter | None = None`) and
+its name in `config.RECIPE`, the order the filters run in; gin then binds it as `clean.MyFilter.<field>`
+and switches it on with `clean.Config.my_filter = @clean.MyFilter()`. A filter must be deterministic and
+picklable (Beam ships it to workers); one that needs a model or large lists (langid.py, urls.py) loads
+them lazily on first use and keeps them out of its dataclass fields.
 """
 
 from __future__ import annotations
@@ -87,22 +90,6 @@ class AlphaFraction:
     def check(self, doc: dict) -> str | None:
         letters, visible = letters_and_visible(doc["text"])
         return "too_few_alpha" if letters < self.min_fraction * visible else None
-
-
-def from_config(config, fields: dict) -> tuple:
-    """The filters a `clean.Config` switches on, in the order of `fields`: {switch field: (filter class,
-    prefix of its parameters in clean.Config)}, so `clean.Config.gopher_rep_dup_line_frac` is
-    `GopherRepetition.dup_line_frac`. Builds every one, switched on or not, so a bad value fails when the
-    config is made, naming its `clean.Config` field (a filter's ValueError starts with its field name)."""
-    out = []
-    for switch, (cls, prefix) in fields.items():
-        try:
-            built = cls(**{f.name: getattr(config, prefix + f.name) for f in dataclasses.fields(cls)})
-        except ValueError as e:
-            raise ValueError(f"clean.Config.{prefix}{e}") from None
-        if getattr(config, switch):
-            out.append(built)
-    return tuple(out)
 
 
 def letters_and_visible(text: str) -> tuple[int, int]:

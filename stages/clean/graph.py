@@ -39,9 +39,11 @@ import time
 
 import apache_beam as beam
 
-from stages import beam_runner, clean
+from stages import beam_runner
 from stages.clean import minhash
 from stages.clean import tally as tally_lib
+from stages.clean.config import Config, build_filters
+from stages.clean.document import clean_document, duplicate_key
 from stages.clean.order import doc_order
 from stages.io import documents, storage
 
@@ -53,7 +55,7 @@ SIGNATURE_DOCS = 256         # documents hashed together by one numpy pass (minh
 BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) element
 
 
-def run(config: clean.Config, paths: list[str], out_dir: str) -> None:
+def run(config: Config, paths: list[str], out_dir: str) -> None:
     if config.minhash:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
     with beam_runner.pipeline(config.runner) as p:
@@ -83,11 +85,11 @@ def run(config: clean.Config, paths: list[str], out_dir: str) -> None:
 class CleanShard(beam.DoFn):
     """One input shard -> batches of kept documents by bucket, and the shard's Tally."""
 
-    def __init__(self, config: clean.Config):
+    def __init__(self, config: Config):
         self.config = config
 
     def setup(self):
-        self.filters = clean.build_filters(self.config)
+        self.filters = build_filters(self.config)
         self.hasher = hasher(self.config) if self.config.minhash else None
 
     def process(self, path: str):
@@ -103,11 +105,11 @@ class CleanShard(beam.DoFn):
             tally.docs_in += 1
             tally.chars_in += chars
             rewrites: list[str] = []
-            reason, doc = clean.clean_document(doc, config, self.filters, rewrites)
+            reason, doc = clean_document(doc, config, self.filters, rewrites)
             if reason:
                 tally.drop(reason, doc, chars)
                 continue
-            key = clean.duplicate_key(doc["text"])
+            key = duplicate_key(doc["text"])
             bucket = int.from_bytes(key[:8], "big") % config.num_shards
             doc.pop("error", None)   # "" (falsy) came through as good; kept documents have a null error
             batch = buffers.setdefault(bucket, [])
@@ -143,7 +145,7 @@ class CleanShard(beam.DoFn):
                 yield beam.pvalue.TaggedOutput("bands", (part, bands.pop(part)))
 
 
-def hasher(config: clean.Config) -> minhash.MinHasher:
+def hasher(config: Config) -> minhash.MinHasher:
     return minhash.MinHasher(bands=config.minhash_bands, rows=config.minhash_rows,
                              ngram=config.minhash_ngram, seed=config.minhash_seed)
 
@@ -204,7 +206,7 @@ class WriteShard(beam.DoFn):
     """All kept documents of one bucket -> output shard `bucket` (duplicates and near duplicates
     dropped, sorted by id)."""
 
-    def __init__(self, config: clean.Config, out_dir: str):
+    def __init__(self, config: Config, out_dir: str):
         self.config, self.out_dir = config, out_dir
 
     def process(self, element):

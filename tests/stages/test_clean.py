@@ -1,5 +1,7 @@
 """The clean stage end to end: Beam over real parquet shards in a real cache directory."""
 
+import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -8,6 +10,7 @@ import pytest
 
 from pipeline import cache
 from stages import clean
+from stages.clean import quality
 from stages.io import documents, storage
 from tests.conftest import REPO
 
@@ -168,3 +171,15 @@ def test_runs_with_the_cache_on_gcs(gcs_bucket):
 def test_importing_the_stage_does_not_import_beam():
     code = "import sys, stages.clean; assert not {'apache_beam', 'pyarrow'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_key_is_the_canonical_json_of_the_config_with_its_filters():
+    on = clean.Config(gopher_quality=quality.GopherQuality())
+    as_json = cache.config_to_json(on, for_key=True)
+    assert as_json["gopher_quality"] == {"@type": "GopherQuality",
+                                         **dataclasses.asdict(quality.GopherQuality())}
+    assert as_json["url_filter"] is None and "runner" not in as_json
+    key = functools.partial(cache.stage_key, "clean", clean.VERSION, upstream_keys={"download": "d"})
+    assert key(on) == key(clean.Config(gopher_quality=quality.GopherQuality(min_doc_words=50)))
+    assert len({key(clean.Config()), key(on), key(clean.Config(gopher_quality=quality.GopherQuality(
+        min_doc_words=20))), key(clean.Config(gopher_quality=quality.GopherQuality(splitter="nltk")))}) == 4

@@ -91,8 +91,12 @@ def test_report_is_written_even_when_min_docs_fails(tmp_path):
     assert glob.glob(f"{root}/clean/*/attempt-*/removed.png")
 
 
+QUALITY_ON = {"gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
+              "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality()}
+
+
 def test_quality_reasons_follow_the_filters_and_unknown_reasons_go_last():
-    config = clean.Config(gopher_repetition=True, gopher_quality=True, c4_quality=True, fineweb_quality=True)
+    config = clean.Config(**QUALITY_ON)
     stats = {"dropped": dict.fromkeys(["zz_new", "near_duplicate", "line_punct_ratio", "c4_curly_bracket",
                                        "gopher_short_doc", "top_3_gram", "dup_line_frac", "too_short",
                                        "empty", "aa_new", "duplicate", "io_error"], 1)}
@@ -109,7 +113,7 @@ def test_quality_reasons_follow_the_filters_and_unknown_reasons_go_last():
 
 
 def test_every_filter_lists_the_reasons_it_returns():
-    config = clean.Config(gopher_repetition=True, gopher_quality=True, c4_quality=True, fineweb_quality=True)
+    config = clean.Config(**QUALITY_ON)
     for f in clean.build_filters(config):
         name = type(f).__name__
         assert hasattr(f, "reasons"), f"{name} has no reasons(): list what its check can return (report.py)"

@@ -49,8 +49,7 @@ FILTER_REASONS = {
                     "test_quality.py::test_fineweb_reasons"),
 }
 
-ALL_ON = {"url_filter": True, "language_id": True, "gopher_repetition": True, "gopher_quality": True,
-          "c4_quality": True, "fineweb_quality": True, "pii_masking": True}
+ALL_ON = {name: cls() for name, cls in clean.FILTERS.items()}     # every step of FineWeb's recipe, defaults
 
 
 def test_every_filter_reason_is_known():

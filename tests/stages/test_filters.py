@@ -1,5 +1,6 @@
 """The clean stage's pure parts: normalization rules, filters, per-document reasons, tallies."""
 
+import dataclasses
 import random
 import time
 
@@ -178,3 +179,19 @@ def test_samples_are_truncated_and_reason_names_become_safe_file_names():
     assert tally.file_name("http 404/not found") == "http_404_not_found"
     assert tally.file_name("../x") == "_x"
     assert tally.file_name("invalid_utf8") == "invalid_utf8"
+
+
+def test_each_recipe_step_is_one_field_holding_its_filter_or_none():
+    """A new filter is its class plus its field in clean.Config and its name in RECIPE: the gin
+    configurables and the build order follow from those."""
+    fields = {f.name: f for f in dataclasses.fields(clean.Config)}
+    assert list(clean.FILTERS) == list(clean.RECIPE)
+    for name, cls in clean.FILTERS.items():
+        assert fields[name].default is None, name                    # off unless switched on
+        f = cls()                                                     # its own defaults
+        assert callable(f.check) and isinstance(f.reasons(), tuple), name
+        assert clean.build_filters(clean.Config(**{name: f}))[-1] is f
+    assert (clean.Config, *clean.FILTERS.values()) == clean.CONFIGURABLES
+    # no filter parameter is restated in clean.Config, prefixed or not (gopher_min_doc_words)
+    parameters = {p.name for cls in clean.FILTERS.values() for p in dataclasses.fields(cls)}
+    assert not [(f, p) for f in fields for p in parameters if f == p or f.endswith("_" + p)]

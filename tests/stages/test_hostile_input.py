@@ -423,9 +423,8 @@ def test_normalize_is_idempotent_and_leaves_nfc_text_without_control_characters(
     assert out == out.strip()
 
 
-# Every filter and rewriter switched on (their parameters at clean.Config's defaults)
-ALL_FILTERS = clean.Config(min_chars=1, url_filter=True, language_id=True, gopher_repetition=True,
-                           gopher_quality=True, c4_quality=True, fineweb_quality=True, pii_masking=True)
+# Every filter and rewriter switched on (their parameters at their defaults)
+ALL_FILTERS = clean.Config(min_chars=1, **{name: cls() for name, cls in clean.FILTERS.items()})
 urls = (st.none() | texts | st.from_regex(r"https?://[a-z0-9.\-\[\]:@%]{0,30}/[ -~]{0,20}", fullmatch=True)
         | st.sampled_from(["http://[::1", "http://a..b/", "http://xn--/", "//", "http://", "mailto:x@y"]))
 

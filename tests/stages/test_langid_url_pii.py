@@ -104,7 +104,7 @@ def test_url_filter_builtin_lists_are_datatroves():
 
 def test_url_filter_missing_list_names_the_field_and_path(tmp_path):
     missing = str(tmp_path / "nope.txt")
-    message = f"clean.Config.url_blocked_domain_files: {re.escape(missing)} does not exist"
+    message = f"clean.URLFilter.blocked_domain_files: {re.escape(missing)} does not exist"
     with pytest.raises(FileNotFoundError, match=message):
         urls.URLFilter(blocked_domain_files=(missing,)).check(_doc(url="https://a.com/"))
 
@@ -159,7 +159,7 @@ def test_language_and_score_go_into_the_metadata():
 
 
 def test_language_model_path_must_exist(tmp_path):
-    with pytest.raises(FileNotFoundError, match="clean.Config.lid_model: .*nope.ftz does not exist"):
+    with pytest.raises(FileNotFoundError, match="clean.LanguageID.model: .*nope.ftz does not exist"):
         langid.LanguageID(model=str(tmp_path / "nope.ftz")).check(_doc("Hello there."))
 
 
@@ -212,7 +212,7 @@ def test_pii_says_what_it_masked_and_the_stage_counts_it(text, kinds):
     _, after = masker.apply(_doc(text))
     assert (masker.changes(_doc(text), after) if after["text"] != text else ()) == kinds
     assert set(kinds) <= set(masker.rewrites())
-    config = clean.Config(min_chars=0, min_alpha_fraction=0, pii_masking=True)
+    config = clean.Config(min_chars=0, min_alpha_fraction=0, pii_masking=pii.PIIMasker())
     rewrites: list[str] = []
     assert clean.clean_document(_doc(text), config, clean.build_filters(config), rewrites)[0] is None
     assert tuple(rewrites) == kinds
@@ -221,24 +221,33 @@ def test_pii_says_what_it_masked_and_the_stage_counts_it(text, kinds):
 # ---------------------------------------------------------------------------------------------
 # Config, gin, and the real clean stage
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"url_soft_word_threshold": -1}, r"clean.Config.url_soft_word_threshold=-1 must be an int >= 0"),
-    ({"url_blocked_domain_files": [""]}, r"clean.Config.url_blocked_domain_files=\[''\] must be paths"),
-    ({"lid_threshold": 1.5}, r"clean.Config.lid_threshold=1.5 must be in \[0, 1\]"),
-    ({"lid_languages": ("english",)}, r"clean.Config.lid_languages=\('english',\) must be lid.176 language"),
-    ({"pii_ip_replacements": ()}, r"clean.Config.pii_ip_replacements=\(\) must be one or more strings"),
+@pytest.mark.parametrize("binding, message", [
+    ("clean.URLFilter.soft_word_threshold = -1", "clean.URLFilter: soft_word_threshold=-1 must be an int"),
+    ('clean.URLFilter.blocked_domain_files = [""]', "clean.URLFilter: blocked_domain_files=('',) must be"),
+    ("clean.LanguageID.threshold = 1.5", "clean.LanguageID: threshold=1.5 must be in [0, 1]"),
+    ('clean.LanguageID.languages = ("english",)', "clean.LanguageID: languages=('english',) must be lid.176"),
+    ("clean.PIIMasker.ip_replacements = ()", "clean.PIIMasker: ip_replacements=() must be one or more"),
 ])
-def test_config_rejects_bad_values_naming_the_field(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        clean.Config(**kwargs)
+def test_gin_rejects_bad_values_naming_the_binding(binding, message):
+    with pytest.raises(pipeline_config.ConfigError, match=re.escape(message)):
+        pipeline_config.load([f"{REPO}/gin/tiny.gin", f"{REPO}/gin/data/fineweb.gin"], [binding])
+
+
+def test_config_takes_a_filter_or_none_per_step():
+    with pytest.raises(ValueError, match=r"^url_filter=True must be a URLFilter or None \(off\); in gin: "
+                                         r"clean.Config.url_filter = @clean.URLFilter\(\)"):
+        clean.Config(url_filter=True)
+    with pytest.raises(ValueError, match="^language_id=PIIMasker.* must be a LanguageID or None"):
+        clean.Config(language_id=pii.PIIMasker())
 
 
 def test_gin_binds_the_fields_and_the_order_is_finewebs():
     config = pipeline_config.load([f"{REPO}/gin/tiny.gin"], [
-        "clean.Config.url_filter = True", "clean.Config.url_soft_word_threshold = 3",
-        "clean.Config.language_id = True", 'clean.Config.lid_languages = ["en", "fr"]',
-        "clean.Config.gopher_quality = True", "clean.Config.pii_masking = True",
-        "clean.Config.pii_public_ips_only = False"]).stages["clean"].config
+        "clean.Config.url_filter = @clean.URLFilter()", "clean.URLFilter.soft_word_threshold = 3",
+        "clean.Config.language_id = @clean.LanguageID()", 'clean.LanguageID.languages = ["en", "fr"]',
+        "clean.Config.gopher_quality = @clean.GopherQuality()",
+        "clean.Config.pii_masking = @clean.PIIMasker()",
+        "clean.PIIMasker.public_ips_only = False"]).stages["clean"].config
     built = clean.build_filters(config)
     assert [type(f) for f in built[2:]] == [urls.URLFilter, langid.LanguageID, quality.GopherQuality,
                                            pii.PIIMasker]
@@ -251,8 +260,12 @@ def test_gin_binds_the_fields_and_the_order_is_finewebs():
 def test_fineweb_gin_switches_the_recipe_on():
     config = pipeline_config.load([f"{REPO}/gin/tiny.gin", f"{REPO}/gin/data/fineweb.gin"], []) \
         .stages["clean"].config
-    assert config.url_filter and config.language_id and config.pii_masking
-    assert (config.lid_languages, config.lid_threshold) == (("en",), 0.65)
+    assert all(getattr(config, name) == cls() for name, cls in clean.FILTERS.items())   # datatrove's defaults
+    assert (config.language_id.languages, config.language_id.threshold) == (("en",), 0.65)
+    off = pipeline_config.load([f"{REPO}/gin/tiny.gin", f"{REPO}/gin/data/fineweb.gin"],
+                               ["clean.Config.gopher_quality = None"]).stages["clean"]
+    assert off.config.gopher_quality is None and off.config.gopher_repetition is not None
+    assert quality.GopherQuality not in map(type, clean.build_filters(off.config))
 
 
 def test_url_list_files_are_in_the_clean_key(tmp_path):
@@ -264,23 +277,24 @@ def test_url_list_files_are_in_the_clean_key(tmp_path):
         return pipeline_config.load(base, list(overrides)).stages["clean"]
 
     # no list file (or the URL filter off): no inputs, and the key is what it was before lists were keyed
-    for stage in (plan(), plan("clean.Config.url_filter = True"),
-                  plan(f'clean.Config.url_blocked_domain_files = ["{lists}"]')):
+    for stage in (plan(), plan("clean.Config.url_filter = @clean.URLFilter()"),
+                  plan(f'clean.URLFilter.blocked_domain_files = ["{lists}"]')):      # the filter off
         assert stage.inputs is None
         assert stage.key == cache.stage_key("clean", clean.VERSION, stage.config,
                                             {u.name: u.key for u in stage.upstream_plans})
-    with_list = ["clean.Config.url_filter = True", f'clean.Config.url_blocked_domain_files = ["{lists}"]']
+    with_list = ["clean.Config.url_filter = @clean.URLFilter()",
+                 f'clean.URLFilter.blocked_domain_files = ["{lists}"]']
     before = pipeline_config.load(base, with_list).stages
-    assert before["clean"].inputs == {"url_blocked_domain_files": {str(lists): storage.versions(str(lists))}}
+    assert before["clean"].inputs == {"blocked_domain_files": {str(lists): storage.versions(str(lists))}}
     assert plan(*with_list).key == before["clean"].key              # listed again: the same key
     lists.write_text("blocked.example\nanother.example\n")        # the list is rewritten
     after = pipeline_config.load(base, with_list).stages
     assert after["clean"].key != before["clean"].key
     assert after["tokenizer"].key != before["tokenizer"].key        # and every key after it
     assert after["download"].key == before["download"].key
-    missing = plan("clean.Config.url_filter = True",
-                   f'clean.Config.url_soft_word_files = ["{tmp_path / "nope.txt"}"]')
-    with pytest.raises(pipeline_config.InputsError, match="clean.Config.url_soft_word_files: .*nope.txt"):
+    missing = plan("clean.Config.url_filter = @clean.URLFilter()",
+                   f'clean.URLFilter.soft_word_files = ["{tmp_path / "nope.txt"}"]')
+    with pytest.raises(pipeline_config.InputsError, match="clean.URLFilter.soft_word_files: .*nope.txt"):
         _ = missing.key
 
 
@@ -302,9 +316,9 @@ def test_clean_stage_counts_the_new_reasons(tmp_path):
 
     download = cache.run_stage(cache_root=root, stage="download", key="d", config=clean.Config(),
                                upstream={}, fn=write)
-    config = clean.Config(num_shards=1, min_chars=50, min_alpha_fraction=0, minhash=False, url_filter=True,
-                          url_blocked_domain_files=(str(tmp_path / "domains"),), language_id=True,
-                          pii_masking=True)
+    config = clean.Config(num_shards=1, min_chars=50, min_alpha_fraction=0, minhash=False,
+                          url_filter=urls.URLFilter(blocked_domain_files=(str(tmp_path / "domains"),)),
+                          language_id=langid.LanguageID(), pii_masking=pii.PIIMasker())
     done = cache.run_stage(cache_root=root, stage="clean", key="c", config=config,
                            upstream={"download": download}, fn=clean.run)
     stats = storage.read_json(done.file("stats.json"))

@@ -2,7 +2,9 @@
 per reason that trips exactly that rule and a near miss that passes, C4's rewrite, the config and gin
 wiring, and the reasons counted by the real clean stage."""
 
+import pickle
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -297,44 +299,64 @@ def test_fineweb_empty_after_c4_removed_every_line():
 # ---------------------------------------------------------------------------------------------
 # Config, gin, build_filters, clean_document
 
-def test_config_defaults_are_the_filters_defaults_and_off():
+QUALITY_ON = {"gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
+              "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality()}
+
+
+def test_the_quality_filters_are_off_by_default():
     config = clean.Config()
-    assert clean.build_filters(config) == clean.build_filters(clean.Config(min_chars=200))
-    assert not any(isinstance(f, tuple(c for c, _ in quality.CONFIG_FIELDS.values()))
-                   for f in clean.build_filters(config))
-    for switch, (cls, prefix) in quality.CONFIG_FIELDS.items():
-        assert getattr(config, switch) is False
-        for field in cls.__dataclass_fields__.values():
-            assert getattr(config, prefix + field.name) == field.default, (switch, field.name)
+    assert all(getattr(config, name) is None for name in QUALITY_ON)
+    assert not any(isinstance(f, tuple(map(type, QUALITY_ON.values()))) for f in clean.build_filters(config))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"gopher_rep_dup_line_frac": 1.5}, r"clean.Config.gopher_rep_dup_line_frac=1.5 must be in \[0, 1\]"),
-    ({"gopher_rep_top_n_grams": ((0, 0.2),)},
-     r"clean.Config.gopher_rep_top_n_grams=\(\(0, 0.2\),\) must be pairs"),
-    ({"gopher_min_doc_words": -1}, "clean.Config.gopher_min_doc_words=-1 must be >= 0"),
-    ({"c4_min_num_sentences": -2},
-     r"clean.Config.c4_min_num_sentences=-2 must be >= -1 \(-1 turns the rule off\)"),
-    ({"fineweb_short_line_thr": 2}, r"clean.Config.fineweb_short_line_thr=2 must be in \[0, 1\]"),
+@pytest.mark.parametrize("cls, kwargs, message", [
+    (quality.GopherRepetition, {"dup_line_frac": 1.5}, r"^dup_line_frac=1.5 must be in \[0, 1\]"),
+    (quality.GopherRepetition, {"top_n_grams": ((0, 0.2),)}, r"^top_n_grams=\(\(0, 0.2\),\) must be pairs"),
+    (quality.GopherQuality, {"min_doc_words": -1}, "^min_doc_words=-1 must be >= 0"),
+    (quality.C4Quality, {"min_num_sentences": -2},
+     r"^min_num_sentences=-2 must be >= -1 \(-1 turns the rule off\)"),
+    (quality.FineWebQuality, {"short_line_thr": 2}, r"^short_line_thr=2 must be in \[0, 1\]"),
+    (quality.GopherQuality, {"splitter": "spcy"},
+     "^splitter='spcy' is not a word splitter; valid: 'fast', 'spacy', 'nltk'"),
 ])
-def test_config_rejects_bad_quality_values_naming_the_field(kwargs, message):
+def test_a_quality_filter_rejects_bad_values_naming_the_field(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        clean.Config(**kwargs)
+        cls(**kwargs)
 
 
-def test_gin_binds_the_quality_fields():
+@pytest.mark.parametrize("binding, message", [
+    ("clean.GopherQuality.min_doc_words = -1", "clean.GopherQuality: min_doc_words=-1 must be >= 0"),
+    ('clean.FineWebQuality.splitter = "spcy"',
+     "clean.FineWebQuality: splitter='spcy' is not a word splitter; valid: 'fast', 'spacy', 'nltk'"),
+    ("clean.Config.gopher_quality = True", "clean.Config.gopher_quality = True has type bool"),
+])
+def test_gin_errors_name_the_binding(binding, message):
+    with pytest.raises(pipeline_config.ConfigError, match=re.escape(message)):
+        pipeline_config.load([f"{REPO}/gin/tiny.gin", f"{REPO}/gin/data/fineweb.gin"], [binding])
+
+
+def test_gin_switches_quality_filters_on_and_binds_their_fields():
     config = pipeline_config.load([f"{REPO}/gin/tiny.gin"], [
-        "clean.Config.gopher_repetition = True", "clean.Config.c4_quality = True",
-        "clean.Config.c4_min_num_sentences = 3", "clean.Config.gopher_rep_top_n_grams = ((2, 0.3),)",
-        "clean.Config.fineweb_quality = True"]).stages["clean"].config
+        "clean.Config.gopher_repetition = @clean.GopherRepetition()",
+        "clean.Config.c4_quality = @clean.C4Quality()",
+        "clean.C4Quality.min_num_sentences = 3", "clean.GopherRepetition.top_n_grams = ((2, 0.3),)",
+        "clean.Config.fineweb_quality = @clean.FineWebQuality()"]).stages["clean"].config
     built = clean.build_filters(config)
     assert [type(f) for f in built[2:]] == \
         [quality.GopherRepetition, quality.C4Quality, quality.FineWebQuality]
     assert built[2].top_n_grams == ((2, 0.3),) and built[3].min_num_sentences == 3
+    assert built[2] == quality.GopherRepetition(top_n_grams=((2, 0.3),))     # the rest: datatrove's defaults
+
+
+def test_a_splitter_is_chosen_per_filter_and_travels_to_beam_workers_by_name():
+    f = quality.GopherQuality(splitter="nltk")       # holds the name: NLTK loads on the first document
+    assert pickle.loads(pickle.dumps(f)) == f
+    assert quality.GopherQuality().check({"text": PROSE}) is None
+    assert quality._splitter("fast") is quality._splitter("fast")     # one per process, shared
 
 
 def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite():
-    config = clean.Config(gopher_repetition=True, gopher_quality=True, c4_quality=True, fineweb_quality=True)
+    config = clean.Config(**QUALITY_ON)
     doc_filters = clean.build_filters(config)
     text = PROSE + "\nPlease enable javascript to view this page correctly."
     rewrites: list[str] = []
@@ -366,8 +388,7 @@ def test_clean_stage_counts_quality_reasons_in_stats(tmp_path):
     download = cache.run_stage(cache_root=root, stage="download", key="d", config=clean.Config(), upstream={},
                                fn=write)
     no_minhash = {"minhash": False} if "minhash" in clean.Config.__dataclass_fields__ else {}
-    config = clean.Config(num_shards=1, gopher_repetition=True, gopher_quality=True, c4_quality=True,
-                          fineweb_quality=True, **no_minhash)
+    config = clean.Config(num_shards=1, **QUALITY_ON, **no_minhash)
     done = cache.run_stage(cache_root=root, stage="clean", key="c", config=config,
                            upstream={"download": download}, fn=clean.run)
     stats = storage.read_json(done.file("stats.json"))

@@ -136,8 +136,8 @@ def test_metadata_goes_through_clean_with_language_id_merged_and_into_the_report
     assert json.loads(docs[0]["metadata"]) == {"metadata": {"dump": "CC-1"}, "score": 3}
 
     out = tmp_path / "clean"
-    stages.clean.run(stages.clean.Config(min_chars=100, language_id=True, num_shards=1),
-                     {"download": downloaded}, str(out), str(tmp_path / "work"))
+    cleaning = stages.clean.Config(min_chars=100, language_id=stages.clean.langid.LanguageID(), num_shards=1)
+    stages.clean.run(cleaning, {"download": downloaded}, str(out), str(tmp_path / "work"))
     kept = [d for p in sorted(out.glob("docs-*.parquet")) for d in documents.read(str(p))]
     assert [d["id"] for d in kept] == ["keep"]
     meta = json.loads(kept[0]["metadata"])

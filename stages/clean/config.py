@@ -1,0 +1,102 @@
+"""The clean stage's `Config`, and the filters it runs, in order (`build_filters`).
+
+    clean.Config(min_chars=100, gopher_quality=quality.GopherQuality(min_doc_words=20))
+    make stage STAGE=clean \
+        OVERRIDES='clean.Config.gopher_quality=@clean.GopherQuality() clean.GopherQuality.min_doc_words=20'
+
+Each step of FineWeb's recipe is a filter with a config of its own (its frozen dataclass: `urls.URLFilter`,
+`quality.GopherQuality`, ...), whose fields are its parameters and default to datatrove's FineWeb recipe.
+`Config` holds one field per filter, None (off) by default, composed the way training composes its
+`ModelConfig`; in gin the filter's parameters are bound on its class and the filter is switched on or off
+in `clean.Config`:
+
+    clean.Config.gopher_quality = @clean.GopherQuality()     # on, with datatrove's FineWeb parameters
+    clean.GopherQuality.min_doc_words = 20                    # one of them changed
+    clean.Config.gopher_quality = None                        # off
+
+A new filter is its class (with `check` and `reasons()`, filters.py) plus its field below and its name in
+`RECIPE`, the order the filters run in; `CONFIGURABLES` (what gin may bind) follows from those.
+
+In a module of its own so that the stage's Beam graph and report (graph.py, report.py) import it without
+importing the package, whose `run` imports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from stages import beam_runner
+from stages.clean import filters, langid, minhash, pii, quality, urls
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    min_chars: int = 200                # normalized documents shorter than this are dropped (too_short)
+    max_chars: int = 100_000            # ... and longer than this (too_long)
+    min_alpha_fraction: float = 0.5     # letters / non-whitespace chars below this: too_few_alpha; 0 = off
+    dedup: bool = True                  # drop exact duplicates of the normalized text (keep the smallest id)
+    # near duplicates: MinHash LSH with FineWeb's parameters (minhash.py). A pair of documents whose
+    # 5-gram shingle sets have Jaccard similarity s is found with p = 1 - (1 - s^rows)^bands:
+    # 0.9996 at s=0.9, 0.92 at 0.8, 0.053 at 0.5 (14 x 8)
+    minhash: bool = True                # drop near duplicates, keeping each cluster's smallest id
+    minhash_ngram: int = 5              # words per shingle
+    minhash_bands: int = 14             # LSH bands; documents sharing one band's hashes are candidates
+    minhash_rows: int = 8               # hashes per band (bands * rows hash functions)
+    minhash_seed: int = 1               # picks the hash functions; changes which borderline pairs match
+    num_shards: int = 8                 # output shards; one worker holds one shard in memory to sort it
+    min_docs: int = 1                   # fewer kept documents fail the stage, naming what removed them
+    samples_per_reason: int = 5         # dropped documents kept per reason in rejected/<reason>.jsonl
+    unicode_nfc: bool = True            # normalization steps that can be switched off (normalize.py)
+    remove_control_chars: bool = True
+    tidy_whitespace: bool = True
+    # FineWeb's recipe, one filter each, run after the filters above in `RECIPE`'s order; all off by
+    # default and on in gin/data/fineweb.gin. The quality filters are off by default because the embedded
+    # corpus is Python docstrings (they would keep 1 in 5); language id too: it would drop 299 of the
+    # 2,269 documents the defaults keep (13%), the ones that are mostly code, scored at 0.65 or less.
+    url_filter: urls.URLFilter | None = None                  # block-listed domains and URLs, banned words
+    language_id: langid.LanguageID | None = None              # fastText lid.176; metadata language(_score)
+    gopher_repetition: quality.GopherRepetition | None = None  # repeated lines, paragraphs and n-grams
+    gopher_quality: quality.GopherQuality | None = None       # word counts and lengths, symbols, stop words
+    c4_quality: quality.C4Quality | None = None               # C4's line rules; rewrites kept texts
+    fineweb_quality: quality.FineWebQuality | None = None     # FineWeb's own line rules
+    pii_masking: pii.PIIMasker | None = None                  # masks e-mails and public IPs; drops nothing
+    runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
+                                                   metadata={"key": False})
+
+    def __post_init__(self):
+        for name, low in (("min_chars", 0), ("num_shards", 1), ("samples_per_reason", 0), ("min_docs", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= {low}")
+        if self.max_chars < max(self.min_chars, 1):
+            raise ValueError(f"max_chars={self.max_chars!r} must be >= min_chars={self.min_chars!r} and >= 1")
+        if not 0.0 <= self.min_alpha_fraction <= 1.0:
+            raise ValueError(f"min_alpha_fraction={self.min_alpha_fraction!r} must be in [0, 1]")
+        for name, cls in FILTERS.items():
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, cls):
+                raise ValueError(f"{name}={value!r} must be a {cls.__name__} or None (off); in gin: "
+                                 f"clean.Config.{name} = @clean.{cls.__name__}() (its parameters: "
+                                 f"clean.{cls.__name__}.<name> = ...) or clean.Config.{name} = None")
+        if self.minhash:            # the MinHash parameters, which graph.py reads
+            minhash.check_parameters(self.minhash_bands, self.minhash_rows, self.minhash_ngram)
+
+
+# The steps of FineWeb's recipe in the order they run (each a field of Config): URL filter, language id,
+# the quality filters in FineWeb's order, then PII masking, a rewriter that drops nothing and so runs on
+# kept documents only, as the last rewrite of `clean_document` (before deduplication: pii.py).
+RECIPE = ("url_filter", "language_id", "gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality",
+          "pii_masking")
+# {field: its filter's class}, from Config's annotations (`X | None`)
+FILTERS = {name: typing.get_args(typing.get_type_hints(Config)[name])[0] for name in RECIPE}
+CONFIGURABLES = (Config, *FILTERS.values())     # gin: clean.Config, clean.URLFilter, clean.GopherQuality, ...
+
+
+def build_filters(config: Config) -> tuple[filters.Filter, ...]:
+    """The filters to run, cheapest first: a document stops at the first one that rejects it. The steps
+    of FineWeb's recipe that the config switches on come after, in `RECIPE`'s order."""
+    out: list[filters.Filter] = [filters.Length(config.min_chars, config.max_chars)]
+    if config.min_alpha_fraction > 0:
+        out.append(filters.AlphaFraction(config.min_alpha_fraction))
+    out.extend(f for f in (getattr(config, name) for name in RECIPE) if f is not None)
+    return tuple(out)
