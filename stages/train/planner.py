@@ -110,8 +110,16 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return (not self.problem and self.per_device["total"] <= self.budget
-                and self.host <= self.host_budget)
+        return self.fits_with(None)
+
+    def fits_with(self, xla: dict[str, int] | None) -> bool:
+        """The verdict given XLA's figures for the compiled step (`aot.compile_train_step`, or an
+        `aot.OutOfMemory`'s, with the "hbm" it ran out of): where they exist, XLA's per-device total wins
+        over the estimate, and a compile that ran out of memory never fits."""
+        if xla is not None and "hbm" in xla:
+            return False
+        device = self.per_device["total"] if xla is None else xla["total"]
+        return not self.problem and device <= self.budget and self.host <= self.host_budget
 
     @property
     def tokens(self) -> int:
@@ -154,16 +162,26 @@ class Plan:
                         f"as {m.remat.removeprefix(OFFLOAD)} (training logs the same)")
         rows.append(f"  time: {self.step_s:,.3g} s/step, {_tokens(self.tokens_per_s)}/s, "
                     f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU")
-        if xla is not None:
+        oom = xla is not None and "hbm" in xla          # the compile ran out of memory (aot.OutOfMemory)
+        needs = "at least " if oom else ""
+        if oom:
+            rows.append(f"  XLA, compiled for {hw.topology}{slices}: out of memory, needs {needs}"
+                        f"{_gib(xla['total'])} per device of {_gib(xla['hbm'])}; libtpu: {xla_note}")
+        elif xla is not None:
             rows.append(f"  XLA, compiled for {hw.topology}{slices}: {_gib(xla['total'])} per device "
                         f"(arguments {_gib(xla['argument'])}, scratch {_gib(xla['temp'])}); the estimate is "
                         f"{self.per_device['total'] / max(xla['total'], 1):.0%} of it")
         elif xla_note:
             rows.append(f"  XLA: not compiled: {xla_note}")
-        if self.fits:
+        if self.fits_with(xla):
             rows.append(f"  verdict: fits on {where}")
         elif self.problem:
             rows.append(f"  verdict: does NOT fit: {self.problem}. {self.advice}")
+        elif oom or (xla is not None and xla["total"] > self.budget):
+            limit = f"the {_gib(xla['hbm'])} it had" if oom else f"{_gib(self.budget)} usable"
+            rows.append(f"  verdict: does NOT fit: XLA's compile for {hw.topology}{slices} needs {needs}"
+                        f"{_gib(xla['total'])} per device > {limit} (XLA's figure wins over the estimate, "
+                        f"{_gib(self.per_device['total'])}). {self.advice or _XLA_ADVICE}")
         elif self.per_device["total"] <= self.budget:
             rows.append(f"  verdict: does NOT fit: {_gib(self.host)} of offloaded activations per device > "
                         f"{_gib(self.host_budget)} of host memory usable. {self.advice}")
@@ -175,6 +193,11 @@ class Plan:
     @property
     def tokens_per_s(self) -> float:
         return self.config.global_batch * self.config.seq_len / self.step_s
+
+
+# What to try when XLA's figure, not the estimate, is over: the changes that shrink what XLA holds most.
+_XLA_ADVICE = ("Try more FSDP or tensor parallelism, a heavier remat policy or more gradient accumulation "
+               "(train.OptimizerConfig.grad_accum_steps), and compare XLA's figure again.")
 
 
 def plan(cfg, *, advise: bool = True) -> Plan:
@@ -355,7 +378,8 @@ def advice(failed: Plan) -> str:
     """The smallest single change that makes a plan that does not fit fit, tried in this order: more FSDP
     (taken from the data axis), a heavier remat policy, more gradient accumulation (a smaller
     micro-batch), host offload (where the device has host memory: an offload_* policy); then a mesh
-    layout; else more chips."""
+    layout; else more chips. A micro-batch that does not split over the batch shards is never told to
+    use more chips (`_unsplit_tries`)."""
     cfg, mesh = failed.config, failed.config.mesh
     # The candidates bind MeshConfig's sizes within a slice; the split across slices (dcn_*) stays.
     data, fsdp, tensor = mesh.ici_shape(failed.chips)
@@ -381,6 +405,8 @@ def advice(failed: Plan) -> str:
         k *= 2
     if failed.device.host_bytes and not offloading:
         tries += [with_remat(remat) for remat in OFFLOAD_ORDER]
+    unsplit_first, unsplit_last = _unsplit_tries(failed) if failed.problem else ([], [])
+    tries += unsplit_first
     for binding, candidate in tries:
         p = _try(candidate)
         if p is not None and p.fits:
@@ -396,8 +422,44 @@ def advice(failed: Plan) -> str:
             if p is not None and p.fits:
                 return (f"It would fit with train.MeshConfig.fsdp={f} train.MeshConfig.tensor={t} "
                         f"({_gib(p.per_device['total'])} per device).")
+    for binding, candidate in unsplit_last:
+        p = _try(candidate)
+        if p is not None and p.fits:
+            return f"It would fit with {binding} ({_gib(p.per_device['total'])} per device)."
+    if failed.problem:       # more chips would only add batch shards
+        return (f"No mesh layout of these {failed.chips:,} chips splits a micro-batch of "
+                f"{cfg.global_batch // cfg.optimizer.grad_accum_steps} sequences and fits: use a larger "
+                "train.Config.global_batch, fewer chips, or a smaller model.")
     return ("No mesh layout, remat policy, micro-batch or host offload makes it fit: use more chips "
             "(train.HardwareConfig.chips or a larger topology) or a smaller model.")
+
+
+def _unsplit_tries(failed: Plan) -> tuple[list, list]:
+    """For a micro-batch with fewer sequences than batch shards (data x fsdp): the changes that leave each
+    shard a whole sequence, never more chips (more chips, more shards), as two lists of (binding,
+    config): fewer micro-batches per step (the same global batch, tried before a mesh layout), then a
+    larger global batch (a multiple of the shards x micro-batches: more tokens per step) and fewer slices
+    (tried after)."""
+    cfg, hw, mesh = failed.config, failed.config.hardware, failed.config.mesh
+    accum, shards = cfg.optimizer.grad_accum_steps, failed.mesh["data"] * failed.mesh["fsdp"]
+    first, last = [], []
+    k = accum // 2
+    while k >= 1:
+        if cfg.global_batch % k == 0:
+            fewer = dataclasses.replace(cfg.optimizer, grad_accum_steps=k)
+            first.append((f"train.OptimizerConfig.grad_accum_steps={k}",
+                          dataclasses.replace(cfg, optimizer=fewer)))
+        k //= 2
+    larger = math.ceil(cfg.global_batch / (shards * accum)) * shards * accum
+    more = f"{larger / cfg.global_batch:,.3g}x the tokens per step"
+    last.append((f"train.Config.global_batch={larger} ({more})",
+                 dataclasses.replace(cfg, global_batch=larger)))
+    if mesh.dcn_fsdp == mesh.dcn_tensor == 1:
+        for s in (d for d in reversed(_divisors(hw.num_slices)) if d < hw.num_slices):
+            last.append((f"train.HardwareConfig.num_slices={s} train.MeshConfig.dcn_data={s}",
+                         dataclasses.replace(cfg, hardware=dataclasses.replace(hw, num_slices=s),
+                                             mesh=dataclasses.replace(mesh, dcn_data=s))))
+    return first, last
 
 
 def _try(cfg) -> Plan | None:

@@ -7,6 +7,7 @@ chips, and the real train step compiles for two v5p:2x2x1 slices ahead of time.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import jax
@@ -70,13 +71,20 @@ def test_the_planner_counts_every_slice_and_shows_the_ici_and_dcn_split():
 
 def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_slices():
     # The flagship on two v5p-2048 slices: data 2 x fsdp 128 x tensor 8 leaves 256 batch shards for a
-    # micro-batch of 128 sequences; the advice binds the sizes within a slice (1,024 chips each).
+    # micro-batch of 128 sequences; two micro-batches a step instead of four split it, and a mesh layout
+    # binds the sizes within a slice (1,024 chips each).
+    # With one micro-batch a step (none fewer to try), a mesh layout is what splits it.
     cfg = config.load([f"{REPO}/gin/600b.gin"], ["train.HardwareConfig.num_slices=2",
                                                  "train.MeshConfig.dcn_data=2"]).stages["train"].config
     p = planner.plan(cfg)
     assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "tensor": 8} and not p.fits
     assert "does not split over data x fsdp = 256 devices" in p.problem
-    assert p.advice.startswith("It would fit with train.MeshConfig.fsdp=32 train.MeshConfig.tensor=16 ")
+    assert p.advice.startswith("It would fit with train.OptimizerConfig.grad_accum_steps=2 ")
+    one = dataclasses.replace(cfg, global_batch=128, optimizer=dataclasses.replace(cfg.optimizer,
+                                                                                   grad_accum_steps=1))
+    p = planner.plan(one)
+    assert "a micro-batch of 128 sequences" in p.problem
+    assert p.advice.startswith("It would fit with train.MeshConfig.fsdp=16 train.MeshConfig.tensor=16 ")
 
 
 TWO_SLICES = textwrap.dedent("""

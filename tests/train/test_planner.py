@@ -79,6 +79,72 @@ def test_the_flagship_fits_its_slice_and_an_undersized_layout_is_told_what_would
     assert "train.MeshConfig.tensor=8" in unsplit.advice
 
 
+# The issue's layout: the flagship on four v5p-8192 slices, whose compile XLA refused (issue 15).
+FOUR_SLICES = ('train.HardwareConfig.topology="v5p:16x16x16"', "train.HardwareConfig.num_slices=4",
+               "train.MeshConfig.dcn_data=4", "train.MeshConfig.fsdp=512", "train.MeshConfig.tensor=8",
+               "train.Config.global_batch=8192")
+# libtpu's message (its format string, with the figures the issue quotes).
+LIBTPU_OOM = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+              "(362.47G) exceeds available HBM (95.74G).")
+
+
+def test_xla_running_out_of_memory_is_a_does_not_fit_verdict_quoting_its_figure():
+    from stages.train import aot
+
+    p = planner.plan(_flagship(*FOUR_SLICES))
+    oom = aot._out_of_memory(LIBTPU_OOM)
+    assert oom.figures["total"] == round(362.47 * 2**30) and oom.figures["hbm"] == round(95.74 * 2**30)
+    lines = p.render(xla=oom.figures, xla_note=oom.said).splitlines()
+    assert not p.fits_with(oom.figures) and "fits on" not in lines[-1]
+    assert lines[-1].startswith("  verdict: does NOT fit: XLA's compile for v5p:16x16x16 x 4 slices needs "
+                                "at least 362.5 GiB per device > the 95.7 GiB it had (XLA's figure wins over "
+                                "the estimate, "), lines[-1]
+    assert lines[-2].startswith("  XLA, compiled for v5p:16x16x16 x 4 slices: out of memory, needs at least "
+                                "362.5 GiB per device of 95.7 GiB; libtpu: ")
+    assert aot._out_of_memory("INTERNAL: something else") is None
+
+
+def test_xla_figure_over_the_usable_memory_wins_over_an_estimate_that_fits():
+    p = planner.plan(_flagship())
+    assert p.fits
+    over = {"argument": 0, "output": 0, "alias": 0, "temp": p.budget + 1, "total": p.budget + 1}
+    assert not p.fits_with(over)
+    assert p.render(xla=over).splitlines()[-1].startswith(
+        "  verdict: does NOT fit: XLA's compile for v5p:8x8x16 needs 85.5 GiB per device > 85.5 GiB usable")
+    under = dict(over, temp=p.budget, total=p.budget)
+    assert p.render(xla=under).splitlines()[-1] == "  " + FITS
+
+
+@pytest.mark.slow
+def test_make_plan_never_says_fits_when_the_tpu_compile_runs_out_of_memory():
+    """The tiny model's estimate (112 MiB) fits a v5p easily; libtpu told its chips have 8 MiB of HBM
+    (--xla_tpu_max_hbm_size_mib, a real compile) refuses the step, and the verdict follows XLA."""
+    out = _cli("plan", "--gin", f"{REPO}/gin/tiny.gin", "--overrides",
+               'train.HardwareConfig.device="tpu-v5p" train.HardwareConfig.topology="v5p:2x2x1" '
+               "train.MeshConfig.fsdp=4", env={"LIBTPU_INIT_ARGS": "--xla_tpu_max_hbm_size_mib=8"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.rstrip().splitlines()
+    assert "fits on" not in out.stdout, lines[-3:]
+    assert "HLO temporaries" in lines[-2] and "exceeds available HBM (8.00M)" in lines[-2], lines[-2]
+    assert lines[-1].startswith("  verdict: does NOT fit: XLA's compile for v5p:2x2x1 needs at least "), \
+        lines[-1]
+    assert lines[-1].endswith("per device > the 8.0 MiB it had (XLA's figure wins over the estimate, 111.8 "
+                              f"MiB). {planner._XLA_ADVICE}"), lines[-1]
+
+
+def test_a_batch_that_cannot_split_over_the_chips_is_never_told_to_use_more_chips():
+    """More chips means more batch shards: the advice names a change that leaves every shard a sequence."""
+    p = planner.plan(_flagship(*FOUR_SLICES[:-1]))          # 128 sequences a micro-batch, 2,048 shards
+    assert "does not split over data x fsdp = 2048 devices" in p.problem
+    assert "more chips" not in p.advice
+    assert p.advice.startswith("It would fit with train.Config.global_batch=8192 (16x the tokens per step) ")
+    assert planner.plan(_flagship(*FOUR_SLICES)).fits
+    # 256 shards for 128 sequences: two micro-batches a step instead of four split, before any mesh layout.
+    half = planner.plan(_flagship("train.MeshConfig.tensor=4"))
+    assert half.problem
+    assert half.advice.startswith("It would fit with train.OptimizerConfig.grad_accum_steps=2 ")
+
+
 def test_a_layout_that_cannot_run_is_not_compiled_and_the_verdict_stays_last():
     lines = train.plan(_flagship("train.MeshConfig.fsdp=16", "train.MeshConfig.tensor=1")).splitlines()
     assert lines[-2] == "  XLA: not compiled: this layout cannot run (the verdict says why)", lines
