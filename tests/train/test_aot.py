@@ -49,3 +49,13 @@ def test_the_train_step_with_splash_compiles_for_a_tpu_topology(mesh):
     short = dataclasses.replace(cfg, seq_len=200)
     with pytest.raises(ValueError, match=r"impl='splash' needs T=200 .* multiples of 128"):
         aot.compile_train_step(short)
+
+
+@pytest.mark.parametrize("topology, chips", [("v4:2x2x4", 16), ("v5p:2x2x1", 4), ("v5e:2x2", 4),
+                                             ("v6e:2x2", 4)])
+def test_a_topology_compiles_for_one_device_per_chip(topology, chips):
+    """v4 and v5p chips have two TensorCores that JAX runs as one device (megacore); libtpu describes v4 with
+    a device per TensorCore unless asked (v4:2x2x4 gave 32 devices), so aot asks for megacore."""
+    devices = aot._topology_devices(topology)
+    assert len(devices) == chips and {d.core_on_chip for d in devices} == {0}
+    assert len({tuple(d.coords) for d in devices}) == chips
