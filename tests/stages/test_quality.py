@@ -2,6 +2,7 @@
 per reason that trips exactly that rule and a near miss that passes, C4's rewrite, the config and gin
 wiring, and the reasons counted by the real clean stage."""
 
+import dataclasses
 import pickle
 import random
 import re
@@ -372,7 +373,12 @@ def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite(
 # ---------------------------------------------------------------------------------------------
 # The real clean stage counts the new reasons
 
-def test_clean_stage_counts_quality_reasons_in_stats(tmp_path):
+@pytest.mark.parametrize("splitter", words.SPLITTERS)
+def test_clean_stage_counts_quality_reasons_in_stats(tmp_path, splitter):
+    """With each word splitter (the filters travel to Beam's workers by pickle, naming theirs), which
+    agree on these plain English texts."""
+    if splitter != "fast":
+        pytest.importorskip(splitter)       # an extra: pip install -e '.[spacy]' / '.[nltk]'
     root = str(tmp_path)
     docs = [
         {"id": "keep", "text": PROSE + "\nEnable javascript please for this site."},
@@ -388,7 +394,8 @@ def test_clean_stage_counts_quality_reasons_in_stats(tmp_path):
     download = cache.run_stage(cache_root=root, stage="download", key="d", config=clean.Config(), upstream={},
                                fn=write)
     no_minhash = {"minhash": False} if "minhash" in clean.Config.__dataclass_fields__ else {}
-    config = clean.Config(num_shards=1, **QUALITY_ON, **no_minhash)
+    filters_on = {name: dataclasses.replace(f, splitter=splitter) for name, f in QUALITY_ON.items()}
+    config = clean.Config(num_shards=1, **filters_on, **no_minhash)
     done = cache.run_stage(cache_root=root, stage="clean", key="c", config=config,
                            upstream={"download": download}, fn=clean.run)
     stats = storage.read_json(done.file("stats.json"))
