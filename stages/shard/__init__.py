@@ -11,51 +11,33 @@ order of clean's shards and then their rows, and the stream is cut into shards o
 `tokens_per_shard` tokens (the last one holds the rest), so the bytes depend only on the inputs
 and the config. The graph is in `beam_graph.py`.
 
-A validation split of fewer than `min_val_tokens` tokens (one training sequence) fails the stage,
-naming the corpus, the split and a `val_fraction` that would do (`check_val_split`); training and
-evaluation read the val split, and would otherwise fail two stages on, on a missing file:
+Two guards (`Config` and its SPLITS are in config.py):
+- No leak (`check_no_leak`, before any work): the tokenizer holds out the documents whose
+  `split_rule.fraction(id) < tokenizer.Config.heldout_fraction` and the val split is those below
+  `val_fraction`, so `val_fraction` above the tokenizer's fraction (read from the tokenizer this stage
+  reads) would validate on documents the tokenizer trained on: refused before any work, naming both
+  (gin/tiny.gin and the twins bind both from one macro, VAL_FRACTION).
+- A validation split of fewer than `min_val_tokens` tokens (one training sequence, `Config.seq_len` + 1,
+  the run files bind seq_len with train.Config.seq_len from one macro, SEQ_LEN) fails the stage, naming
+  the corpus, the split and a `val_fraction` (and held-out fraction) that would do (`check_val_split`);
+  training and evaluation read the val split, and would otherwise fail two stages on:
 
     make stage STAGE=shard OVERRIDES='shard.Config.allow_small_val=True'     # only warn
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
 from stages import beam_runner
 from stages.io import documents, split_rule, storage
+from stages.shard.config import SPLITS, Config
+
+__all__ = ["CONFIGURABLES", "SPLITS", "VERSION", "Config", "check_no_leak", "check_val_split", "run",
+           "summary"]
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "val")
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    tokens_per_shard: int = 100_000_000     # llm.c's shard size
-    val_fraction: float = 0.005             # share of documents (by a hash of the id) held out for validation
-    add_bos: bool = False                   # start every document with bos, not only end it with eos
-    docs_per_batch: int = 256               # documents per sentencepiece call
-    # The val split must hold one training sequence, train.Config.seq_len + 1 tokens (here llm.c's
-    # T = 1024; this stage does not know train's seq_len). True: a smaller one only warns.
-    min_val_tokens: int = dataclasses.field(default=1025, metadata={"key": False})
-    allow_small_val: bool = dataclasses.field(default=False, metadata={"key": False})
-    runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
-                                                   metadata={"key": False})
-
-    def __post_init__(self):
-        if not 1 <= self.tokens_per_shard <= 2**31 - 1:   # the llm.c header stores the count as int32
-            raise ValueError(
-                f"shard.Config.tokens_per_shard={self.tokens_per_shard} is not in [1, 2**31 - 1]")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"shard.Config.val_fraction={self.val_fraction} is not in [0, 1)")
-        if self.docs_per_batch < 1:
-            raise ValueError(f"shard.Config.docs_per_batch={self.docs_per_batch} must be >= 1")
-        if self.min_val_tokens < 0:
-            raise ValueError(f"shard.Config.min_val_tokens={self.min_val_tokens} must be >= 0")
-
 
 CONFIGURABLES = (Config,)
 VERSION = "1"
@@ -69,6 +51,8 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     from stages.io import llmc
     from stages.shard import beam_graph
 
+    heldout = tokenizer_heldout_fraction(inputs["tokenizer"])
+    check_no_leak(config, heldout, inputs["tokenizer"].path)
     doc_shards = documents.shards_of(inputs["clean"])
     model = storage.read_bytes(inputs["tokenizer"].file("tokenizer.model"))
     sp = spm.SentencePieceProcessor(model_proto=model)
@@ -115,26 +99,61 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     if not manifest["splits"]["train"]["tokens"]:
         raise ValueError(f"no training documents in the {len(doc_shards)} clean shards under "
                          f"{inputs['clean'].path} (val_fraction={config.val_fraction})")
-    check_val_split(config, manifest, inputs["clean"].path)
+    check_val_split(config, manifest, inputs["clean"].path, heldout)
 
 
-def check_val_split(config: Config, manifest: dict, where: str) -> None:
+def tokenizer_heldout_fraction(tokenizer) -> float:
+    """The `heldout_fraction` the committed tokenizer was trained with (from its `_SUCCESS.json` config)."""
+    value = (tokenizer.manifest.get("config") or {}).get("heldout_fraction")
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"tokenizer {tokenizer.path}: its manifest records no "
+                         "tokenizer.Config.heldout_fraction, so the shard stage cannot tell which documents "
+                         "it trained on; rerun the tokenizer")
+    return float(value)
+
+
+def check_no_leak(config: Config, heldout_fraction: float, where: str) -> None:
+    """ValueError when the val split would hold documents the tokenizer trained on: both splits compare
+    one number per document (`split_rule.fraction`) with their fraction, so val stays inside the
+    tokenizer's held-out set exactly when `val_fraction <= heldout_fraction`."""
+    if config.val_fraction <= heldout_fraction:
+        return
+    raise ValueError(
+        f"shard.Config.val_fraction={config.val_fraction} is above the tokenizer's "
+        f"tokenizer.Config.heldout_fraction={heldout_fraction} ({where}): the documents with "
+        f"split_rule.fraction(id) in [{heldout_fraction}, {config.val_fraction}) would be validation "
+        "documents the tokenizer trained on. Fix: set tokenizer.Config.heldout_fraction to at least "
+        f"{config.val_fraction} (gin/tiny.gin binds both from one macro: "
+        f"OVERRIDES='VAL_FRACTION={config.val_fraction}'), or lower shard.Config.val_fraction to "
+        f"{heldout_fraction}")
+
+
+def check_val_split(config: Config, manifest: dict, where: str,
+                    heldout_fraction: float | None = None) -> None:
     """Fails (warns with `allow_small_val`) when the val split in `manifest` holds fewer than
     `min_val_tokens` tokens. The message suggests twice the fraction that would give them on average,
-    since documents differ in length and the split takes whole documents."""
+    since documents differ in length and the split takes whole documents, and, when that is above the
+    tokenizer's `heldout_fraction`, raising both together (`check_no_leak`)."""
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     if val["tokens"] >= config.min_val_tokens:
         return
     docs, tokens = train["docs"] + val["docs"], train["tokens"] + val["tokens"]
     fraction = 2 * config.min_val_tokens / max(tokens, 1)
-    fix = (f"raise shard.Config.val_fraction to {_round_up(fraction)} or more" if fraction <= 0.2 else
-           f"the corpus is too small to hold out {config.min_val_tokens:,} tokens: give it more text")
+    want = _round_up(fraction)
+    if fraction > 0.2:
+        fix = f"the corpus is too small to hold out {config.min_val_tokens:,} tokens: give it more text"
+    elif heldout_fraction is not None and float(want) <= heldout_fraction:
+        fix = f"raise shard.Config.val_fraction to {want} or more (at most {heldout_fraction})"
+    else:   # raising val_fraction alone would leak: the tokenizer's held-out set must grow with it
+        fix = (f"raise shard.Config.val_fraction and tokenizer.Config.heldout_fraction to {want} or more "
+               "together, so the tokenizer never trains on a validation document (gin/tiny.gin binds both "
+               f"from one macro: OVERRIDES='VAL_FRACTION={want}')")
     message = (f"the validation split holds {val['tokens']:,} tokens ({val['docs']:,} docs), fewer than one "
-               f"sequence (shard.Config.min_val_tokens={config.min_val_tokens:,}): "
-               f"val_fraction={config.val_fraction} of {docs:,} documents ({tokens:,} tokens) in {where}. "
-               f"Fix: {fix}; or set min_val_tokens to train.Config.seq_len + 1 if your sequences are "
-               "shorter, or shard.Config.allow_small_val = True to go on (training and evaluation read "
-               "the val split)")
+               f"sequence of shard.Config.seq_len={config.seq_len:,} tokens and its target "
+               f"({config.min_val_tokens:,}): val_fraction={config.val_fraction} of {docs:,} documents "
+               f"({tokens:,} tokens) in {where}. Fix: {fix}; or set shard.Config.seq_len to "
+               "train.Config.seq_len if that is shorter (the run files bind both from SEQ_LEN), or "
+               "shard.Config.allow_small_val = True to go on (training and evaluation read the val split)")
     if not config.allow_small_val:
         raise ValueError(message)
     log.warning("shard: %s (allow_small_val=True: going on)", message)

@@ -22,7 +22,7 @@ import apache_beam as beam
 import numpy as np
 
 from stages.io import documents, llmc, split_rule, storage
-from stages.shard import SPLITS, Config
+from stages.shard.config import SPLITS, Config
 
 CHUNK_TOKENS = 1 << 22      # tokens a Tokenize chunk gathers before it is emitted (8 MiB as uint16)
 

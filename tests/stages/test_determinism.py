@@ -145,10 +145,10 @@ def test_shard_writes_the_same_bytes_with_one_or_two_workers(tmp_path, downloade
     cleaned = cache.run_stage(cache_root=str(tmp_path), stage="clean", key="c",
                               config=clean.Config(num_shards=3, minhash=False),
                               upstream={"download": downloaded}, fn=clean.run)
-    tokenizer = train(str(tmp_path), cleaned, vocab_size=400)
+    tokenizer = train(str(tmp_path), cleaned, vocab_size=400, heldout_fraction=0.2)
 
     def config(runner):
-        return shard.Config(tokens_per_shard=3000, val_fraction=0.2, min_val_tokens=100, runner=runner)
+        return shard.Config(tokens_per_shard=3000, val_fraction=0.2, seq_len=100, runner=runner)
 
     done = run_twice(tmp_path, "shard", config, {"clean": cleaned, "tokenizer": tokenizer}, shard.run)
     manifest = storage.read_json(done.file("manifest.json"))

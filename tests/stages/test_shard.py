@@ -1,13 +1,17 @@
 """The shard stage: exact token streams, fixed shard sizes, the train/val split, the llm.c format."""
 
+import glob
+import os
+
 import numpy as np
 import pytest
 import sentencepiece as spm
 
-from pipeline import cache
-from stages import beam_runner, shard
+from pipeline import cache, config
+from stages import beam_runner, shard, tokenizer
 from stages.io import documents, llmc, split_rule, storage
 from stages.shard import beam_graph
+from tests.conftest import REPO
 from tests.io.test_llmc import numpy_read
 from tests.stages.test_tokenizer import english_docs, train, write_clean
 
@@ -137,7 +141,7 @@ def test_writes_to_gcs(upstream, gcs_bucket):
     ("val_fraction", 1.0, r"val_fraction=1.0 is not in \[0, 1\)"),
     ("val_fraction", -0.1, r"val_fraction=-0.1 is not in \[0, 1\)"),
     ("docs_per_batch", 0, r"docs_per_batch=0 must be >= 1"),
-    ("min_val_tokens", -1, r"min_val_tokens=-1 must be >= 0"),
+    ("seq_len", -1, r"seq_len=-1 must be >= 0"),
 ])
 def test_config_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -147,22 +151,64 @@ def test_config_validation(field, value, message):
 def test_a_corpus_of_validation_documents_only_is_an_error(upstream, tmp_path):
     val_only = [d for d in english_docs(30) if split_rule.fraction(d["id"], "") < 0.5]
     clean = write_clean(str(tmp_path), [val_only])
+    tok = train(str(tmp_path), upstream["clean"], heldout_fraction=0.5)
     with pytest.raises(ValueError, match="no training documents in the 1 clean shards"):
-        run_shard(tmp_path, upstream | {"clean": clean}, val_fraction=0.5)
+        run_shard(tmp_path, {"clean": clean, "tokenizer": tok}, val_fraction=0.5)
 
 
 def test_a_validation_split_shorter_than_one_sequence_fails_naming_the_fix(sharded, upstream, tmp_path):
     m = storage.read_json(sharded.file("manifest.json"))
     tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
     want = shard._round_up(2 * 1025 / tokens)
-    assert 0.01 < float(want) < 0.2
+    assert 0.01 < float(want) < 0.1       # within the upstream tokenizer's heldout_fraction, 0.1
     with pytest.raises(ValueError, match=(
-            r"the validation split holds \d+ tokens \(4 docs\), fewer than one sequence "
-            rf"\(shard.Config.min_val_tokens=1,025\): val_fraction=0.01 of 400 documents "
-            rf"\({tokens:,} tokens\) in .*Fix: raise shard.Config.val_fraction to {want} or more; or set "
-            r"min_val_tokens to train.Config.seq_len \+ 1 .*allow_small_val = True")):
+            r"the validation split holds \d+ tokens \(4 docs\), fewer than one sequence of "
+            r"shard.Config.seq_len=1,024 tokens and its target \(1,025\): val_fraction=0.01 of 400 "
+            rf"documents \({tokens:,} tokens\) in .*Fix: raise shard.Config.val_fraction to {want} or more "
+            r"\(at most 0.1\); or set shard.Config.seq_len to train.Config.seq_len .*allow_small_val")):
         run_shard(tmp_path, upstream, val_fraction=0.01)
-    with pytest.raises(ValueError, match=r"too small to hold out 1,000,000 tokens: give it more text"):
-        run_shard(tmp_path, upstream, key="s2", min_val_tokens=10**6)
+    with pytest.raises(ValueError, match=r"too small to hold out 1,000,001 tokens: give it more text"):
+        run_shard(tmp_path, upstream, key="s2", seq_len=10**6)
     assert run_shard(tmp_path, upstream, key="s3", val_fraction=float(want)).files   # the suggestion works
     shard.check_val_split(shard.Config(), m, "here")     # the sharded fixture's 10% is enough
+    # Where the fraction it takes is above the tokenizer's, raising val_fraction alone would leak: both rise.
+    with pytest.raises(ValueError, match=(
+            r"Fix: raise shard.Config.val_fraction and tokenizer.Config.heldout_fraction to [0-9.]+ or more "
+            r"together, so the tokenizer never trains on a validation document")):
+        shard.check_val_split(shard.Config(val_fraction=0.01), m | {"splits": m["splits"] | {
+            "val": {"docs": 0, "tokens": 0, "shards": []}}}, "here", heldout_fraction=0.01)
+
+
+def test_a_validation_split_the_tokenizer_trained_on_is_refused_before_any_work(upstream, tmp_path):
+    with pytest.raises(ValueError, match=(
+            r"shard.Config.val_fraction=0.2 is above the tokenizer's tokenizer.Config.heldout_fraction=0.1 "
+            r"\(.*\): the documents with split_rule.fraction\(id\) in \[0.1, 0.2\) would be validation "
+            r"documents the tokenizer trained on. Fix: set tokenizer.Config.heldout_fraction to at least "
+            r"0.2")):
+        run_shard(tmp_path, upstream, val_fraction=0.2)
+    assert not list(tmp_path.glob("shard/*/attempt-*/*.bin"))
+    # At val_fraction <= heldout_fraction no validation document is in the tokenizer's training sample.
+    out = run_shard(tmp_path, upstream, key="ok", val_fraction=0.1)
+    recorded = upstream["tokenizer"].manifest["config"]
+    tok_config = tokenizer.Config(**{k: v for k, v in recorded.items() if k != "@type"})
+    sentences, _, _ = tokenizer.sample(documents.shards_of(upstream["clean"]), tok_config)
+    trained = set(sentences)
+    val = [d for p in documents.shards_of(upstream["clean"]) for d in documents.read(p)
+           if split_rule.fraction(d["id"], p) < 0.1]
+    assert len(val) == storage.read_json(out.file("manifest.json"))["splits"]["val"]["docs"] > 20
+    assert not any(line in trained for d in val for line in d["text"].split("\n") if line)
+    assert len(trained) > 800
+
+
+RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for p in glob.glob(f"{REPO}/gin/*.gin")
+                   + glob.glob(f"{REPO}/gin/twins/*.gin"))
+
+
+@pytest.mark.parametrize("run_file", RUN_FILES)
+def test_every_run_file_guards_one_training_sequence_and_never_validates_on_tokenizer_text(run_file):
+    """The shard stage's guard follows the run's own train.Config.seq_len (not llm.c's 1024), and its val
+    split stays inside the tokenizer's held-out documents, for every run file and twin there is."""
+    stages = config.load([f"{REPO}/gin/{run_file}"]).stages
+    sharding, training, tok = (stages[s].config for s in ("shard", "train", "tokenizer"))
+    assert sharding.min_val_tokens >= training.seq_len + 1, (sharding.seq_len, training.seq_len)
+    assert sharding.val_fraction <= tok.heldout_fraction, (sharding.val_fraction, tok.heldout_fraction)

@@ -2,12 +2,13 @@
 
 import random
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 
 from pipeline import cache
 from stages import tokenizer
-from stages.io import documents, storage
+from stages.io import documents, split_rule, storage
 
 WORDS = """the of and to in is was for that with as on by at from it this be are an or which his her their
 they have had were not but all one two three new first year time people city river music history water
@@ -46,7 +47,8 @@ def write_clean(cache_root: str, shards: list[list[dict]], key: str = "k") -> ca
 
 
 def train(cache_root: str, clean: cache.Committed, key: str = "t", **overrides) -> cache.Committed:
-    config = tokenizer.Config(**({"vocab_size": 500, "num_threads": 1} | overrides))
+    # heldout_fraction: as much as test_shard's val_fraction, so shard never validates on trained documents
+    config = tokenizer.Config(**({"vocab_size": 500, "num_threads": 1, "heldout_fraction": 0.1} | overrides))
     return cache.run_stage(cache_root=cache_root, stage="tokenizer", key=key, config=config,
                            upstream={"clean": clean}, fn=tokenizer.run)
 
@@ -180,17 +182,35 @@ def test_repeated_words_are_counted_as_sentencepiece_splits_words():
     assert tokenizer.repeated_words(["a a", "b b", "c c", "d d"], stop_at=2) == 2   # stops after a sentence
 
 
-def test_summary_with_no_heldout_documents_and_with_too_little_heldout_text(clean, trained, tmp_path, caplog):
+def test_heldout_bytes_per_token_comes_with_its_standard_error_and_warns_only_when_unreliable(clean, tmp_path,
+                                                                                                caplog):
     with caplog.at_level("WARNING", logger="stages.tokenizer"):
         none = train(str(tmp_path), clean, heldout_fraction=0.0)
     assert "no held-out documents" in caplog.text
     assert tokenizer.summary(none) == ("bpe vocab 500: bytes/token not measured; WARNING: no held-out "
                                        "documents; raise tokenizer.Config.heldout_fraction to measure "
                                        "bytes/token")
-    stats = storage.read_json(trained.file("stats.json"))
-    assert 0 < stats["heldout_bytes"] < tokenizer.MIN_HELDOUT_BYTES
-    line = tokenizer.summary(trained)
-    assert line.startswith(f"bpe vocab 500: {stats['bytes_per_token']:.2f} bytes/token on "
-                           f"{stats['heldout_docs']} held-out docs, round trip 100.0%; WARNING: only ")
-    assert f"{stats['heldout_bytes'] / 1000:.1f} KB of held-out text (under 100 KB)" in line
-    assert tokenizer.heldout_warning(stats | {"heldout_bytes": 100_000}) is None
+    caplog.clear()
+    with caplog.at_level("INFO", logger="stages.tokenizer"):
+        out = train(str(tmp_path), clean, heldout_fraction=0.1, key="t2")
+    stats = storage.read_json(out.file("stats.json"))
+    # The ratio estimator's standard error, computed the obvious way from the held-out documents.
+    sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(out.file("tokenizer.model")))
+    held = [d["text"] for p in documents.shards_of(clean) for d in documents.read(p)
+            if split_rule.fraction(d["id"], p) < 0.1]
+    b = np.array([len(t.encode()) for t in held], float)
+    t = np.array([len(sp.encode(x)) for x in held], float)
+    r = b.sum() / t.sum()
+    want = np.sqrt(((b - r * t) ** 2).sum() / (len(b) * (len(b) - 1))) / t.mean()
+    assert stats["heldout_docs"] == len(held) and stats["bytes_per_token"] == round(r, 4)
+    assert stats["bytes_per_token_stderr"] == pytest.approx(want, abs=1e-4) and 0 < want < 0.05 * r
+    figure = (f"{stats['bytes_per_token']:.2f} ± {stats['bytes_per_token_stderr']:.2f} bytes/token on "
+              f"{len(held)} held-out docs ({stats['heldout_bytes'] / 1000:.1f} KB)")
+    assert tokenizer.summary(out) == f"bpe vocab 500: {figure}, round trip 100.0%"
+    assert f"tokenizer: {figure}" in caplog.text and "WARNING" not in caplog.text   # under 100 KB, still fine
+    assert stats["heldout_bytes"] < 100_000
+    # Unreliable: too few documents, or a standard error over 5% of the figure.
+    few = tokenizer.heldout_warning(stats | {"heldout_docs": 9})
+    assert few.startswith("only 9 held-out documents (under 10)") and "heldout_fraction" in few
+    noisy = tokenizer.heldout_warning(stats | {"bytes_per_token_stderr": 0.06 * stats["bytes_per_token"]})
+    assert "is uncertain by 6.0% (one standard error; over 5%)" in noisy and "heldout_fraction" in noisy
