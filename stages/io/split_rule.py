@@ -3,8 +3,9 @@
     if split_rule.fraction(doc["id"], path) < val_fraction: ...      # the shard stage's val split
     if split_rule.fraction(doc["id"], path) < heldout_fraction: ...  # documents the tokenizer never sees
 
-Both stages use the same number, so with `val_fraction <= heldout_fraction` the tokenizer never
-trained on a validation document. `RULE` is the rule in words, recorded in the shard manifest.
+Both stages use the same number, so with `val_fraction <= heldout_fraction` the tokenizer never trained on
+a validation document; the shard stage refuses any other pair (`shard.check_no_leak`). `RULE` is the rule
+in words, recorded in the shard manifest.
 """
 
 from __future__ import annotations
