@@ -322,9 +322,15 @@ class Warc:
         if self.extractor not in self.EXTRACTORS:
             raise ValueError(f"Warc.extractor={self.extractor!r} is not one of {self.EXTRACTORS}")
 
-    def fingerprint(self) -> dict[str, str]:
-        """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
-        return _fingerprint("download.Warc.paths", self.paths)
+    def fingerprint(self) -> dict:
+        """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation),
+        and the installed extractor's version: trafilatura's text changes between releases (FineWeb's
+        recipe ran 1.8, README "FineWeb's recipe"), so another version is another key (as for Tfds)."""
+        try:
+            library = metadata.version(self.extractor)
+        except metadata.PackageNotFoundError:
+            library = "not installed"
+        return {"files": _fingerprint("download.Warc.paths", self.paths), self.extractor: library}
 
     def units(self) -> list[str]:
         from stages.download import warc

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import re
+from importlib import metadata
 
 import pytest
 
@@ -250,8 +251,9 @@ def test_the_fingerprint_lists_files_with_their_versions_and_units_are_files(tmp
     _three_pages(tmp_path / "b.warc.wet.gz")
     source = Warc(paths=(str(tmp_path / "*.warc.gz"), str(tmp_path / "*.wet.gz")))
     before = source.fingerprint()
-    assert list(before) == [str(tmp_path / "a.warc.gz"), str(tmp_path / "b.warc.wet.gz")]
-    assert all(v.startswith("size=") for v in before.values())
+    assert list(before["files"]) == [str(tmp_path / "a.warc.gz"), str(tmp_path / "b.warc.wet.gz")]
+    assert all(v.startswith("size=") for v in before["files"].values())
+    assert before["trafilatura"] == metadata.version("trafilatura")     # the extractor's version is keyed
     assert source.units() == [str(tmp_path / "a.warc.gz"), str(tmp_path / "b.warc.wet.gz")]
     _three_pages(tmp_path / "a.warc.gz")   # rewritten (a new mtime)
     assert source.fingerprint() != before
@@ -263,7 +265,7 @@ def test_warc_files_on_gcs(gcs_bucket, tmp_path):
     _three_pages(local)
     storage.upload(str(local), f"{gcs_bucket}/crawl/a.warc.gz")
     source = Warc(paths=(f"{gcs_bucket}/crawl/*.warc.gz",))
-    assert list(source.fingerprint().values())[0].startswith("generation=")
+    assert list(source.fingerprint()["files"].values())[0].startswith("generation=")
     docs, stats = _run(tmp_path / "cache", source)
     assert [d["url"] for d in docs if d["text"]] == [url for url, _, _ in PROSE]
     assert json.loads(docs[-1]["metadata"])["warc_file"] == f"{gcs_bucket}/crawl/a.warc.gz"
