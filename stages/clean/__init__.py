@@ -68,8 +68,8 @@ from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, build_fi
 from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
 
-__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "build_filters", "clean_document",
-           "duplicate_key", "key_inputs", "run", "summary"]
+__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "build_filters", "check",
+           "clean_document", "duplicate_key", "key_inputs", "run", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,17 @@ def key_inputs(config: Config) -> dict | None:
                                         "one entry a line ('#' starts a comment), plain or .gz")
             out[field][path] = found
     return out or None
+
+
+def check(config: Config) -> str:
+    """What would fail the stage at its first document, in one line, or "": the first switched-on filter's
+    `problem()` (language id without fastText or its model file, a word splitter whose library is not
+    installed). `python -m pipeline run` calls it before any stage runs."""
+    for f in build_filters(config):
+        problem = getattr(f, "problem", None)
+        if problem is not None and (found := problem()):
+            return found
+    return ""
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

@@ -22,7 +22,8 @@ langid.py, quality.py, pii.py) plus one line in `clean.Config` (`my_filter: MyFi
 its name in `config.RECIPE`, the order the filters run in; gin then binds it as `clean.MyFilter.<field>`
 and switches it on with `clean.Config.my_filter = @clean.MyFilter()`. A filter must be deterministic and
 picklable (Beam ships it to workers); one that needs a model or large lists (langid.py, urls.py) loads
-them lazily on first use and keeps them out of its dataclass fields.
+them lazily on first use and keeps them out of its dataclass fields, and may say what would stop that
+before any stage runs: `problem() -> str` ("" when nothing; `clean.check` asks every switched-on filter).
 """
 
 from __future__ import annotations

