@@ -86,8 +86,10 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
     be made (its optional `plan(config)` raising ValueError: a training mesh that does not tile the chips
     train.HardwareConfig names), what its optional `check(config)` returns (training: a CPU mesh or batch
     that does not fit the devices its processes will have, a config the planner says cannot fit;
-    download: files its readers cannot take), a local cache root where no file can be made. With nothing
-    to run, nothing is written: a fully cached run on a read-only cache is fine."""
+    download: files its readers cannot take) and its optional `check_upstream(config, {upstream stage:
+    config})` (shard: a val split larger than the tokenizer's held-out set), a local cache root where no
+    file can be made. With nothing to run, nothing is written: a fully cached run on a read-only cache is
+    fine."""
     for stage in stages:
         cfg, module = plan.stages[stage].config, dag.module(stage)
         fn, check = getattr(module, "plan", None), getattr(module, "check", None)
@@ -97,5 +99,11 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         except ValueError as e:
             return f"{stage}: {e}"
         if check is not None and (problem := check(cfg)):
+            return f"{stage}: {problem}"
+        # A stage's config against its inputs' configs (shard: its val split inside the tokenizer's held-out
+        # set), so a mismatch fails now, not after the upstream stages ran.
+        upstream = getattr(module, "check_upstream", None)
+        if upstream is not None and (problem := upstream(cfg, {u.name: u.config
+                                                                for u in plan.stages[stage].upstream_plans})):
             return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""

@@ -15,8 +15,9 @@ Two guards (`Config` and its SPLITS are in config.py):
 - No leak (`check_no_leak`, before any work): the tokenizer holds out the documents whose
   `split_rule.fraction(id) < tokenizer.Config.heldout_fraction` and the val split is those below
   `val_fraction`, so `val_fraction` above the tokenizer's fraction (read from the tokenizer this stage
-  reads) would validate on documents the tokenizer trained on: refused before any work, naming both
-  (gin/tiny.gin and the twins bind both from one macro, VAL_FRACTION).
+  reads; before the run, `check_upstream`, against the planned one) would validate on documents the
+  tokenizer trained on: refused before any work, naming both (gin/tiny.gin and the twins bind both
+  from one macro, VAL_FRACTION).
 - A validation split of fewer than `min_val_tokens` tokens (one training sequence, `Config.seq_len` + 1,
   the run files bind seq_len with train.Config.seq_len from one macro, SEQ_LEN) fails the stage, naming
   the corpus, the split and a `val_fraction` (and held-out fraction) that would do (`check_val_split`);
@@ -34,8 +35,8 @@ from stages import beam_runner
 from stages.io import documents, split_rule, storage
 from stages.shard.config import SPLITS, Config
 
-__all__ = ["CONFIGURABLES", "SPLITS", "VERSION", "Config", "check_no_leak", "check_val_split", "run",
-           "summary"]
+__all__ = ["CONFIGURABLES", "SPLITS", "VERSION", "Config", "check_no_leak", "check_upstream",
+           "check_val_split", "run", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,16 @@ def tokenizer_heldout_fraction(tokenizer) -> float:
                          "tokenizer.Config.heldout_fraction, so the shard stage cannot tell which documents "
                          "it trained on; rerun the tokenizer")
     return float(value)
+
+
+def check_upstream(config: Config, upstream: dict) -> str:
+    """The pre-run check (pipeline/checks.py): `check_no_leak` against the planned tokenizer's config, as one
+    line, or ""."""
+    try:
+        check_no_leak(config, upstream["tokenizer"].heldout_fraction, "as planned")
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def check_no_leak(config: Config, heldout_fraction: float, where: str) -> None:

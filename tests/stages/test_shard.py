@@ -212,3 +212,20 @@ def test_every_run_file_guards_one_training_sequence_and_never_validates_on_toke
     sharding, training, tok = (stages[s].config for s in ("shard", "train", "tokenizer"))
     assert sharding.min_val_tokens >= training.seq_len + 1, (sharding.seq_len, training.seq_len)
     assert sharding.val_fraction <= tok.heldout_fraction, (sharding.val_fraction, tok.heldout_fraction)
+
+
+def test_a_leaking_val_split_is_refused_before_any_stage_runs(tmp_path, capsys):
+    """The same refusal as the stage's own, by the pre-run checks: one error line, exit 2, nothing run."""
+    from pipeline.__main__ import main
+
+    root = tmp_path / "cache"
+    argv = ["run", "--gin", f"{REPO}/gin/tiny.gin", "--stage", "shard",
+            "--gin-param", f'pipeline.Settings.cache_root="{root}"',
+            "--gin-param", "shard.Config.val_fraction=0.1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "error: shard: shard.Config.val_fraction=0.1 is above the tokenizer's "
+        "tokenizer.Config.heldout_fraction=0.05 (as planned)"), err
+    assert "OVERRIDES='VAL_FRACTION=0.1'" in err[0]
+    assert not list(root.glob("*/*/attempt-*"))
