@@ -3,24 +3,30 @@
     make bench                                       # installs the `bench` extra (datatrove, spaCy, NLTK)
     .venv/bin/python -m benchmarks fineweb_filters   # writes benchmarks/out/fineweb_filters.json
 
-Every filter sees every page (697 Common Crawl pages, `web_corpus`), one filter at a time, so each
-agreement is that filter's alone. datatrove runs with three word splitters, because that is where the
-two implementations differ most:
+Three sets of real text (`web_corpus.corpora`): "cc", the 697 Common Crawl pages of the shared sample
+(when `../shared/data` is here), "warc", the WARC pages the tests build, extracted with trafilatura,
+and "pypi", FineWeb-like rows shipped in benchmarks/data. Every filter sees every page, one filter at a
+time, so each agreement is that filter's alone. The word splitter is where the implementations differ
+most, so both sides run with each reference splitter (`words.SPLITTERS`; ours through each filter's
+`splitter` field, datatrove's through its `language`, which takes a WordTokenizer):
 
     spacy   datatrove 0.10.1's default for English (`spacy.blank("en")` + its sentencizer)
-    nltk    FineWeb's era: NLTK's `word_tokenize` rules (Treebank) with an UNTRAINED punkt sentence
-            splitter, since punkt's trained English model cannot be downloaded here (see RESULTS.md)
-    ours    datatrove's rules with our splitter (`stages.clean.words`): what is left is rule differences
+    nltk    FineWeb's era: NLTK's `word_tokenize` (punkt sentences, Treebank rules per sentence); with
+            an UNTRAINED punkt when its trained English model (punkt_tab, an NLTK data download) is not
+            installed, as here (the JSON's `nltk_punkt` says which ran)
+    fast    ours only (the default): NLTK's rules as regular expressions, compared with both references
 
-Measured, in one run:
-- agreement of keep/drop per filter (and of the reason when both drop, and of C4's rewritten text when
-  both keep) for each splitter; every disagreement with its page id goes into the JSON;
-- how the splitter alone changes datatrove's decisions (spacy vs ours, nltk vs ours, same rules);
-- documents per second per core: each filter as a pure function over the pages (ours `check`/`apply`
-  vs datatrove's `filter` with spaCy), and the whole chain (Gopher repetition, Gopher quality, C4,
-  FineWeb, in FineWeb's order) as a job: our clean stage on Beam's FnApiRunner with one worker vs
-  datatrove's LocalPipelineExecutor with one task and one worker. Ours runs over `copies` copies of the
-  pages so that Beam's start-up (a second or two) does not dominate; docs/s is a rate either way.
+Measured, in one run, per corpus:
+- keep/drop agreement per filter and pair (`agreement[corpus][filter][ours_vs_ref]`: spacy_vs_spacy,
+  nltk_vs_nltk, fast_vs_spacy, fast_vs_nltk), and of the reason when both drop and of C4's rewritten
+  text when both keep; every disagreement with its page id goes into the JSON;
+- documents per second per core, each filter as a pure function over the pages (ours `check`/`apply`,
+  datatrove's `filter`), per splitter, and the ratio to datatrove with the same reference splitter
+  measured in the same run (`speed[corpus][filter]`; fast against both references);
+- on "cc", the whole chain (Gopher repetition, Gopher quality, C4, FineWeb, in FineWeb's order) as a
+  job: our clean stage on Beam's FnApiRunner with one worker vs datatrove's LocalPipelineExecutor with
+  one task and one worker. Ours runs over `copies` copies of the pages so that Beam's start-up (a second
+  or two) does not dominate; docs/s is a rate either way.
 """
 
 from __future__ import annotations
@@ -36,72 +42,106 @@ from benchmarks import web_corpus
 from stages.clean import quality, words
 
 FILTERS = ("gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality")
-SPLITTERS = ("spacy", "nltk", "ours")
-MAX_LISTED = 40           # disagreements listed per filter and splitter
+REFERENCES = ("spacy", "nltk")                    # datatrove's splitters
+PAIRS = (("spacy", "spacy"), ("nltk", "nltk"), ("fast", "spacy"), ("fast", "nltk"))   # (ours, datatrove's)
+MAX_LISTED = 40           # disagreements listed per filter and pair
+GOAL_AGREEMENT, GOAL_SPEEDUP = 0.995, 10
 
 
 def measure(work_dir: str, copies: int = 5) -> dict:
-    why = web_corpus.missing()
+    why = web_corpus.datatrove_missing()
     if why:
         print(f"fineweb_filters: {why}")
         return {"benchmark": "fineweb_filters", "skipped": why}
     _quiet_datatrove()
-    pages = web_corpus.pages()
-    ours = {name: _ours_decisions(name, pages) for name in FILTERS}
-    theirs = {s: {name: _theirs_decisions(name, pages, s) for name in FILTERS} for s in SPLITTERS}
+    result = {"benchmark": "fineweb_filters", "datatrove": _version("datatrove"), "spacy": _version("spacy"),
+              "nltk": _version("nltk"), "trafilatura": _version("trafilatura"),
+              "nltk_punkt": words.splitter("nltk").model, "docs": {}, "agreement": {}, "speed": {}}
+    if not os.path.exists(web_corpus.CORPUS):
+        result["cc"] = web_corpus.missing()
+    corpora = web_corpus.corpora(work_dir)
+    for corpus, pages in corpora.items():
+        ours = {s: {f: _ours_decisions(f, pages, s) for f in FILTERS} for s in words.SPLITTERS}
+        theirs = {s: {f: _theirs_decisions(f, pages, s) for f in FILTERS} for s in REFERENCES}
+        result["docs"][corpus] = len(pages)
+        result["agreement"][corpus] = {
+            f: {f"{a}_vs_{b}": _agreement(pages, ours[a][f][0], theirs[b][f][0]) for a, b in PAIRS}
+            for f in FILTERS}
+        result["speed"][corpus] = {f: _speed(len(pages), ours, theirs, f) for f in FILTERS}
+    result["summary"] = _summary(result)
 
-    result = {"benchmark": "fineweb_filters", "corpus": os.path.basename(web_corpus.CORPUS),
-              "docs": len(pages),
-              "datatrove": _version("datatrove"), "spacy": _version("spacy"), "nltk": _version("nltk")}
-    for s in SPLITTERS:
-        for name in FILTERS:
-            result[f"agreement_{name}_{s}"] = _agreement(pages, ours[name][0], theirs[s][name][0])
-    for s in ("spacy", "nltk"):           # same rules (datatrove's), different splitter
-        for name in FILTERS:
-            result[f"splitter_only_{name}_{s}_vs_ours"] = _agreement(pages, theirs["ours"][name][0],
-                                                                      theirs[s][name][0])
-    for name in FILTERS:
-        ours_s, theirs_s = ours[name][1], theirs["spacy"][name][1]
-        result[f"pure_docs_per_s_{name}_ours"] = round(len(pages) / ours_s)
-        result[f"pure_docs_per_s_{name}_datatrove_spacy"] = round(len(pages) / theirs_s, 1)
-        result[f"pure_docs_per_s_{name}_datatrove_nltk"] = round(len(pages) / theirs["nltk"][name][1], 1)
-        result[f"pure_speedup_{name}"] = round(theirs_s / ours_s, 1)
-
-    ours_job = _ours_job(pages, work_dir, copies)
-    theirs_job = _theirs_job(pages, work_dir)
-    result |= {"job_docs_ours": ours_job["docs"], "job_s_ours": round(ours_job["s"], 2),
-               "job_docs_per_s_ours": round(ours_job["docs"] / ours_job["s"]),
-               "job_docs_theirs": len(pages), "job_s_datatrove": round(theirs_job["s"], 2),
-               "job_docs_per_s_datatrove": round(len(pages) / theirs_job["s"], 1),
-               "job_speedup": round((ours_job["docs"] / ours_job["s"]) / (len(pages) / theirs_job["s"]), 1)}
-    kept_ours, kept_theirs = ours_job["kept"], theirs_job["kept"]
-    same_text = sum(kept_ours[i] == kept_theirs[i] for i in set(kept_ours) & set(kept_theirs))
-    result["job_chain_agreement"] = {
-        "kept_ours": len(kept_ours), "kept_datatrove": len(kept_theirs),
-        "kept_by_both": len(set(kept_ours) & set(kept_theirs)), "same_text_when_both_keep": same_text,
-        "only_ours_keeps": sorted(set(kept_ours) - set(kept_theirs)),
-        "only_datatrove_keeps": sorted(set(kept_theirs) - set(kept_ours)),
-        "decision_agreement": round(1 - len(set(kept_ours) ^ set(kept_theirs)) / len(pages), 4)}
+    if "cc" in corpora:
+        pages = corpora["cc"]
+        ours_job = _ours_job(pages, work_dir, copies)
+        theirs_job = _theirs_job(pages, work_dir)
+        ours_rate, theirs_rate = ours_job["docs"] / ours_job["s"], len(pages) / theirs_job["s"]
+        result |= {"job_docs_ours": ours_job["docs"], "job_s_ours": round(ours_job["s"], 2),
+                   "job_docs_per_s_ours": round(ours_rate),
+                   "job_docs_theirs": len(pages), "job_s_datatrove": round(theirs_job["s"], 2),
+                   "job_docs_per_s_datatrove": round(theirs_rate, 1),
+                   "job_speedup": round(ours_rate / theirs_rate, 1)}
+        kept_ours, kept_theirs = ours_job["kept"], theirs_job["kept"]
+        same_text = sum(kept_ours[i] == kept_theirs[i] for i in set(kept_ours) & set(kept_theirs))
+        result["job_chain_agreement"] = {
+            "kept_ours": len(kept_ours), "kept_datatrove": len(kept_theirs),
+            "kept_by_both": len(set(kept_ours) & set(kept_theirs)), "same_text_when_both_keep": same_text,
+            "only_ours_keeps": sorted(set(kept_ours) - set(kept_theirs)),
+            "only_datatrove_keeps": sorted(set(kept_theirs) - set(kept_ours)),
+            "decision_agreement": round(1 - len(set(kept_ours) ^ set(kept_theirs)) / len(pages), 4)}
     return result
+
+
+def _speed(docs: int, ours: dict, theirs: dict, name: str) -> dict:
+    """docs/s of each side and ours / datatrove's with the same reference splitter (fast: with both)."""
+    out = {f"ours_{s}": round(docs / ours[s][name][1], 1) for s in words.SPLITTERS}
+    out |= {f"datatrove_{s}": round(docs / theirs[s][name][1], 1) for s in REFERENCES}
+    out |= {f"speedup_{a}_vs_{b}": round(theirs[b][name][1] / ours[a][name][1], 2) for a, b in PAIRS}
+    return out
+
+
+def _summary(result: dict) -> dict:
+    """The goals, per corpus and filter: the lowest agreement with the matching reference splitter
+    (ours with spacy/nltk vs datatrove with the same) and the fast splitter's speed-up vs datatrove."""
+    out = {}
+    for corpus, by_filter in result["agreement"].items():
+        for f, pairs in by_filter.items():
+            matching = min(pairs[p]["decision_agreement"] for p in ("spacy_vs_spacy", "nltk_vs_nltk"))
+            speed = result["speed"][corpus][f]
+            out[f"{corpus}/{f}"] = {
+                "matching": matching, "fast_vs_spacy": pairs["fast_vs_spacy"]["decision_agreement"],
+                "fast_vs_nltk": pairs["fast_vs_nltk"]["decision_agreement"],
+                "fast_speedup_vs_spacy": speed["speedup_fast_vs_spacy"],
+                "fast_speedup_vs_nltk": speed["speedup_fast_vs_nltk"],
+                "goals_met": matching >= GOAL_AGREEMENT and speed["speedup_fast_vs_spacy"] >= GOAL_SPEEDUP}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Decisions: (per page (keep, reason, C4's text when kept), seconds for the whole pass)
 
-def _ours_decisions(name: str, pages: list[dict]) -> tuple[list, float]:
-    f = {"gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
-         "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality()}[name]
+WARM_UP = {"text": "Warm the word splitter up before the timed pass."}
+
+
+def _ours_decisions(name: str, pages: list[dict], splitter: str) -> tuple[list, float]:
+    cls = {"gopher_repetition": quality.GopherRepetition, "gopher_quality": quality.GopherQuality,
+           "c4_quality": quality.C4Quality, "fineweb_quality": quality.FineWebQuality}[name]
+    f = cls(splitter=splitter)
     best, out = float("inf"), []
-    for _ in range(3):        # fast enough to take the best of three
+    for _ in range(3 if splitter == "fast" else 1):        # the fast one: the best of three
         words.words.cache_clear()
+        _decide(f, name, WARM_UP)           # loads the splitter's library; forgets the last text's words
         start = time.perf_counter()
-        if name == "c4_quality":
-            decided = [f.apply({"text": p["text"]}) for p in pages]
-            out = [(r is None, r, d["text"] if r is None else None) for r, d in decided]
-        else:
-            out = [(r is None, r, None) for r in (f.check({"text": p["text"]}) for p in pages)]
+        out = [_decide(f, name, p) for p in pages]
         best = min(best, time.perf_counter() - start)
     return out, best
+
+
+def _decide(f, name: str, page: dict) -> tuple:
+    if name == "c4_quality":
+        r, d = f.apply({"text": page["text"]})
+        return r is None, r, d["text"] if r is None else None
+    r = f.check({"text": page["text"]})
+    return r is None, r, None
 
 
 def _theirs_decisions(name: str, pages: list[dict], splitter: str) -> tuple[list, float]:
@@ -145,7 +185,7 @@ def _agreement(pages: list[dict], a: list, b: list) -> dict:
     text = [i for i in both_keep if a[i][2] != b[i][2]]
     listed = [{"id": pages[i]["id"], "url": pages[i]["url"], "ours": a[i][1] or "keep",
                "theirs": b[i][1] or "keep"} for i in decision[:MAX_LISTED]]
-    return {"docs": len(pages), "kept_a": sum(x[0] for x in a), "kept_b": sum(x[0] for x in b),
+    return {"docs": len(pages), "kept_ours": sum(x[0] for x in a), "kept_datatrove": sum(x[0] for x in b),
             "decision_agreement": round(1 - len(decision) / len(pages), 4), "decision_differs": len(decision),
             "reason_differs_when_both_drop": len(reason), "c4_text_differs_when_both_keep": len(text),
             "disagreements": listed,
@@ -157,6 +197,7 @@ def _agreement(pages: list[dict], a: list, b: list) -> dict:
 # Word splitters for datatrove (its filters take a WordTokenizer instance as `language`)
 
 def _splitter(name: str):
+    """datatrove's English splitter for "spacy"; for "nltk", NLTK's own code as FineWeb ran it (not ours)."""
     from datatrove.utils.word_tokenizers import WordTokenizer
 
     if name == "spacy":
@@ -165,46 +206,33 @@ def _splitter(name: str):
         load_word_tokenizer("en").word_tokenize("Warm up.")     # spaCy loads outside the timed pass
         return "en"
 
-    if name == "nltk":
-        from nltk.tokenize import NLTKWordTokenizer
-        from nltk.tokenize.punkt import PunktSentenceTokenizer
+    import nltk
+    from nltk.tokenize import NLTKWordTokenizer
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
-        class Nltk(WordTokenizer):
-            """`nltk.word_tokenize` (punkt sentences, then Treebank rules per sentence) with an untrained
-            punkt: its English model is a download (punkt_tab), which is not possible here."""
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+        punkt = nltk.tokenize.PunktTokenizer("english")          # what nltk.word_tokenize uses
+    except LookupError:
+        punkt = PunktSentenceTokenizer()                          # untrained: see the docstring
 
-            def __init__(self):
-                super().__init__("en")
-                self.punkt, self.treebank = PunktSentenceTokenizer(), NLTKWordTokenizer()
-
-            def word_tokenize(self, text):
-                return [t for s in self.punkt.tokenize(text) for t in self.treebank.tokenize(s) if t.strip()]
-
-            def sent_tokenize(self, text):
-                return [s.strip() for s in self.punkt.tokenize(text) if s.strip()]
-
-            def span_tokenize(self, text):
-                return list(self.punkt.span_tokenize(text))
-
-        return Nltk()
-
-    class Ours(WordTokenizer):
-        """stages.clean.words: NLTK's rules as one regular expression."""
+    class Nltk(WordTokenizer):
+        """`nltk.word_tokenize`: punkt sentences, then the Treebank rules per sentence."""
 
         def __init__(self):
             super().__init__("en")
+            self.punkt, self.treebank = punkt, NLTKWordTokenizer()
 
         def word_tokenize(self, text):
-            return list(words.words(text))
+            return [t for s in self.punkt.tokenize(text) for t in self.treebank.tokenize(s) if t.strip()]
 
         def sent_tokenize(self, text):
-            return [text[a:b].strip() for a, b in self.span_tokenize(text)]
+            return [s.strip() for s in self.punkt.tokenize(text) if s.strip()]
 
-        def span_tokenize(self, text):     # one span per sentence `words.sentences` counts
-            ends = [m.end() for m in words._SENTENCE_END.finditer(text)] + [len(text)]
-            return list(zip([0] + ends[:-1], ends)) if text.strip() else []
+        def span_tokenize(self, text):
+            return list(self.punkt.span_tokenize(text))
 
-    return Ours()
+    return Nltk()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,8 +248,10 @@ def _ours_job(pages: list[dict], work_dir: str, copies: int) -> dict:
             for c in range(copies) for p in pages]
     documents.write(src, docs)
     config = clean.Config(min_chars=0, max_chars=10**9, min_alpha_fraction=0, dedup=False, minhash=False,
-                          gopher_repetition=True, gopher_quality=True, c4_quality=True, fineweb_quality=True,
-                          num_shards=1, runner=beam_runner.Runner(options=("--direct_num_workers=1",)))
+                          gopher_repetition=quality.GopherRepetition(),
+                          gopher_quality=quality.GopherQuality(), c4_quality=quality.C4Quality(),
+                          fineweb_quality=quality.FineWebQuality(), num_shards=1,
+                          runner=beam_runner.Runner(options=("--direct_num_workers=1",)))
     out = os.path.join(work_dir, "ours-out")
     start = time.perf_counter()
     graph.run(config, [src], out)
