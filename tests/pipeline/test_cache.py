@@ -207,3 +207,52 @@ def test_a_stage_name_or_key_cannot_reach_outside_the_cache_root(stage, key, tmp
         cache.run_stage(cache_root=str(tmp_path / "cache"), stage=stage, key=key, config={}, upstream={},
                         fn=fake_stage.run)
     assert not (tmp_path / "etc").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _force(root, value=3):
+    """A forced run's commit of ("a", "k"): computed again over whatever the key holds."""
+    return cache.run_stage(cache_root=root, stage="a", key="k", config=fake_stage.Config(value=value),
+                           upstream={}, fn=fake_stage.run, since=cache.lease_now(root, "a", "k"))
+
+
+def test_a_pinned_attempt_outlives_a_recommit_and_its_last_reader_removes_it(root):
+    first = _run(root, fake_stage.Config(value=3))
+    key_dir = cache.stage_dir(root, "a", "k")
+    with cache.reading(root, "a", "k", owner="one") as one, cache.reading(root, "a", "k", owner="two") as two:
+        assert one == two == first and lease.pinned(key_dir) == {first.manifest["attempt"]}
+        second = _force(root)                                       # a concurrent forced run commits
+        assert second.path != first.path and cache.load(root, "a", "k") == second
+        assert storage.read_text(first.file("out.txt")) == "x=3;"   # still readable: pinned
+        assert first.path not in cache.garbage(root)
+    # the last reader removed the attempt the recommit superseded, and its pin
+    assert [n for n in storage.listdir(key_dir) if not n.startswith(lease.PREFIX)] == sorted(
+        [cache.MANIFEST, second.manifest["attempt"]])
+    with cache.reading(root, "a", "missing", owner="reader") as none:
+        assert none is None
+
+
+def test_a_forced_run_takes_only_a_commit_made_under_a_later_lease(root):
+    first = _run(root, fake_stage.Config(value=3))
+    since = cache.lease_now(root, "a", "k")
+    assert cache.made_after(first, since - 1) and not cache.made_after(first, since)
+    forced = _force(root)
+    assert forced.path != first.path and cache.made_after(forced, since)
+    reused = cache.run_stage(cache_root=root, stage="a", key="k", config=fake_stage.Config(value=3),
+                             upstream={}, fn=fake_stage.run, since=since)
+    assert reused == forced                           # committed after `since`: taken, not computed again
+
+
+def test_load_reads_the_manifest_again_when_a_commit_lands_while_it_lists(tmp_path, monkeypatch):
+    root = str(tmp_path / "cache")
+    first = _run(root, fake_stage.Config(value=3))
+    sizes, recommitted = storage.sizes, []
+
+    def sizes_then_recommit(directory):
+        found = sizes(directory)
+        if not recommitted:                  # the commit lands between the manifest read and this listing
+            recommitted.append("once")
+            recommitted.append(_force(root))
+        return found if storage.exists(directory) else {}
+
+    monkeypatch.setattr(storage, "sizes", sizes_then_recommit)
+    assert cache.load(root, "a", "k") == recommitted[1] != first

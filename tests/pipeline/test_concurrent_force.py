@@ -39,16 +39,17 @@ def _one_commit(root, stage, key):
     return done
 
 
-def test_a_forced_run_leaves_the_attempt_a_concurrent_forced_run_is_reading(monkeypatch, tmp_path):
-    """Deterministic: run A forces a and its downstream b holds a's attempt open; run B forces a meanwhile
-    and commits it; then A's b reads. Today's code deleted A's attempt of a there (FileNotFoundError)."""
+def test_a_forced_run_leaves_the_attempt_a_concurrent_forced_run_is_reading(root, monkeypatch, tmp_path):
+    """Deterministic, locally and on the GCS emulator: run A forces a and its downstream b holds a's attempt
+    open; run B forces a meanwhile and commits it; then A's b reads. The code before issue 15 deleted A's
+    attempt of a there (FileNotFoundError)."""
     monkeypatch.setattr(dag, "STAGES", {"a": (FAKE, ()), "b": (FAKE, ("a",))})
     hold = tmp_path / "hold"
     hold.mkdir()
-    params = [f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"', 'a.Config.name = "a"',
+    params = [f'pipeline.Settings.cache_root = "{root}"', 'a.Config.name = "a"',
               'b.Config.name = "b"', f'b.Config.hold = "{hold}"']
     plan = config.load([], params)
-    root, key = plan.cache_root, {s: plan.stages[s].key for s in ("a", "b")}
+    key = {s: plan.stages[s].key for s in ("a", "b")}
     (hold / "go").write_text("")
     assert tasks.build([plan], ["b"]).ok                                    # undisturbed
     undisturbed = {s: storage.read_text(cache.load(root, s, key[s]).file("out.txt")) for s in key}

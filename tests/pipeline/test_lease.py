@@ -110,3 +110,19 @@ def test_a_run_that_waited_reuses_the_commit_it_waited_for(root):
     assert results["x"].path == results["y"].path and results["x"].manifest == results["y"].manifest
     assert [n for n in storage.listdir(cache.stage_dir(root, "a", "k")) if n.startswith("attempt-")] == [
         results["x"].manifest["attempt"]]
+
+
+def test_pins_name_the_attempts_live_readers_hold_and_dead_ones_are_pruned(root):
+    key_dir = f"{root}/stage/k"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    storage.write_json(f"{key_dir}/{lease.PIN}killed{lease.SUFFIX}",
+                       {"attempt": "attempt-old", "owner": "killed", "host": socket.gethostname(),
+                        "pid": int(dead.stdout), "heartbeat": time.time(), "ttl_s": 60})
+    with lease.pin(key_dir, "attempt-1", owner="reader") as path:
+        assert lease.read(path)["attempt"] == "attempt-1"
+        assert lease.pinned(key_dir) == {"attempt-1"}
+        assert len([n for n in storage.listdir(key_dir) if n.startswith(lease.PIN)]) == 2
+        assert lease.pinned(key_dir, prune=True) == {"attempt-1"}
+        assert [n for n in storage.listdir(key_dir) if n.startswith(lease.PIN)] == [path.rsplit("/", 1)[1]]
+    assert lease.pinned(key_dir) == set() and storage.listdir(key_dir) == []
