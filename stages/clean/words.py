@@ -1,4 +1,5 @@
-"""English words and sentences for the quality filters, by regular expression (no NLTK, no spaCy).
+"""English words and sentences for the quality filters: NLTK's rules by regular expression (`words`,
+`sentences`: no library), and the reference splitters by name (`splitter`: spaCy, NLTK, loaded lazily).
 
     words("Don't stop, Mr. Smith.") == ("Do", "n't", "stop", ",", "Mr.", "Smith", ".")
     sentences("It works. Does it? Yes!") == 3
@@ -36,7 +37,8 @@ The splitter each reference used, by name (`splitter(name)`, picklable, so Beam 
     split("Don't stop.")            # -> the words, as that reference splits them
     split.sentences("It works. Yes!")   # -> 2, sentences in a line as that reference counts them
 
-- "fast": `words` and `sentences` above (no dependency; ~10x NLTK and ~30x spaCy).
+- "fast": `words` and `sentences` above (no library; 4-40x faster per filter than the two below,
+  benchmarks/RESULTS.md).
 - "spacy": what datatrove 0.10.1 does for English (`datatrove/utils/word_tokenizers.py`,
   `SpaCyTokenizer("en")`): `spacy.blank("en")` plus its rule-based `sentencizer`, every token's text
   stripped, empty ones dropped. Needs spaCy: `pip install -e '.[spacy]'`.
