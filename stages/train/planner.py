@@ -33,7 +33,9 @@ parameter's update is computed before any is applied (grads + updates, one more 
 held with the state but not the activations, which the backward pass has freed).
 
 The figures are estimates from first principles, so they can be read without a compiler; `--compile`
-(stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them
+(stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them, and where it
+exists it wins: a compile that runs out of memory (`aot.OutOfMemory`) or needs more than the usable HBM
+makes the verdict "does NOT fit", quoting XLA (`Plan.fits_with`)
 (benchmarks/plan_vs_xla.py checks ten configurations: seven TPU topologies, three of 8 simulated CPU
 devices). The time estimate is FLOPs per token
 (`configs.flops_per_token`) x tokens per step / (chips x peak x the assumed MFU). This module imports no
@@ -143,7 +145,8 @@ class Plan:
         rows = [
             f"train plan: {total_params / 1e9:,.3g}B parameters on {where}",
             "  parameters: " + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in self.params.items() if v),
-            f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP (6N + attention at T={cfg.seq_len})",
+            f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP (6N + causal attention at "
+            f"T={cfg.seq_len})",
             f"  mesh: data {self.mesh['data']} x fsdp {self.mesh['fsdp']} x tensor {self.mesh['tensor']}"
             f"{_slices(cfg.mesh, self.chips)}; "
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
@@ -243,12 +246,16 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
                                         splash=splash),
            "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh),
            "xla_cpu": xla_cpu_bytes(m, mesh, pbytes) if cpu else 0,
-           "updates": params if cpu else 0}
+           "updates": params if cpu else 0,
+           "across_slices": across_slices_bytes(m, cfg.mesh, micro_batch * mesh["data"] * mesh["fsdp"]
+                                                * cfg.seq_len, micro_batch * cfg.seq_len, cfg.loss_chunk,
+                                                mesh["tensor"])}
     backward = out["grads"] + out["gathered"] + out["recompute"]
     held = sum(out[k] for k in ALWAYS)
     # The update runs after the backward pass has freed the activations.
     update = held - out["activations"] + out["grads"] + out["updates"]
-    out["total"] = max(held + max(backward, out["loss"] + out["xla_cpu"]), update)
+    loss = out["loss"] + out["xla_cpu"] + out["across_slices"]
+    out["total"] = max(held + max(backward, loss), update)
     return out, host
 
 
@@ -362,6 +369,31 @@ def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int
     return min(loss_chunk, tokens) * vocab * per_logit + _output_matrix_bytes(m, mesh)
 
 
+def across_slices_bytes(m: ModelConfig, mesh, tokens: int, device_tokens: int, loss_chunk: int,
+                        tensor: int) -> int:
+    """What a mesh whose data axis crosses slices (`MeshConfig.dcn_data` > 1) adds to the loss phase,
+    read from the compiled step's HLO and buffer report (benchmarks/RESULTS.md):
+
+    - the final hidden states of the whole micro-batch (`tokens`, every device's and every slice's),
+      gathered in the compute dtype. The loss flattens the (batch, length) tokens and cuts them into
+      chunks of `loss_chunk` over the whole batch (stages/train/loss.py); with the batch split over the
+      data-center network too, XLA gathers the chunk axis before the chunk loop, keeping only the split
+      within a chunk: each device holds every chunk's share, tokens / (the devices one chunk spans,
+      `chunk_tokens` / this device's tokens). On two v5p-2048 slices of the 600B (one 8K sequence a
+      device) `bf16[2,1048576,20480]`, 80 GiB, with 8K chunks and half that with 16K chunks. It grows
+      with the global tokens and with smaller chunks, not with the layers or the attention kernel;
+    - a float32 receive buffer for one chunk's logits (this device's share of a chunk x its vocabulary),
+      which XLA sums across slices with a send / receive pair (megascale) rather than in place.
+
+    `device_tokens` is this device's part of the micro-batch. Not measured for dcn_fsdp or dcn_tensor
+    alone (0 here)."""
+    if mesh.dcn_data == 1:
+        return 0
+    vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
+    spans = max(1, min(loss_chunk, tokens) // device_tokens)       # the devices one chunk spans
+    return tokens // spans * m.d_model * DTYPE_BYTES[m.dtype] + min(loss_chunk, device_tokens) * vocab * 4
+
+
 def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
     """What XLA:CPU holds through the loss that the TPU and GPU compilers do not (read from the compiled
     step's HLO schedule and buffer report, benchmarks/RESULTS.md): its scheduler places the zero-filled
@@ -427,9 +459,10 @@ def advice(failed: Plan) -> str:
         if p is not None and p.fits:
             return f"It would fit with {binding} ({_gib(p.per_device['total'])} per device)."
     if failed.problem:       # more chips would only add batch shards
-        return (f"No mesh layout of these {failed.chips:,} chips splits a micro-batch of "
-                f"{cfg.global_batch // cfg.optimizer.grad_accum_steps} sequences and fits: use a larger "
-                "train.Config.global_batch, fewer chips, or a smaller model.")
+        micro = cfg.global_batch // cfg.optimizer.grad_accum_steps
+        return (f"No mesh layout, number of micro-batches, global batch or number of slices tried splits a "
+                f"micro-batch of {micro} sequences over these {failed.chips:,} chips and fits: use fewer "
+                f"chips (at most {micro} data x fsdp shards, each a whole sequence) or a smaller model.")
     return ("No mesh layout, remat policy, micro-batch or host offload makes it fit: use more chips "
             "(train.HardwareConfig.chips or a larger topology) or a smaller model.")
 
@@ -500,6 +533,8 @@ def _render_memory(parts: dict[str, int]) -> str:
     held = ", ".join(f"{k} {_gib(parts[k])}" for k in ALWAYS if parts[k] or k != "accumulated")
     backward = " + ".join(f"{k} {_gib(parts[k])}" for k in ("grads", "gathered", "recompute"))
     loss = _gib(parts["loss"])
+    if parts["across_slices"]:
+        loss += f" + the micro-batch's hidden states gathered across slices {_gib(parts['across_slices'])}"
     if not parts["xla_cpu"]:
         return f"  per device: {held}, then the larger of backward ({backward}) and loss {loss}"
     return (f"  per device: {held}, then the largest of backward ({backward}), loss ({loss} + "

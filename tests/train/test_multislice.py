@@ -69,22 +69,45 @@ def test_the_planner_counts_every_slice_and_shows_the_ici_and_dcn_split():
     assert p.render(xla=xla).splitlines()[-2].startswith("  XLA, compiled for v5p:2x2x1 x 2 slices: 2.0 MiB ")
 
 
+def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the_loss():
+    """Measured (benchmarks/RESULTS.md): the 600B on two v5p-2048 slices, one 8K sequence a device, holds
+    bf16[2,1048576,20480] (80 GiB) in its loss with 8K-token chunks and half that with 16K chunks; not
+    with one slice, and not more with more layers."""
+    def plan(*overrides):
+        return planner.plan(config.load([f"{REPO}/gin/600b.gin"], [
+            "train.Config.global_batch=1024", *overrides]).stages["train"].config, advise=False)
+
+    two = ["train.HardwareConfig.num_slices=2", "train.MeshConfig.dcn_data=2"]
+    logits = 8192 * 128256 // 8 * 4                                # one chunk's float32 logits a device
+    hidden = 2 * 1048576 * 20480 * 2
+    assert plan(*two).per_device["across_slices"] == hidden + logits
+    assert plan(*two, "train.Config.loss_chunk=16384").per_device["across_slices"] == hidden // 2 + logits
+    assert plan(*two, "train.ModelConfig.n_layers=2").per_device["across_slices"] == hidden + logits
+    assert plan("train.Config.global_batch=512").per_device["across_slices"] == 0
+    d = plan(*two).per_device
+    assert d["total"] == sum(d[k] for k in planner.ALWAYS) + d["loss"] + d["across_slices"]
+    assert "the micro-batch's hidden states gathered across slices 80.5 GiB" in plan(*two).render()
+
+
 def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_slices():
     # The flagship on two v5p-2048 slices: data 2 x fsdp 128 x tensor 8 leaves 256 batch shards for a
-    # micro-batch of 128 sequences; two micro-batches a step instead of four split it, and a mesh layout
-    # binds the sizes within a slice (1,024 chips each).
+    # micro-batch of 128 sequences; the advice never adds chips, and a mesh layout binds the sizes within
+    # a slice (1,024 chips each).
     # With one micro-batch a step (none fewer to try), a mesh layout is what splits it.
     cfg = config.load([f"{REPO}/gin/600b.gin"], ["train.HardwareConfig.num_slices=2",
                                                  "train.MeshConfig.dcn_data=2"]).stages["train"].config
     p = planner.plan(cfg)
     assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "tensor": 8} and not p.fits
     assert "does not split over data x fsdp = 256 devices" in p.problem
-    assert p.advice.startswith("It would fit with train.OptimizerConfig.grad_accum_steps=2 ")
-    one = dataclasses.replace(cfg, global_batch=128, optimizer=dataclasses.replace(cfg.optimizer,
-                                                                                   grad_accum_steps=1))
+    # Two micro-batches a step would split it, but gather 256 sequences' hidden states across the slices
+    # (80 GiB): one slice is what fits.
+    assert p.advice.startswith("It would fit with train.HardwareConfig.num_slices=1 "
+                               "train.MeshConfig.dcn_data=1 "), p.advice
+    one = dataclasses.replace(cfg, global_batch=64, optimizer=dataclasses.replace(cfg.optimizer,
+                                                                                  grad_accum_steps=1))
     p = planner.plan(one)
-    assert "a micro-batch of 128 sequences" in p.problem
-    assert p.advice.startswith("It would fit with train.MeshConfig.fsdp=16 train.MeshConfig.tensor=16 ")
+    assert "a micro-batch of 64 sequences" in p.problem
+    assert p.advice.startswith("It would fit with train.MeshConfig.fsdp=16 train.MeshConfig.tensor=32 ")
 
 
 TWO_SLICES = textwrap.dedent("""
