@@ -6,9 +6,10 @@ of time for TPU topologies (no TPU needed: libtpu describes them) and for 8 simu
 Each row is one configuration (model size, mesh, remat, micro-batch): `estimate / xla` is the ratio the
 planner is judged by (within 10% is the bar), both in device memory; `host_gib` is what an offload_*
 policy keeps in host memory by the planner (not in either device figure). The 600B rows compile for
-1,024 chips and take about a minute each on 2 cores. `cpu_rows` compile the same step with XLA:CPU for 8
-simulated CPU devices (CPU_CASES), judged by the same bar: the planner models what XLA:CPU holds
-beyond the TPU compiler (`planner.xla_cpu_bytes`).
+1,024 chips and take about a minute each on 2 cores. The multi-slice rows (`_2x_`) put the 1B and 9B run
+files on two slices, the data axis across them (`planner.across_slices_bytes`). `cpu_rows` compile the
+same step with XLA:CPU for 8 simulated CPU devices (CPU_CASES), judged by the same bar: the planner
+models what XLA:CPU holds beyond the TPU compiler (`planner.xla_cpu_bytes`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ CASES = {
         "include 'model/124m.gin'", "train.Config.seq_len = 1024", "train.Config.global_batch = 32",
         "train.ModelConfig.remat = 'full'", "train.MeshConfig.fsdp = 2", "train.MeshConfig.tensor = 2",
         "train.OptimizerConfig.grad_accum_steps = 2"]),
+    # Multi-slice: the run files on two slices joined over DCN, the data axis across them (dcn_data 2).
+    "1b_2x_v5p-128_dcn2_fsdp64": ("gin/1b.gin", ["train.HardwareConfig.num_slices = 2",
+                                                 "train.MeshConfig.dcn_data = 2"]),
+    "9b_2x_v5p-512_dcn2_fsdp32_tp8": ("gin/9b.gin", [
+        "train.HardwareConfig.num_slices = 2", "train.MeshConfig.dcn_data = 2", "train.MeshConfig.fsdp = 32",
+        "train.MeshConfig.tensor = 8"]),
 }
 TOPOLOGY = {"1b": "v5p:2x2x2", "124m": "v5p:2x2x1"}     # model size -> the slice it is compiled for
 # Compiled for this machine's CPU as 8 simulated devices (a subprocess, so the device count is set before
@@ -65,7 +72,7 @@ def measure(work_dir: str) -> dict:
     for name, (gin, overrides) in CASES.items():
         size = name.split("_")[0]
         extra = []
-        if size in TOPOLOGY:
+        if gin == "gin/tiny.gin" and size in TOPOLOGY:
             topology = TOPOLOGY[size]
             extra = ['train.HardwareConfig.device = "tpu-v5p"',
                      f'train.HardwareConfig.topology = "{topology}"',

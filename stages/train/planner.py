@@ -382,6 +382,9 @@ def across_slices_bytes(m: ModelConfig, mesh, tokens: int, device_tokens: int, l
       `chunk_tokens` / this device's tokens). On two v5p-2048 slices of the 600B (one 8K sequence a
       device) `bf16[2,1048576,20480]`, 80 GiB, with 8K chunks and half that with 16K chunks. It grows
       with the global tokens and with smaller chunks, not with the layers or the attention kernel;
+      Where a device holds several chunks (`loss_chunk` < its tokens) XLA gathers by all-reducing a
+      zero-filled copy with its own part written in, so operand and result are both live: twice that
+      (`bf16[2,256,4096,2048]` x 2 on the 1B on two v5p-128 slices, against one all-gather on the 600B);
     - a float32 receive buffer for one chunk's logits (this device's share of a chunk x its vocabulary),
       which XLA sums across slices with a send / receive pair (megascale) rather than in place.
 
@@ -391,7 +394,9 @@ def across_slices_bytes(m: ModelConfig, mesh, tokens: int, device_tokens: int, l
         return 0
     vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
     spans = max(1, min(loss_chunk, tokens) // device_tokens)       # the devices one chunk spans
-    return tokens // spans * m.d_model * DTYPE_BYTES[m.dtype] + min(loss_chunk, device_tokens) * vocab * 4
+    copies = 2 if loss_chunk < device_tokens else 1                 # all-reduce (operand + result) or gather
+    hidden = copies * tokens // spans * m.d_model * DTYPE_BYTES[m.dtype]
+    return hidden + min(loss_chunk, device_tokens) * vocab * 4
 
 
 def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:

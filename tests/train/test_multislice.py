@@ -72,7 +72,7 @@ def test_the_planner_counts_every_slice_and_shows_the_ici_and_dcn_split():
 def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the_loss():
     """Measured (benchmarks/RESULTS.md): the 600B on two v5p-2048 slices, one 8K sequence a device, holds
     bf16[2,1048576,20480] (80 GiB) in its loss with 8K-token chunks and half that with 16K chunks; not
-    with one slice, and not more with more layers."""
+    with one slice, and not more with more layers; the 1B, with several chunks a device, twice."""
     def plan(*overrides):
         return planner.plan(config.load([f"{REPO}/gin/600b.gin"], [
             "train.Config.global_batch=1024", *overrides]).stages["train"].config, advise=False)
@@ -86,6 +86,10 @@ def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the
     assert plan("train.Config.global_batch=512").per_device["across_slices"] == 0
     d = plan(*two).per_device
     assert d["total"] == sum(d[k] for k in planner.ALWAYS) + d["loss"] + d["across_slices"]
+    # The 1B on two v5p-128 slices: 4K chunks of a device's 16K tokens, gathered by an all-reduce whose
+    # operand and result (bf16[2,256,4096,2048] each) are both live.
+    one_b = config.load([f"{REPO}/gin/1b.gin"], two).stages["train"].config
+    assert planner.plan(one_b).per_device["across_slices"] == 2 * (2 * 2**20 * 2048 * 2) + 4096 * 128256 * 4
     assert "the micro-batch's hidden states gathered across slices 80.5 GiB" in plan(*two).render()
 
 
