@@ -228,8 +228,8 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     read". Training keeps its periodic checkpoints there, so a preempted run resumes where it stopped
     instead of starting over; everything a downstream stage reads lives in the committed attempt.
 
-    `extra_files` (name -> text) are written into the attempt before the commit, for example the
-    operative gin config. `run_id` and the lease number are recorded in the manifest.
+    `extra_files` (name -> text) are written into the attempt before the commit, for example config.gin
+    (what the key covers, as gin). `run_id` and the lease number are recorded in the manifest.
 
     Upstream attempts should be pinned (`reading`) for as long as this runs, so a concurrent forced run
     cannot remove them. The commit removes the attempts it supersedes except those a live pin names.

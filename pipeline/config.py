@@ -28,15 +28,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import gin
-from pipeline import dag, gin_errors, typecheck
+from pipeline import cache, dag, gin_errors, typecheck
 from pipeline.gin_errors import GIN_DIR, ConfigError
 from pipeline.plan import InputsError, Plan, StagePlan
 from stages import beam_runner
 from stages.io import storage
 
 # What `load` returns and raises, importable from here as well as from their own modules.
-__all__ = ["GIN_DIR", "PLACEHOLDER", "ConfigError", "InputsError", "Plan", "Settings", "StagePlan", "load",
-           "placeholders"]
+__all__ = ["GIN_DIR", "PLACEHOLDER", "ConfigError", "InputsError", "Plan", "Settings", "StagePlan", "key_gin",
+           "load", "placeholders"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +100,65 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     for name in dag.STAGES:
         module = dag.module(name)
         config = _build(f"{name}.Config", registry, gin_files, gin_params)
-        stages[name] = StagePlan(name, config, module.VERSION, tuple(stages[u] for u in dag.upstream(name)))
+        configs = {s: stages[s].config for s in dag.closure(name) if s != name} | {name: config}
+        stages[name] = StagePlan(name, config, module.VERSION, tuple(stages[u] for u in dag.upstream(name)),
+                                 config_gin=key_gin(name, configs, registry))
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
+
+
+def key_gin(stage: str, configs: dict[str, Any], registry: dict[str, type]) -> str:
+    """The `config.gin` the cache writes next to `stage`'s output: the gin of what its key covers.
+
+    `configs` maps `stage` and every stage it reads (`dag.closure`) to its resolved Config, in DAG order.
+    Each field the key covers is bound to its resolved value (macros and defaults written out), and so is
+    each field of a config nested in one (`download.Config.source = @download.Embedded()`, then
+    `download.Embedded.max_files = 300`); key=False fields, the configs only they reach (the Beam runner,
+    training's launcher and hardware) and `pipeline.Settings` are not written. The text is therefore a
+    function of the key: two runs of one key, on any cache root and however they run, write the same
+    bytes. It is gin a run reads: `python -m pipeline run --gin config.gin --stage <stage>` computes the
+    same keys for `stage` and its upstream stages (fields it does not bind take their defaults).
+    """
+    names = {cls: name for name, cls in registry.items()}
+    blocks: dict[str, list[str]] = {}       # gin name (scoped where needed) -> its `field = value` lines
+
+    def render(value: Any, where: str) -> str:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            kept = cache.config_to_json(value, for_key=True)      # the key's own rule for which fields count
+            lines = [f"{f.name} = {render(getattr(value, f.name), f'{where}.{f.name}')}"
+                     for f in dataclasses.fields(value) if f.name in kept]
+            name = names[type(value)]
+            if blocks.setdefault(name, lines) != lines:
+                # The same class twice with different values: gin binds a class once, so this one is scoped
+                # by where it sits (`download_Config_sources_1/download.Files.paths = ...`).
+                name = f"{where.replace('.', '_')}/{name}"
+                blocks[name] = lines
+            return f"@{name}()"
+        if isinstance(value, (list, tuple)):
+            items = [render(v, f"{where}.{i}") for i, v in enumerate(value)]
+            return f"[{', '.join(items)}]" if isinstance(value, list) else \
+                f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k!r}: {render(v, where)}" for k, v in value.items()) + "}"
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return repr(value)
+        raise TypeError(f"{where} = {value!r} of type {type(value).__name__} cannot be written as gin")
+
+    for name, config in configs.items():
+        render(config, f"{name}.Config")
+    header = (f"# The bindings the cache key of {stage} covers: the key fields of the configs of "
+              f"{', '.join(configs)}, resolved.\n"
+              f"#   python -m pipeline run --gin config.gin --stage {stage}\n")
+    return header + "".join(f"\n# {name}\n" + "".join(f"{name}.{line}\n" for line in lines)
+                            for name, lines in sorted(blocks.items(), key=_block_order))
+
+
+def _block_order(block: tuple[str, list[str]]) -> tuple:
+    """Stages in DAG order, each stage's Config first, then its nested configs by name."""
+    name = block[0].rpartition("/")[2]
+    stage, _, short = name.partition(".")
+    stages = list(dag.STAGES)
+    return (stages.index(stage) if stage in stages else len(stages), short != "Config", block[0])
 
 
 def placeholders(plan: Plan) -> list[str]:

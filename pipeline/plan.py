@@ -32,6 +32,8 @@ class StagePlan:
     config: Any
     version: str
     upstream_plans: tuple[StagePlan, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    # What the key covers, as gin (`config.key_gin`): written next to the stage's output as config.gin
+    config_gin: str = dataclasses.field(default="", repr=False, compare=False)
 
     @property
     def upstream(self) -> tuple[str, ...]:
@@ -73,7 +75,7 @@ class StagePlan:
 class Plan:
     cache_root: str
     stages: dict[str, StagePlan]   # in DAG order
-    operative_gin: str             # the operative config, saved next to each stage's output
+    operative_gin: str             # gin's operative config of the whole run (each stage saves its config_gin)
     gin_files: tuple[str, ...]
     gin_params: tuple[str, ...]
 

@@ -80,7 +80,8 @@ class StageTask(luigi.Task):
         try:
             cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
                             config=plan.stages[self.stage].config, upstream=upstream,
-                            fn=dag.module(self.stage).run, extra_files={"config.gin": plan.operative_gin},
+                            fn=dag.module(self.stage).run,
+                            extra_files={"config.gin": plan.stages[self.stage].config_gin},
                             run_id=self.run_id, since=self.since)
         except Exception as e:
             if getattr(e, "resumable", False):    # stopped on request after saving (training's preemption)
