@@ -74,7 +74,7 @@ def test_trains_a_model_that_round_trips_and_reports_stats(trained):
     assert stats["long_lines_split"] == 0
     assert stats["bytes_per_token"] > 2.0
     assert stats["round_trip_rate"] == 1.0
-    assert stats["train_seconds"] > 0
+    assert not [k for k in stats if k.endswith("_seconds")]     # a wall time is no function of the key
 
     sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(trained.file("tokenizer.model")))
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, -1)
@@ -87,7 +87,7 @@ def test_trains_a_model_that_round_trips_and_reports_stats(trained):
 
 def test_training_is_deterministic(clean, tmp_path, trained):
     again = train(str(tmp_path), clean, heldout_fraction=0.1)
-    for name in ("tokenizer.model", "tokenizer.vocab"):
+    for name in ("tokenizer.model", "tokenizer.vocab", "stats.json"):
         assert storage.read_bytes(again.file(name)) == storage.read_bytes(trained.file(name))
     two = [train(str(tmp_path / str(i)), clean, num_threads=2) for i in range(2)]    # also with threads
     assert len({storage.read_bytes(t.file("tokenizer.model")) for t in two}) == 1
