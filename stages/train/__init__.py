@@ -123,6 +123,8 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
 
     try:
         return p.render(xla=aot.compile_train_step(config))
+    except aot.OutOfMemory as e:         # XLA's figure wins: the verdict says does NOT fit, quoting it
+        return p.render(xla=e.figures, xla_note=e.said)
     except (RuntimeError, ValueError) as e:
         return p.render(xla_note=str(e))
 
