@@ -24,7 +24,10 @@ layers' backward pass begins):
     backward     grads (every parameter's gradient, in the parameters' layout and dtype), gathered (with
                  FSDP, one layer's parameters gathered whole and their gradient before it is reduce-
                  scattered) and recompute (the layer being recomputed: its activations and their gradients)
-    loss         one chunk of logits and what the chunked cross entropy holds with it (`loss_bytes`)
+    loss         one chunk of logits and what the chunked cross entropy holds with it (`loss_bytes`),
+                 and with a data axis across slices what XLA gathers for it: the whole micro-batch's
+                 hidden states and a receive buffer for the logits' cross-slice sum
+                 (`across_slices_bytes`)
 
 XLA:CPU (the "cpu" device: a laptop, CI, simulated devices) holds more than the TPU compiler, measured
 from its compiled step: through the loss, the layers' zero-filled gradient stacks and two transposed
@@ -231,6 +234,7 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
     """(per-device bytes by part, with their "total"; host bytes of offloaded activations) for `cfg` (a
     stages.train.Config) with `micro_batch` sequences per device: see the module docstring."""
     m = cfg.model
+    micro = cfg.global_batch // cfg.optimizer.grad_accum_steps      # sequences a micro-batch, all devices
     pbytes = DTYPE_BYTES[m.param_dtype]
     params = param_bytes(m, mesh, pbytes)
     tpu, cpu = device.name.startswith("tpu-"), device.name == "cpu"
@@ -247,9 +251,8 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
            "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh),
            "xla_cpu": xla_cpu_bytes(m, mesh, pbytes) if cpu else 0,
            "updates": params if cpu else 0,
-           "across_slices": across_slices_bytes(m, cfg.mesh, micro_batch * mesh["data"] * mesh["fsdp"]
-                                                * cfg.seq_len, micro_batch * cfg.seq_len, cfg.loss_chunk,
-                                                mesh["tensor"])}
+           "across_slices": across_slices_bytes(m, cfg.mesh, micro * cfg.seq_len, micro_batch * cfg.seq_len,
+                                                cfg.loss_chunk, mesh["tensor"])}
     backward = out["grads"] + out["gathered"] + out["recompute"]
     held = sum(out[k] for k in ALWAYS)
     # The update runs after the backward pass has freed the activations.
