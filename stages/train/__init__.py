@@ -14,79 +14,23 @@ Modules, one job each: `model.py` (the decoder), `attention.py` (the only place 
 `sharding.py` (mesh and logical axes), `optimizer.py`, `loss.py` (chunked cross entropy),
 `data.py` (memory-mapped shards; the batch is a pure function of the step), `checkpoint.py`
 (Orbax), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training loop), `worker.py` (one
-process; launchers in `stages/train/launch.py`).
+process; launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its exit code).
+`Config` and `LaunchConfig` are defined in `stage_config.py` (so no module of the stage imports this
+package) and re-exported here with CONFIGURABLES, VERSION, run, plan, check and summary.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping
 
 from stages.io import storage
 from stages.train import planner
-from stages.train.configs import (
-    NAN_POLICIES,
-    HardwareConfig,
-    MeshConfig,
-    ModelConfig,
-    OptimizerConfig,
-    cpu_run_problem,
-)
-from stages.train.launch import LaunchConfig
+from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
+from stages.train.stage_config import Config, LaunchConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
-    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
-    steps: int = 200
-    global_batch: int = 16               # sequences per optimizer step, over all processes
-    seq_len: int = 256                   # tokens per sequence (<= model.max_seq_len)
-    seed: int = 0                        # parameter init and data order
-    z_loss: float = 0.0
-    loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
-    eval_every: int = 50                 # held-out loss on `eval_batches` val batches (metrics.jsonl)
-    eval_batches: int = 4
-    nan_policy: str = "stop"             # "stop": fail naming the step; "skip": drop that update
-    log_every: int = dataclasses.field(default=10, metadata={"key": False})
-    checkpoint_every: int = dataclasses.field(default=100, metadata={"key": False})
-    keep_checkpoints: int = dataclasses.field(default=2, metadata={"key": False})
-    launcher: LaunchConfig = dataclasses.field(default_factory=LaunchConfig, metadata={"key": False})
-    hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig, metadata={"key": False})
-    stop_after: int = dataclasses.field(default=0, metadata={"key": False})   # testing: exit at this step
-
-    def __post_init__(self):
-        for name in ("steps", "global_batch", "seq_len", "loss_chunk", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
-        if self.seq_len > self.model.max_seq_len:
-            raise ValueError(f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
-        if self.nan_policy not in NAN_POLICIES:
-            raise ValueError(f"nan_policy={self.nan_policy!r} is not one of {NAN_POLICIES}")
-        if self.mesh.num_slices != self.hardware.num_slices:
-            m = self.mesh
-            raise ValueError(f"MeshConfig dcn_data={m.dcn_data} x dcn_fsdp={m.dcn_fsdp} x dcn_tensor="
-                             f"{m.dcn_tensor} spans {m.num_slices} slice(s), but HardwareConfig.num_slices="
-                             f"{self.hardware.num_slices}; the dcn sizes must multiply to the number of "
-                             f"slices (e.g. train.MeshConfig.dcn_data={self.hardware.num_slices})")
-        if self.global_batch % self.optimizer.grad_accum_steps:
-            raise ValueError(f"global_batch={self.global_batch} must be a multiple of "
-                             f"OptimizerConfig.grad_accum_steps={self.optimizer.grad_accum_steps} "
-                             "(each optimizer step is that many equal micro-batches)")
-        self.optimizer_for_run()   # the schedule's checks (warmup vs steps) against this run's length
-
-    def optimizer_for_run(self) -> OptimizerConfig:
-        """The optimizer config with total_steps = steps (the run length is stated once, here)."""
-        if self.optimizer.total_steps not in (0, self.steps):
-            raise ValueError(f"OptimizerConfig.total_steps={self.optimizer.total_steps} disagrees with "
-                             f"steps={self.steps}; leave total_steps unset (0): it is train.Config.steps")
-        return dataclasses.replace(self.optimizer, total_steps=self.steps)
-
 
 CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig, HardwareConfig)
 # 2: parameters and optimizer state are initialized by one jitted program directly in their shardings;

@@ -447,9 +447,17 @@ def _splash_one_device(q, k, v, q_seg, kv_seg, *, causal: bool, bq: int, bk: int
     return _zero_empty_rows(out, q_seg, kv_seg, S, causal=causal).astype(q.dtype)
 
 
-@functools.lru_cache(maxsize=64)
 def _splash_kernel(T: int, S: int, G: int, causal: bool, bq: int, bk: int, interpret: bool):
-    """The MQA kernel for G query heads per kv head; cached because processing the mask costs numpy work."""
+    """The MQA kernel for G query heads per kv head, built anew in every trace that uses it.
+
+    Never cache the kernel across traces: `make_splash_mqa` turns its mask tables into arrays with
+    `jnp.array`, which inside a trace makes constants of that program (tracers), so a kernel kept from the
+    train step's trace breaks the eval step's (UnexpectedTracerError), and building it outside the trace
+    would run JAX eagerly on the mesh's devices, which an ahead-of-time compile for a TPU topology does
+    not have. The costly part, turning the mask into block tables (numpy), is cached by JAX itself
+    (`splash_attention_mask_info._process_mask`, keyed by the mask's shape and blocks), so a rebuild is
+    cheap: this is how the splash API expects to be called.
+    """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     head_mask = splash.CausalMask((T, S), offset=S - T) if causal else splash.FullMask((T, S))

@@ -1,32 +1,29 @@
-"""Checkpoints with Orbax: asynchronous saves, the last N kept, a final save on SIGTERM, exact resume.
+"""Checkpoints with Orbax: asynchronous saves, the last N kept, exact resume.
 
     ckpt = checkpoint.Checkpointer(work_dir + "/checkpoints", keep=3, every=1000)
     state = {"params": params, "opt_state": opt_state, "step": jnp.int32(0)}
     if ckpt.latest_step() is not None:                   # resume: restore into the live shardings/dtypes
         state = ckpt.restore(ckpt.latest_step(), state)  # or jax.eval_shape(...) with shardings
-    stop = ckpt.install_sigterm_handler()
-    for step in range(start, steps):
-        ...
-        ckpt.save(step + 1, state)                       # saves when (step + 1) % every == 0
-        if stop.is_set():                                # preempted: save now, wait for it, exit
-            ckpt.save(step + 1, state, force=True)
-            ckpt.wait()
-            break
-    ckpt.close()                                         # waits, and puts back the old SIGTERM handler
+    with stop.stop_requests() as requested:              # SIGTERM / Ctrl-C set it (stages/train/stop.py)
+        for step in range(start, steps):
+            ...
+            ckpt.save(step + 1, state)                   # saves when (step + 1) % every == 0
+            if requested.is_set():                       # preempted: save now, wait for it, exit
+                ckpt.save(step + 1, state, force=True)
+                ckpt.wait()
+                break
+    ckpt.close()                                         # waits for pending saves
 
 `state` is a mapping of names to pytrees of arrays (params, optimizer state, step). Each name is one
 Orbax item (`<directory>/<step>/<name>/`), so a reader can restore some of them (`partial=True`).
 Inside an item the pytree is stored as nested dicts keyed by its key path (nnx.State, optax
 namedtuples and tuples all work); restore rebuilds the structure of the abstract state it is given.
 Directories may be local or gs:// (TensorStore writes the arrays; `storage.for_tensorstore` points it at
-the GCS emulator when one is set).
-"""
+the GCS emulator when one is set)."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,8 +54,6 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1, create=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(storage.for_tensorstore(directory), options=options)
-        self._previous_handler: Any = None
-        self._handler_installed = False
         self._closed = False
 
     def save(self, step: int, state: Mapping[str, Any], *, force: bool = False) -> bool:
@@ -119,36 +114,13 @@ class Checkpointer:
         """Blocks until every asynchronous save has finished writing."""
         self._manager.wait_until_finished()
 
-    def install_sigterm_handler(self) -> threading.Event:
-        """Returns an event that SIGTERM sets (preemption); `close()` puts the previous handler back.
-
-        The training loop checks `flag.is_set()` after each step; when set it saves with force=True,
-        calls `wait()` and exits, so the next attempt resumes from that step. Must be called from the
-        main thread (Python delivers signals there); elsewhere it warns and the event is never set.
-        """
-        flag = threading.Event()
-
-        def handler(signum, frame):
-            log.warning("SIGTERM: saving a checkpoint after this step and stopping")
-            flag.set()
-
-        try:
-            self._previous_handler = signal.signal(signal.SIGTERM, handler)
-            self._handler_installed = True
-        except ValueError:   # not the main thread
-            log.warning("SIGTERM handler not installed (not the main thread): preemption will not save")
-        return flag
-
     def close(self) -> None:
-        """Waits for pending saves, releases Orbax's resources and restores the old SIGTERM handler."""
+        """Waits for pending saves and releases Orbax's resources."""
         if self._closed:
             return
         self._closed = True
         self._manager.wait_until_finished()
         self._manager.close()
-        if self._handler_installed:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._handler_installed = False
 
     def __enter__(self) -> Checkpointer:
         return self

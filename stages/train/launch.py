@@ -16,7 +16,6 @@ arguments).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import socket
@@ -25,42 +24,10 @@ import sys
 import time
 
 from stages.io import storage
+from stages.train.stage_config import LaunchConfig
+from stages.train.stop import STOPPED_EXIT_CODE, StopRequest, TrainingStopped, stop_requests
 
-KINDS = ("inprocess", "local", "tpu_vm")
-STOPPED_EXIT_CODE = 75   # a worker that stopped at a checkpoint on request (EX_TEMPFAIL: rerun to resume)
-
-
-class TrainingStopped(Exception):
-    """Training stopped before its last step on request (SIGTERM, `train.Config.stop_after`) after saving
-    a checkpoint: the attempt does not commit, and rerunning the stage resumes from that checkpoint."""
-
-    resumable = True    # `python -m pipeline` reports it in one line, no traceback (pipeline/tasks.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchConfig:
-    kind: str = "inprocess"
-    num_processes: int = 2          # local: how many processes
-    tpu_name: str = ""              # tpu_vm: the slice, its zone and project
-    zone: str = ""
-    project: str = ""
-    remote_dir: str = "~/refinery"  # tpu_vm: where this repository is checked out on every worker
-    timeout_s: int = 0              # 0 = no limit
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
-        if self.kind == "local" and self.num_processes < 1:
-            raise ValueError(f"num_processes={self.num_processes} must be >= 1")
-        if self.kind == "tpu_vm" and not (self.tpu_name and self.zone):
-            raise ValueError("kind='tpu_vm' needs tpu_name and zone (and usually project): "
-                             f"got tpu_name={self.tpu_name!r}, zone={self.zone!r}")
-
-
-    def unused_fields(self) -> frozenset[str]:
-        """Fields this launcher kind ignores (the placeholder check skips them)."""
-        slice_fields = {"tpu_name", "zone", "project", "remote_dir"}
-        return frozenset() if self.kind == "tpu_vm" else frozenset(slice_fields)
+STOP_GRACE_S = 300    # local: how long workers that were asked to stop may take to save and exit
 
 
 def launch(cfg: LaunchConfig, spec_path: str) -> None:
@@ -81,35 +48,57 @@ def launch(cfg: LaunchConfig, spec_path: str) -> None:
 
 
 def run_local(num_processes: int, spec_path: str, *, timeout_s: int = 0) -> None:
-    """N worker processes on this machine; if one fails the others are stopped and the error raised."""
+    """N worker processes on this machine; if one fails the others are stopped and the error raised.
+
+    The workers run in a process group of their own, so a stop request (SIGTERM, Ctrl-C) reaches them once,
+    from here: this process passes it on and waits while they save, then raises `TrainingStopped`.
+    """
     port = _free_port()
     procs = []
-    for i in range(num_processes):
-        env = dict(os.environ, REFINERY_COORDINATOR=f"127.0.0.1:{port}",
-                   REFINERY_NUM_PROCESSES=str(num_processes), REFINERY_PROCESS_ID=str(i))
-        procs.append(subprocess.Popen([sys.executable, "-m", "stages.train.worker", spec_path], env=env))
+    with stop_requests() as stop:
+        try:
+            for i in range(num_processes):
+                env = dict(os.environ, REFINERY_COORDINATOR=f"127.0.0.1:{port}",
+                           REFINERY_NUM_PROCESSES=str(num_processes), REFINERY_PROCESS_ID=str(i))
+                cmd = [sys.executable, "-m", "stages.train.worker", spec_path]
+                procs.append(subprocess.Popen(cmd, env=env, process_group=0))
+            _wait(procs, stop, timeout_s)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def _wait(procs: list[subprocess.Popen], stop: StopRequest, timeout_s: int) -> None:
+    """Until every worker has exited: raises when one fails, passes a stop request on to all of them."""
+    n, forwarded = len(procs), None
     deadline = time.time() + timeout_s if timeout_s else None
-    try:
-        while any(p.poll() is None for p in procs):
-            # A stopping worker exits before the others finish saving the checkpoint: let them.
-            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0, STOPPED_EXIT_CODE)]
-            if failed:
-                raise RuntimeError(f"training process {failed[0]} of {num_processes} exited with "
-                                   f"{procs[failed[0]].returncode}; stopping the others")
-            if deadline and time.time() > deadline:
-                raise TimeoutError(f"training did not finish within {timeout_s} s")
-            time.sleep(0.2)
-        codes = [p.returncode for p in procs]
-        if set(codes) == {STOPPED_EXIT_CODE}:
-            raise TrainingStopped(f"all {num_processes} training processes stopped at a checkpoint; "
-                                  "rerun the stage to resume from it")
-        if any(codes):
-            raise RuntimeError(f"training processes exited with {codes}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    while any(p.poll() is None for p in procs):
+        if stop.is_set() and forwarded is None:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(stop.signum)
+            forwarded = time.time()
+        if forwarded and time.time() > forwarded + STOP_GRACE_S:
+            # Each process acts on the signal after its own step: two may pick different steps, and then
+            # their collective checkpoint never completes. Agreeing on one step is not done yet.
+            raise RuntimeError(f"the {n} training processes did not stop within {STOP_GRACE_S} s of "
+                               f"{stop.reason}; stopping them without a checkpoint")
+        # A stopping worker exits before the others finish saving the checkpoint: let them.
+        failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0, STOPPED_EXIT_CODE)]
+        if failed:
+            raise RuntimeError(f"training process {failed[0]} of {n} exited with "
+                               f"{procs[failed[0]].returncode}; stopping the others")
+        if deadline and time.time() > deadline:
+            raise TimeoutError(f"training did not finish within {timeout_s} s")
+        time.sleep(0.2)
+    codes = [p.returncode for p in procs]
+    if set(codes) == {STOPPED_EXIT_CODE}:
+        raise TrainingStopped(f"all {n} training processes stopped at a checkpoint; "
+                              "rerun the stage to resume from it")
+    if any(codes):
+        raise RuntimeError(f"training processes exited with {codes}")
 
 
 def tpu_vm_command(cfg: LaunchConfig, spec_path: str) -> list[str]:

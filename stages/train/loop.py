@@ -12,8 +12,8 @@
 
 State is (params, opt_state, step). The batch at step s is `data.batch(s)`, a pure function of s
 and the seed, so resuming from a checkpoint at step s replays exactly the batches an
-uninterrupted run would see (bitwise on CPU). A stop request (SIGTERM, or `stop_after` in tests)
-saves a checkpoint and raises `TrainingStopped`; rerunning the stage resumes from it.
+uninterrupted run would see (bitwise on CPU). A stop request (SIGTERM, Ctrl-C, or `stop_after` in
+tests; `stop.py`) saves a checkpoint and raises `TrainingStopped`; rerunning the stage resumes from it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,12 +38,12 @@ from flax import nnx
 from stages.io import storage
 from stages.train import checkpoint, data, loss, metrics, model, optimizer, sharding
 from stages.train.configs import flops_per_token, param_counts
-from stages.train.launch import TrainingStopped
+from stages.train.stop import StopRequest, TrainingStopped, stop_requests
 
 log = logging.getLogger(__name__)
 HISTORY = "metrics.jsonl"      # in work_dir: the metrics rows up to the newest checkpoint, for a resume
 # Steps the host dispatches before waiting for the device: one running and one queued keeps the device
-# busy, and a stop request (SIGTERM, preemption) is seen within about one step whatever log_every and
+# busy, and a stop request (SIGTERM, Ctrl-C) is seen within about one step whatever log_every and
 # checkpoint_every are (JAX dispatch is asynchronous: unbounded, the host would queue a whole logging
 # interval and notice the request only once the device had run all of it).
 MAX_IN_FLIGHT = 2
@@ -58,6 +57,8 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
     """
     manifest = storage.read_json(shard.file("manifest.json"))
     with contextlib.ExitStack() as stack:
+        # From here SIGTERM (preemption) and Ctrl-C ask for a stop: a checkpoint after the current step.
+        stop = stack.enter_context(stop_requests())
         # Metrics are written locally and copied up at the end when out_dir is remote.
         local_out = out_dir if storage.is_local(out_dir) else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="refinery-train-"))
@@ -81,12 +82,11 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
                 if process_index == 0:
                     storage.write_text(history_path, writer.jsonl(upto=step))
 
-            stop = ckpt.install_sigterm_handler()
             # Resumed at the last step (killed after its final checkpoint, before the commit), no interval
             # runs: the summary's numbers come from the rows logged before.
             last = writer.rows[-1] if writer.rows else {}
             throughput = next((r for r in reversed(writer.rows) if "tokens_per_s" in r), {})
-            for begin, end in intervals(start, cfg.steps, cfg.log_every):
+            for begin, end in intervals(start, cfg.steps, cfg.log_every, cfg.eval_every):
                 params, opt_state, last = one_interval(run, params, opt_state, begin, end, ckpt, stop,
                                                        first=begin == start, on_saved=saved)
                 writer.write(last)
@@ -114,7 +114,7 @@ class Run:
     eval_fn: Callable                 # (params, batch) -> mean loss
     lr_at: Callable                   # step -> learning rate, for the logs
     flops_per_token: float
-    peak: tuple[str, float]           # (device name, its peak FLOP/s), for MFU
+    peak: tuple[str, float | None]    # (device name, its published peak FLOP/s or None: no MFU)
     processes: int                    # training processes (hosts)
 
 
@@ -137,7 +137,8 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     step_fn, eval_fn = jit_steps(graphdef, tx, options, sharding.shardings_of(params),
                                  sharding.shardings_of(opt_state), mesh)
     run = Run(cfg, mcfg, mesh, batches, eval_data, step_fn, eval_fn, optimizer.schedule(ocfg),
-              flops_per_token(mcfg, cfg.seq_len), metrics.device_peak_flops(jax.devices()[0]), process_count)
+              flops_per_token(mcfg, cfg.seq_len), metrics.published_peak_flops(jax.devices()[0]),
+              process_count)
     return run, params, opt_state
 
 
@@ -197,21 +198,25 @@ def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[
     return params, opt_state, 0
 
 
-def intervals(start: int, steps: int, every: int) -> Iterator[tuple[int, int]]:
+def intervals(start: int, steps: int, every: int, eval_every: int = 0) -> Iterator[tuple[int, int]]:
     """The logging intervals [begin, end) from `start` to `steps`: a fresh run's first step alone (it is
-    mostly compilation, so it is timed on its own and gives no rate), then up to each multiple of `every`
-    and the last step: a metrics row is logged at the end of each. A resumed run keeps the same grid, so
-    when it resumes from a logging step (checkpoint_every a multiple of log_every) its rows are the rows an
-    uninterrupted run logs, number for number."""
+    mostly compilation, so it is timed on its own and gives no rate), then up to each multiple of `every`,
+    each multiple of `eval_every` (so evaluations happen where train.Config.eval_every says, whatever
+    log_every is) and the last step: a metrics row is logged at the end of each. A resumed run keeps the
+    same grid, so when it resumes from a logging step (checkpoint_every a multiple of log_every) its rows
+    are the rows an uninterrupted run logs, number for number."""
     begin = start
     while begin < steps:
-        end = 1 if begin == 0 else min(steps, (begin // every + 1) * every)
+        ends = [steps, (begin // every + 1) * every]
+        if eval_every:
+            ends.append((begin // eval_every + 1) * eval_every)
+        end = 1 if begin == 0 else min(ends)
         yield begin, end
         begin = end
 
 
 def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkpoint.Checkpointer,
-                 stop: threading.Event, *, first: bool,
+                 stop: StopRequest, *, first: bool,
                  on_saved: Callable[[int], None] = lambda step: None) -> tuple[Any, Any, dict]:
     """Steps [begin, end), and the checkpoints (or stop) after each but the last, then one device sync
     for the whole interval: every step's loss is checked, the numbers averaged into one metrics row (and
@@ -244,8 +249,9 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
     if first:
         row["compile_and_first_step_s"] = dt              # mostly compilation: not a rate
     else:
-        row |= {"tokens_per_s": tps, "step_time_s": dt,
-                "mfu": metrics.mfu(run.flops_per_token, tps, jax.device_count(), run.peak[1])}
+        row |= {"tokens_per_s": tps, "step_time_s": dt}
+        if run.peak[1] is not None:                    # a CPU has no published peak: no MFU (metrics.py)
+            row["mfu"] = metrics.mfu(run.flops_per_token, tps, jax.device_count(), run.peak[1])
     if cfg.eval_every and (end % cfg.eval_every == 0 or end == cfg.steps):
         row["eval_loss"] = evaluate(run.eval_fn, params, run.eval_data, run.mesh)
     return params, opt_state, row
@@ -256,7 +262,7 @@ def wait_for(step: int, outputs: dict) -> None:
     jax.block_until_ready(outputs["loss"])
 
 
-def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: threading.Event, params, opt_state,
+def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: StopRequest, params, opt_state,
                        step: int, *, on_saved: Callable[[int], None] = lambda step: None) -> None:
     """After `step`: the periodic checkpoint, or, when a stop was requested, a checkpoint now and
     `TrainingStopped`. A stop request at the last step just finishes: the final checkpoint follows anyway.
@@ -268,7 +274,7 @@ def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: threading.
         on_saved(done)
     if stopping:
         ckpt.wait()
-        reason = "preempted: SIGTERM" if stop.is_set() else f"stop_after={cfg.stop_after}"
+        reason = stop.reason if stop.is_set() else f"stop_after={cfg.stop_after}"
         raise TrainingStopped(f"stopped at step {done} ({reason}); the checkpoint is saved: "
                               "rerun the stage to resume from it")
 

@@ -1,14 +1,16 @@
 """Training metrics: metrics.jsonl, TensorBoard events, a console progress line, MFU and the NaN guard.
 
-    name, peak = metrics.device_peak_flops(jax.devices()[0])         # ("H100", 989e12)
+    name, peak = metrics.published_peak_flops(jax.devices()[0])      # ("H100", 989e12); ("cpu", None)
     writer = metrics.MetricsWriter(out_dir, total_steps=1000, enabled=jax.process_index() == 0)
     ...                                                    # every logging step (loop.intervals decides which)
     writer.write({"step": step + 1, "loss": 2.31, "learning_rate": 3e-4, "tokens_per_s": tps,
-                  "mfu": metrics.mfu(flops_per_token, tps, jax.device_count(), peak), ...})
+                  "mfu": metrics.mfu(flops_per_token, tps, jax.device_count(), peak), ...})   # if peak
     writer.close()
 
 metrics.jsonl holds one JSON object per logged step (written and flushed at once, so a crash keeps
 every line logged before it); non-finite numbers appear as NaN/Infinity, which Python's json reads.
+MFU is logged only where the device's peak is published (TPU, GPU): on a CPU the rows have no "mfu" key,
+summary.json has `"mfu": null`, and one INFO line says why.
 TensorBoard events go to `out_dir/tensorboard/`. Everything is written locally; the training stage
 copies the files to gs:// at the end.
 """
@@ -30,8 +32,23 @@ from stages.train.configs import NAN_POLICIES
 log = logging.getLogger(__name__)
 
 def device_peak_flops(device) -> tuple[str, float]:
-    """(name, peak bf16 FLOP/s) for a jax device, from its `device_kind` (`devices.for_kind`)."""
+    """(name, peak bf16 FLOP/s) for a jax device, from its `device_kind` (`devices.for_kind`). For a CPU
+    (and a device kind the table does not know) the peak is the table's rough stand-in: use
+    `published_peak_flops` for MFU."""
     d = devices.for_kind(device)
+    return d.label, d.peak_flops
+
+
+def published_peak_flops(device) -> tuple[str, float | None]:
+    """(name, peak bf16 FLOP/s) where its vendor publishes one (TPUs, GPUs), else (name, None) and one INFO
+    line saying why MFU is not shown: a CPU's peak depends on its cores, clock and vector units, and the
+    devices table holds only a stand-in for the planner's time estimate; MFU against it would be made up."""
+    d = devices.for_kind(device)
+    if d.name == "cpu":
+        log.info("MFU not shown: %s has no published peak FLOP/s (the device table's %.0e for a CPU is a "
+                 "stand-in for plan estimates, not a measured peak)", getattr(device, "device_kind", device),
+                 d.peak_flops)
+        return d.label, None
     return d.label, d.peak_flops
 
 

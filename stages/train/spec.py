@@ -29,7 +29,7 @@ from typing import Any
 
 from stages.io import storage
 from stages.io.committed import Committed
-from stages.train import Config
+from stages.train.stage_config import Config
 
 # Bump when the schema changes shape (not when a config gains a field: that is checked field by field).
 FORMAT = "refinery.train.spec/1"

@@ -4,6 +4,8 @@ The launchers in `stages/train/launch.py` start one of these per process (or cal
 SPEC is the JSON `spec.json` the training stage writes into its work directory (`stages/train/spec.py`):
 the resolved configs travel by value, because gin bindings never reach other processes, and as data
 only, because every host of a slice reads it from a bucket that others may be able to write.
+A stop request (SIGTERM, Ctrl-C: `stop.py`) saves a checkpoint and ends the process with one line and
+`STOPPED_EXIT_CODE`; a second Ctrl-C (or one before training starts) ends it at once, one line and 130.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import sys
 
 from stages.train import native, spec
+from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped
 
 
 def main(spec_path: str) -> dict:
@@ -40,10 +43,12 @@ def init_distributed() -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    from stages.train.launch import STOPPED_EXIT_CODE, TrainingStopped
-
     try:
         main(sys.argv[1])
     except TrainingStopped as e:       # an expected end, not a crash: one line, no traceback
         print(f"training worker: {e}", file=sys.stderr)
         sys.exit(STOPPED_EXIT_CODE)
+    except KeyboardInterrupt:          # Ctrl-C twice, or before training began: stop at once
+        print("training worker: interrupted at once (Ctrl-C); nothing saved since the last checkpoint",
+              file=sys.stderr)
+        sys.exit(130)                  # 128 + SIGINT, as a shell reports it

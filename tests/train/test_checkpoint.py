@@ -90,40 +90,32 @@ def test_restore_missing_checkpoint_is_a_clear_error(tmp_path):
     ckpt.close()
 
 
-def test_close_restores_the_previous_sigterm_handler(tmp_path):
-    before = signal.getsignal(signal.SIGTERM)
-    ckpt = checkpoint.Checkpointer(str(tmp_path / "ck"))
-    flag = ckpt.install_sigterm_handler()
-    assert signal.getsignal(signal.SIGTERM) is not before and not flag.is_set()
-    ckpt.close()
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
 CHILD = textwrap.dedent("""
     import sys, time
     import jax.numpy as jnp
-    from stages.train import checkpoint
+    from stages.train import checkpoint, stop
 
     ckpt = checkpoint.Checkpointer(sys.argv[1], every=1000)
-    stop = ckpt.install_sigterm_handler()
     step = 0
-    while True:                                   # a training loop that never reaches a periodic save
-        step += 1
-        state = {"w": jnp.full((3,), float(step)), "step": jnp.int32(step)}
-        ckpt.save(step, state)
-        if stop.is_set():
-            ckpt.save(step, state, force=True)
-            ckpt.wait()
-            ckpt.close()
-            print("stopped", step, flush=True)
-            sys.exit(0)
-        if step == 3:
-            print("ready", flush=True)
-        time.sleep(0.01)
+    with stop.stop_requests() as requested:
+        while True:                               # a training loop that never reaches a periodic save
+            step += 1
+            state = {"w": jnp.full((3,), float(step)), "step": jnp.int32(step)}
+            ckpt.save(step, state)
+            if requested.is_set():
+                ckpt.save(step, state, force=True)
+                ckpt.wait()
+                ckpt.close()
+                print("stopped", step, flush=True)
+                sys.exit(0)
+            if step == 3:
+                print("ready", flush=True)
+            time.sleep(0.01)
 """)
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_saves_and_exits_cleanly(tmp_path, signum):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
@@ -132,7 +124,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

@@ -20,7 +20,8 @@ from pipeline import cache
 from stages import train
 from stages.io import llmc, storage
 from stages.train.configs import ModelConfig, OptimizerConfig
-from stages.train.launch import LaunchConfig, TrainingStopped
+from stages.train.launch import LaunchConfig
+from stages.train.stop import TrainingStopped
 from tests.conftest import REPO
 
 VOCAB, EOS = 64, 1
@@ -127,6 +128,11 @@ def test_logging_intervals_are_the_first_step_then_every_log_every_and_the_last(
     assert list(loop.intervals(12, 30, 10)) == [(12, 20), (20, 30)]
     assert list(loop.intervals(20, 30, 10)) == [(20, 30)]
     assert list(loop.intervals(30, 30, 10)) == []
+    # eval_every need not be a multiple of log_every: each evaluation step ends an interval too (an
+    # evaluation runs at the end of an interval), so evaluations land where eval_every says.
+    assert list(loop.intervals(0, 50, 10, eval_every=15)) == [(0, 1), (1, 10), (10, 15), (15, 20), (20, 30),
+                                                              (30, 40), (40, 45), (45, 50)]
+    assert list(loop.intervals(0, 25, 10, eval_every=20)) == list(loop.intervals(0, 25, 10))
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 import glob
 import io
 import json
+import logging
 import math
 import os
 import struct
@@ -111,3 +112,41 @@ def test_nan_policy():
     assert metrics.check_finite(7, float("inf"), "skip") is False
     with pytest.raises(ValueError, match="'halt' is not one of"):
         metrics.check_finite(7, 1.0, "halt")
+
+
+@pytest.mark.parametrize("kind, name, flops", [
+    ("TPU v5p", "TPU v5p", 459e12), ("NVIDIA H100 80GB HBM3", "H100", 989e12), ("cpu", "cpu", None),
+    ("Some Future Chip", "cpu", None),
+])
+def test_mfu_is_against_published_peaks_only(kind, name, flops, caplog):
+    with caplog.at_level(logging.INFO, logger=metrics.__name__):
+        assert metrics.published_peak_flops(types.SimpleNamespace(device_kind=kind)) == (name, flops)
+    said = [r.getMessage() for r in caplog.records if "MFU" in r.getMessage()]
+    assert said == ([] if flops else [f"MFU not shown: {kind} has no published peak FLOP/s (the device "
+                                      "table's 1e+11 for a CPU is a stand-in for plan estimates, not a "
+                                      "measured peak)"])
+
+
+def test_a_cpu_training_run_logs_no_mfu_and_says_why(tmp_path, caplog):
+    """metrics.jsonl rows without "mfu", summary.json's mfu null, no "mfu" on the progress line, and one
+    INFO line saying why (a CPU has no published peak)."""
+    import dataclasses
+
+    from pipeline import cache
+    from tests.train import test_loop
+
+    root = str(tmp_path)
+    shard = cache.run_stage(cache_root=root, stage="shard", key="synthetic", config={}, upstream={},
+                            fn=test_loop._write_shards)
+    cfg = dataclasses.replace(test_loop.CONFIG, steps=3, eval_every=0)
+    with caplog.at_level(logging.INFO):
+        trained = test_loop._train(root, shard, cfg)
+    rows = test_loop._rows(trained)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all("tokens_per_s" in r for r in rows[1:])
+    assert not [r for r in rows if "mfu" in r]
+    summary = json.loads(Path(trained.file("summary.json")).read_text())
+    assert summary["mfu"] is None and summary["device"] == "cpu" and summary["tokens_per_s"] > 0
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if m.startswith("MFU not shown: cpu has no published peak")]) == 1
+    progress = [m for m in said if m.startswith("step 3/3")]
+    assert progress and "tok/s" in progress[0] and "mfu" not in progress[0]
