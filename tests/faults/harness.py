@@ -59,17 +59,13 @@ POINTS = ("random", "commit", "gcs")
 OUT = os.path.join(REPO, "benchmarks", "out", "faults.json")
 TIMEOUT_S = 600         # one run of the pipeline; the whole tiny DAG takes about 20 s
 METRIC_FIELDS = ("step", "loss", "accuracy", "grad_norm", "param_norm", "eval_loss")
-# Files that differ between two undisturbed runs (found by running the reference twice), compared with the
-# differing part removed:
-#   config.gin     the operative config names the cache root (`Settings.cache_root = '…'`, on a line of its
-#                  own after a backslash when long), which is in no key and differs from root to root
-#   stats.json     the tokenizer's `train_seconds` is sentencepiece's wall time
+# Every file a data stage writes, config.gin included, is a function of its key (docs/ARCHITECTURE.md, "The
+# stage cache") and is compared byte for byte. Training's and evaluation's outputs hold measurements; of the
+# files compared, these differ between two undisturbed runs and are compared without those fields:
 #   summary.json   training's throughput (`tokens_per_s`, `mfu`)
 #   eval.json      evaluation's throughput (`tokens_per_s`)
-CACHE_ROOT_LINE = re.compile(rb"^[ \t]*(pipeline\.)?Settings\.cache_root[ \t]*=[ \t]*(\\\n[ \t]*)?.*$",
-                             re.MULTILINE)
-TIMED_FILES = ("stats.json", "summary.json", "eval.json")
-TIMING_FIELDS = ("train_seconds", "tokens_per_s", "mfu")
+TIMED_FILES = ("summary.json", "eval.json")
+TIMING_FIELDS = ("tokens_per_s", "mfu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,9 +365,7 @@ def json_difference(ref: bytes, got: bytes) -> str:
 
 
 def normalized(name: str, data: bytes) -> bytes:
-    """`data` without what legitimately differs between two undisturbed runs (see CACHE_ROOT_LINE)."""
-    if name.endswith("config.gin"):
-        return CACHE_ROOT_LINE.sub(b"", data)
+    """`data` without the measurements that legitimately differ between two undisturbed runs (TIMED_FILES)."""
     if posixpath.basename(name) in TIMED_FILES:
         fields = json.loads(data)
         for field in TIMING_FIELDS:
