@@ -211,6 +211,19 @@ CASES = [
     _case("topology_of_an_unknown_tpu_generation",
           "HardwareConfig: topology='v9z:2x2x1' names TPU generation 'v9z', not one of ('v4', 'v5e', 'v5p', "
           "'v6e')", 'train.HardwareConfig.topology="v9z:2x2x1"'),
+    # ---- how often training logs, checkpoints, evaluates (0 divided step numbers once the data half had run)
+    _case("train_log_every_zero",
+          "train.Config: log_every=0 must be >= 1 (a metrics row every this many steps)",
+          "train.Config.log_every=0"),
+    _case("train_checkpoint_every_zero",
+          "train.Config: checkpoint_every=0 must be >= 1 (a periodic checkpoint every this many steps)",
+          "train.Config.checkpoint_every=0"),
+    _case("train_keep_checkpoints_zero",
+          "train.Config: keep_checkpoints=0 must be >= 1 (how many of the newest periodic checkpoints stay)",
+          "train.Config.keep_checkpoints=0"),
+    # (eval_every need not be a multiple of log_every: evaluations land on its multiples, loop.intervals)
+    _case("train_eval_every_negative", "train.Config: eval_every=-10 must be >= 0 (evaluate every this many "
+          "steps and after the last; 0: never)", "train.Config.eval_every=-10"),
 ]
 
 
