@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterator
 
 from stages.download.document import doc_id
@@ -48,13 +49,20 @@ def version() -> str:
     return f"{sys.implementation.name}-{platform.python_version()}"
 
 
+# CPython 3.11's `ast.parse` is not safe to call from two threads at once: under Beam's multi-threaded
+# runner (`--direct_running_mode=multi_threading`) it failed with "SystemError: AST constructor recursion
+# depth mismatch". Parsing is a small part of reading a unit, so threads take turns.
+_PARSE_LOCK = threading.Lock()
+
+
 def read(unit: tuple[str, ...]) -> Iterator[dict]:
     root = _stdlib()
     for rel in unit:
         with open(os.path.join(root, rel), "rb") as f:
             source = f.read()
         try:
-            tree = ast.parse(source, filename=rel)
+            with _PARSE_LOCK:
+                tree = ast.parse(source, filename=rel)
         except (SyntaxError, ValueError):
             yield {"id": doc_id(SOURCE, rel), "text": None, "url": rel, "source": SOURCE,
                    "error": "syntax_error"}

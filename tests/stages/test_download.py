@@ -331,3 +331,17 @@ def test_an_embedded_file_that_does_not_parse_is_a_syntax_error_record_and_the_n
     docs = list(embedded.read(("broken.py", "fine.py")))
     assert [(d["url"], d["error"]) for d in docs] == [("broken.py", "syntax_error"), ("fine.py:1", None)]
     assert docs[0]["text"] is None and docs[1]["text"] == "A module docstring."
+
+
+def test_the_embedded_corpus_reads_the_same_from_several_threads():
+    """Beam's multi-threaded runner reads units from several threads; CPython 3.11's `ast.parse` is not
+    thread-safe (it failed once there with "AST constructor recursion depth mismatch"), so embedded.py
+    parses under a lock. Every unit read from four threads at once must equal reading them in turn."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stages.download import embedded
+
+    units = embedded.units(120)
+    in_turn = [list(embedded.read(u)) for u in units]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda u: list(embedded.read(u)), units)) == in_turn
