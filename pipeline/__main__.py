@@ -30,8 +30,7 @@ import time
 from pipeline import cache, checks, config, dag
 from pipeline import plan as run_plan
 from stages.io import storage
-
-STOPPED_EXIT_CODE = 75   # a stage stopped on request after saving (preemption): EX_TEMPFAIL, rerun to resume
+from stages.train.stop import STOPPED_EXIT_CODE  # a stage stopped on request after saving: rerun to resume
 
 
 def main(argv: list[str] | None = None) -> int:
