@@ -80,17 +80,20 @@ def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the
     two = ["train.HardwareConfig.num_slices=2", "train.MeshConfig.dcn_data=2"]
     logits = 8192 * 128256 // 8 * 4                                # one chunk's float32 logits a device
     hidden = 2 * 1048576 * 20480 * 2
-    assert plan(*two).per_device["across_slices"] == hidden + logits
-    assert plan(*two, "train.Config.loss_chunk=16384").per_device["across_slices"] == hidden // 2 + logits
-    assert plan(*two, "train.ModelConfig.n_layers=2").per_device["across_slices"] == hidden + logits
+    embed = 3 * 128256 * 2560 * 4                                   # the embedding's gradient, D over tensor
+    assert plan(*two).per_device["across_slices"] == hidden + logits + embed
+    assert plan(*two, "train.Config.loss_chunk=16384").per_device["across_slices"] == \
+        hidden // 2 + logits + embed
+    assert plan(*two, "train.ModelConfig.n_layers=2").per_device["across_slices"] == hidden + logits + embed
     assert plan("train.Config.global_batch=512").per_device["across_slices"] == 0
     d = plan(*two).per_device
     assert d["total"] == sum(d[k] for k in planner.ALWAYS) + d["loss"] + d["across_slices"]
     # The 1B on two v5p-128 slices: 4K chunks of a device's 16K tokens, gathered by an all-reduce whose
     # operand and result (bf16[2,256,4096,2048] each) are both live.
     one_b = config.load([f"{REPO}/gin/1b.gin"], two).stages["train"].config
-    assert planner.plan(one_b).per_device["across_slices"] == 2 * (2 * 2**20 * 2048 * 2) + 4096 * 128256 * 4
-    assert "the micro-batch's hidden states gathered across slices 80.5 GiB" in plan(*two).render()
+    assert planner.plan(one_b).per_device["across_slices"] == \
+        2 * (2 * 2**20 * 2048 * 2) + 4096 * 128256 * 4 + 3 * 128256 * 2048 * 4
+    assert "loss 1.0 GiB + what XLA gathers across slices for it 84.2 GiB = " in plan(*two).render()
 
 
 def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_slices():
