@@ -1,0 +1,72 @@
+"""Reference text in bits per byte: a yardstick that no data or tokenizer choice can move.
+
+    from stages.evaluate import reference, scoring
+    scorer = scoring.Scorer(net, prefix_id=eos_id)
+    docs = reference.embedded_documents()                   # [(title, text)], from package data
+    reference.bits_per_byte(scorer, sp.encode, docs)        # {"bpb", "low", "high", "docs", "bytes"}
+
+Each document is scored with rolling windows (every token predicted once, `Scorer.loglikelihood_rolling`);
+its negative log-likelihood in nats, over ln 2, is its bits. The set's figure is total bits / total UTF-8
+bytes of the documents' TEXT (never counted from tokens, so two tokenizers are scored over the same bytes),
+with a 95% bootstrap interval over documents (fixed seed).
+
+The embedded default's set (`EMBEDDED`) is Aesop's fables in George Fyler Townsend's 1867 translation
+(public domain; see data/README.md), read straight from this package: no download, clean or tokenizer
+setting touches it, and it is not part of the embedded training corpus (Python's stdlib docstrings and
+pydoc topics), which tests/stages/test_reference.py checks 13-gram by 13-gram.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+EMBEDDED = "aesop_fables"            # the embedded default's reference set: data/aesop_fables.txt
+SEPARATOR = "\n----\n"               # between documents in a packaged set's .txt
+RESAMPLES = 1000
+SEED = 0
+
+
+def embedded_documents(name: str = EMBEDDED) -> list[tuple[str, str]]:
+    """[(title, text)] of the packaged set `name` (data/<name>.txt: documents separated by a line
+    "----"; a document's first line is its title, and part of its text)."""
+    path = importlib.resources.files("stages.evaluate").joinpath("data", f"{name}.txt")
+    if not path.is_file():
+        raise ValueError(f"reference set {name!r}: no packaged file data/{name}.txt in stages.evaluate; "
+                         f"the packaged sets are {packaged_sets()}")
+    text = path.read_text(encoding="utf-8")
+    return [(doc.split("\n", 1)[0], doc) for doc in text.strip("\n").split(SEPARATOR)]
+
+
+def packaged_sets() -> list[str]:
+    data = importlib.resources.files("stages.evaluate").joinpath("data")
+    return sorted(p.name[:-4] for p in data.iterdir() if p.name.endswith(".txt"))
+
+
+def bits_per_byte(scorer, encode: Callable[[str], list[int]], documents: Sequence[tuple[str, str]], *,
+                  seed: int = SEED, resamples: int = RESAMPLES) -> dict:
+    """{"bpb", "low", "high", "docs", "bytes"} of `documents` [(name, text)] under `scorer`
+    (`scoring.Scorer`), each text tokenized with `encode` (e.g. a SentencePieceProcessor's encode)."""
+    texts = [text for _, text in documents]
+    nbytes = np.asarray([len(text.encode("utf-8")) for text in texts], np.float64)       # (N,)
+    empty = [name for (name, _), n in zip(documents, nbytes) if n == 0]
+    if not texts or empty:
+        raise ValueError(f"reference documents: {len(texts)} given, empty ones {empty[:5]}; every document "
+                         f"needs text")
+    logprobs = scorer.loglikelihood_rolling_many([encode(text) for text in texts])
+    bits = -np.asarray(logprobs, np.float64) / math.log(2)                               # (N,)
+    low, high = bootstrap_ratio(bits, nbytes, seed=seed, resamples=resamples)
+    return {"bpb": float(bits.sum() / nbytes.sum()), "low": low, "high": high, "docs": len(texts),
+            "bytes": int(nbytes.sum())}
+
+
+def bootstrap_ratio(num: np.ndarray, den: np.ndarray, *, seed: int, resamples: int) -> tuple[float, float]:
+    """95% percentile interval of sum(num) / sum(den) over documents resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(num), size=(resamples, len(num)))                      # (R, N)
+    ratios = num[picks].sum(axis=1) / den[picks].sum(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
