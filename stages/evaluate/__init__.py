@@ -6,7 +6,9 @@
 Reads train's final checkpoint and metrics, shard's val split, and the tokenizer. Writes:
 
     eval.json     loss (nats/token), perplexity, bits per byte, tokens/s, the corpus's unigram
-                  entropy (what a model that ignores context would score), token counts
+                  entropy (what a model that ignores context would score), token counts; and
+                  reference_bpb {set: {bpb, low, high, docs, bytes}}: bits per byte of fixed reference
+                  text that no data or tokenizer choice changes (`reference.py`), with a 95% interval
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -33,6 +35,8 @@ class Config:
     max_eval_batches: int = 0            # 0 = every val window once
     batch_size: int = 8
     loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
+    # Packaged reference sets scored in bits per byte (stages/evaluate/data/<name>.txt); () = none.
+    reference_sets: tuple[str, ...] = ("aesop_fables",)
 
     def __post_init__(self):
         if min(self.max_new_tokens, self.batch_size, self.loss_chunk) < 1 or min(self.max_eval_batches,
@@ -42,11 +46,17 @@ class Config:
                              f"max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
+        from stages.evaluate import reference
+        unknown = sorted(set(self.reference_sets) - set(reference.packaged_sets()))
+        if unknown:
+            raise ValueError(f"evaluate.Config.reference_sets: {unknown} are not packaged reference sets; "
+                             f"choose from {reference.packaged_sets()}")
 
 
 CONFIGURABLES = (Config,)
 # 2: samples decode prompt and continuation together (version 1 lost the space between them).
-VERSION = "2"
+# 3: eval.json's reference_bpb (reference text in bits per byte), in the report too.
+VERSION = "3"
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
@@ -63,11 +73,16 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
                        report.markdown(result["metrics"], result["samples"], plots, inputs["train"].path))
     log.info("eval loss %.3f (unigram entropy %.3f), %.3f bits/byte", result["metrics"]["loss"],
              result["metrics"]["unigram_entropy"], result["metrics"]["bits_per_byte"])
+    for name, r in result["metrics"]["reference_bpb"].items():
+        log.info("reference %s: %.3f bits/byte (95%% %.3f-%.3f) over %d documents, %d bytes", name,
+                 r["bpb"], r["low"], r["high"], r["docs"], r["bytes"])
 
 
 def summary(out) -> str:
     """One line for the run summary, from a committed evaluation (`pipeline.cache.Committed`)."""
     m = storage.read_json(out.file("eval.json"))
+    refs = "".join(f"; {name} {r['bpb']:.3f} bits/byte [{r['low']:.3f}, {r['high']:.3f}]"
+                   for name, r in m.get("reference_bpb", {}).items())
     return (f"val loss {m['loss']:.3f} nats/token (unigram entropy {m['unigram_entropy']:.3f}), "
-            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte; report: "
+            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte{refs}; report: "
             f"{out.file('report.md')}")

@@ -1,4 +1,5 @@
-"""The numbers behind eval.json: held-out loss, bits per byte, throughput, and KV-cache samples."""
+"""The numbers behind eval.json: held-out loss, bits per byte, throughput, reference text in bits per byte
+(`reference.py`), and KV-cache samples."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stages.evaluate import reference, scoring
 from stages.io import llmc, storage
 from stages.train import checkpoint, data, loop, model
 from stages.train.configs import ModelConfig
@@ -60,6 +62,10 @@ def evaluate(config, train, shard, tokenizer) -> dict:
         "val_bytes": val_bytes,
         "train_final_loss": summary.get("final_loss"),
     }
+    scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size, length=seq_len)
+    metrics["reference_bpb"] = {name: reference.bits_per_byte(scorer, sp.encode,
+                                                               reference.embedded_documents(name))
+                                for name in config.reference_sets}
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     return {"metrics": metrics, "samples": samples}
 

@@ -65,9 +65,18 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
          f"{m['unigram_entropy'] - m['loss']:.3f} nats/token: it uses context." if learned else
          "The model does **not** beat the unigram baseline: it has not learned to use context."),
         "",
-        "## Training curves",
-        "",
     ]
+    refs = m.get("reference_bpb", {})
+    if refs:
+        lines += ["## Reference text (bits per byte)", "",
+                  "Fixed documents that no data, clean or tokenizer setting changes, scored with rolling "
+                  "windows over their UTF-8 bytes: comparable across variants. 95% interval: bootstrap "
+                  "over documents.", "",
+                  "| set | bits/byte | 95% interval | documents | bytes |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {r['bpb']:.4f} | {r['low']:.4f} - {r['high']:.4f} | {r['docs']} | "
+                  f"{r['bytes']:,} |" for name, r in refs.items()]
+        lines += [""]
+    lines += ["## Training curves", ""]
     lines += [f"![{f}]({f})" for f in plot_files]
     lines += ["", "## Samples", ""]
     for s in samples:

@@ -95,3 +95,17 @@ def test_embedded_set_never_reaches_the_embedded_training_corpus():
     print(f"{len(ref)} reference 13-grams, {corpus_docs} corpus documents, {len(shared)} shared")
     assert corpus_docs > 1000
     assert not shared, sorted(shared)[:5]
+
+
+def test_evaluate_config_and_report_carry_the_reference_sets():
+    from stages import evaluate
+    from stages.evaluate import report
+    assert evaluate.Config().reference_sets == (reference.EMBEDDED,)
+    with pytest.raises(ValueError, match=r"\['nope'\] are not packaged reference sets; choose from "):
+        evaluate.Config(reference_sets=("nope",))
+    m = {"loss": 1.0, "unigram_entropy": 2.0, "perplexity": 2.7, "bits_per_byte": 1.0, "tokens": 10,
+         "tokens_per_s": 1.0,
+         "reference_bpb": {"aesop_fables": {"bpb": 2.5, "low": 2.4, "high": 2.6, "docs": 53, "bytes": 30416}}}
+    text = report.markdown(m, [], [], "train/path")
+    assert "| aesop_fables | 2.5000 | 2.4000 - 2.6000 | 53 | 30,416 |" in text
+    assert text.index("Reference text") < text.index("## Training curves")
