@@ -14,6 +14,8 @@ State is (params, opt_state, step). The batch at step s is `data.batch(s)`, a pu
 and the seed, so resuming from a checkpoint at step s replays exactly the batches an
 uninterrupted run would see (bitwise on CPU). A stop request (SIGTERM, Ctrl-C, or `stop_after` in
 tests; `stop.py`) saves a checkpoint and raises `TrainingStopped`; rerunning the stage resumes from it.
+In a multi-process run the processes agree on the step to stop after (`agreed_stop.py`), so a signal
+that reaches one host only, or the hosts at different moments, still gives one complete checkpoint.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from flax import nnx
 
 from stages.io import storage
 from stages.train import checkpoint, data, loss, metrics, model, optimizer, sharding
+from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
-from stages.train.stop import StopRequest, TrainingStopped, stop_requests
+from stages.train.stop import TrainingStopped, stop_requests
 
 log = logging.getLogger(__name__)
 HISTORY = "metrics.jsonl"      # in work_dir: the metrics rows up to the newest checkpoint, for a resume
@@ -58,7 +61,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
     manifest = storage.read_json(shard.file("manifest.json"))
     with contextlib.ExitStack() as stack:
         # From here SIGTERM (preemption) and Ctrl-C ask for a stop: a checkpoint after the current step.
-        stop = stack.enter_context(stop_requests())
+        request = stack.enter_context(stop_requests())
         # Metrics are written locally and copied up at the end when out_dir is remote.
         local_out = out_dir if storage.is_local(out_dir) else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="refinery-train-"))
@@ -66,6 +69,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
         val_files = stack.enter_context(storage.local_files(shard.paths("val-*.bin")))
         run, params, opt_state = set_up(cfg, manifest, train_files, val_files, process_index, process_count)
         stack.enter_context(jax.set_mesh(run.mesh))       # every step is traced under the mesh
+        stop = AgreedStop(request, run.mesh, process_count)   # all processes stop after the same step
         ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
                                        every=cfg.checkpoint_every)
         writer = None
@@ -216,7 +220,7 @@ def intervals(start: int, steps: int, every: int, eval_every: int = 0) -> Iterat
 
 
 def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkpoint.Checkpointer,
-                 stop: StopRequest, *, first: bool,
+                 stop: AgreedStop, *, first: bool,
                  on_saved: Callable[[int], None] = lambda step: None) -> tuple[Any, Any, dict]:
     """Steps [begin, end), and the checkpoints (or stop) after each but the last, then one device sync
     for the whole interval: every step's loss is checked, the numbers averaged into one metrics row (and
@@ -229,6 +233,7 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
     for step in range(begin, end):
         batch = sharding.global_batch(run.batches.batch(step), run.mesh)
         params, opt_state, out = run.step_fn(params, opt_state, batch)
+        stop.cast(step)                                   # multi-process: this step's stop vote
         pending.append((step, out))
         if len(pending) >= MAX_IN_FLIGHT:
             wait_for(*pending[-MAX_IN_FLIGHT])
@@ -262,19 +267,20 @@ def wait_for(step: int, outputs: dict) -> None:
     jax.block_until_ready(outputs["loss"])
 
 
-def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: StopRequest, params, opt_state,
+def checkpoint_or_stop(run: Run, ckpt: checkpoint.Checkpointer, stop: AgreedStop, params, opt_state,
                        step: int, *, on_saved: Callable[[int], None] = lambda step: None) -> None:
     """After `step`: the periodic checkpoint, or, when a stop was requested, a checkpoint now and
     `TrainingStopped`. A stop request at the last step just finishes: the final checkpoint follows anyway.
     `on_saved(step)` runs after each checkpoint is saved."""
     cfg, done = run.cfg, step + 1
-    stopping = done < cfg.steps and (stop.is_set() or 0 < cfg.stop_after <= done)
+    asked = stop.asked(step)           # every process gets the same answer (agreed_stop.py)
+    stopping = done < cfg.steps and (asked or 0 < cfg.stop_after <= done)
     if (stopping or done % cfg.checkpoint_every == 0) and ckpt.save(
             done, _state(params, opt_state, done, run.mesh), force=stopping):
         on_saved(done)
     if stopping:
         ckpt.wait()
-        reason = stop.reason if stop.is_set() else f"stop_after={cfg.stop_after}"
+        reason = stop.reason if asked else f"stop_after={cfg.stop_after}"
         raise TrainingStopped(f"stopped at step {done} ({reason}); the checkpoint is saved: "
                               "rerun the stage to resume from it")
 

@@ -4,7 +4,8 @@ training imports.
 
     from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped, stop_requests
     with stop_requests() as stop:            # SIGTERM and SIGINT now set `stop` instead of ending the process
-        ...                                  # loop.py: after each step, if stop.is_set(): checkpoint, then
+        ...                                  # loop.py: after each step, if asked (on any process: every
+                                             # process agrees, agreed_stop.py): checkpoint, then
         raise TrainingStopped(f"stopped at step 600 ({stop.reason}); ...")
     sys.exit(STOPPED_EXIT_CODE)              # worker.py: one line on stderr, no traceback
 

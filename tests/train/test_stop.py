@@ -7,6 +7,7 @@ the stop exit code; a second Ctrl-C stops at once.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
@@ -98,3 +99,103 @@ def test_ctrl_c_during_training_saves_a_checkpoint_and_ends_in_one_line(tmp_path
     saved = checkpoint.Checkpointer(f"{root}/train/k/work/checkpoints")
     assert saved.all_steps() == [stopped] and stopped >= 1
     saved.close()
+
+
+# Trains the test_loop model with two worker processes (the local launcher, gloo) for STEPS steps, every
+# step logged; the test signals one worker (or both, at different moments) and never the launcher.
+STEPS = 400
+TWO = """
+import dataclasses, sys
+from pipeline import cache
+from stages.train.launch import LaunchConfig
+from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped
+from tests.train import test_loop as t
+shard = cache.load(sys.argv[1], "shard", "synthetic")
+cfg = dataclasses.replace(t.CONFIG, steps=int(sys.argv[3]), log_every=1, checkpoint_every=100000,
+                          eval_every=0, launcher=LaunchConfig(kind="local", num_processes=2, timeout_s=150))
+try:
+    t._train(sys.argv[2], shard, cfg)
+except TrainingStopped as e:
+    print("STOPPED", e, flush=True)
+    sys.exit(STOPPED_EXIT_CODE)
+"""
+
+
+def _two_processes(shard_root: str, root: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", TWO, shard_root, root, str(STEPS)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+
+
+def _workers(launcher_pid: int) -> dict[int, int]:
+    """{REFINERY_PROCESS_ID: pid} of the launcher's worker processes (Linux /proc)."""
+    with open(f"/proc/{launcher_pid}/task/{launcher_pid}/children") as f:
+        pids = [int(p) for p in f.read().split()]
+    workers = {}
+    for pid in pids:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        if b"REFINERY_PROCESS_ID" in env:
+            workers[int(env[b"REFINERY_PROCESS_ID"])] = pid
+    return workers
+
+
+def _rows(root: str) -> list[dict]:
+    from stages.io import storage
+
+    committed = cache.load(root, "train", "k")
+    return [json.loads(line) for line in storage.read_text(committed.file("metrics.jsonl")).splitlines()]
+
+
+def _numbers(row: dict) -> dict:
+    return {k: row[k] for k in ("step", "loss", "accuracy", "learning_rate", "grad_norm", "param_norm")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signalled", ["one", "both"])
+def test_a_signal_to_some_processes_stops_all_of_them_after_the_same_step(tmp_path, shard_root, signalled):
+    """SIGTERM reaches one worker of two (a preempted host), or worker 1 and, a moment later, worker 0:
+    the processes agree on one step, both save their part of that checkpoint and exit with the stop code,
+    and a rerun resumes from it to the numbers of an uninterrupted run. Without the agreement the processes
+    stop at different steps and their collective checkpoint never completes (the launcher times out)."""
+    root = str(tmp_path / "cache")
+    proc = _two_processes(shard_root, root)
+    try:
+        deadline = time.time() + 120
+        while not [p for p in glob.glob(f"{root}/train/k/attempt-*/metrics.jsonl") if os.path.getsize(p)]:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.1)                       # until the first step's metrics row: training is on
+        workers = _workers(proc.pid)
+        assert sorted(workers) == [0, 1], workers
+        os.kill(workers[1], signal.SIGTERM)       # process 1 writes no metrics: it must tell process 0
+        if signalled == "both":
+            time.sleep(0.3)
+            os.kill(workers[0], signal.SIGTERM)
+        # Disagreeing processes hang: the launcher's timeout_s=150 ends them (never the old 300 s wait).
+        out, err = proc.communicate(timeout=170)
+    finally:
+        proc.kill()
+    assert proc.returncode == stop.STOPPED_EXIT_CODE, (out[-2000:], err[-3000:])
+    assert "STOPPED all 2 training processes stopped at a checkpoint" in out, out
+    assert "Traceback" not in err, err[-3000:]
+    worker_lines = [line for line in err.splitlines() if line.startswith("training worker: ")]
+    steps = {int(re.search(r"stopped at step (\d+) \(preempted: SIGTERM", line)[1]) for line in worker_lines}
+    assert len(worker_lines) == 2 and len(steps) == 1, err[-3000:]       # both, after the same step
+    stopped = steps.pop()
+    assert 1 <= stopped < STEPS
+    saved = checkpoint.Checkpointer(f"{root}/train/k/work/checkpoints")
+    assert saved.all_steps() == [stopped]             # finished (Orbax lists only committed checkpoints)
+    saved.close()
+
+    rerun = _two_processes(shard_root, root)           # same key: resumes from the checkpoint
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-3000:]
+    resumed = _rows(root)
+    assert "compile_and_first_step_s" in resumed[stopped], resumed[stopped]   # its first step: the resume
+    whole = str(tmp_path / "whole")
+    uninterrupted = _two_processes(shard_root, whole)
+    out, err = uninterrupted.communicate(timeout=300)
+    assert uninterrupted.returncode == 0, err[-3000:]
+    expected = _rows(whole)
+    assert [r["step"] for r in resumed] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    assert _numbers(resumed[-1]) == _numbers(expected[-1])              # bitwise
