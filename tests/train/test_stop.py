@@ -103,7 +103,7 @@ def test_ctrl_c_during_training_saves_a_checkpoint_and_ends_in_one_line(tmp_path
 
 # Trains the test_loop model with two worker processes (the local launcher, gloo) for STEPS steps, every
 # step logged; the test signals one worker (or both, at different moments) and never the launcher.
-STEPS = 400
+STEPS = 100     # the signal comes after step 1's row: dozens of steps before the end
 TWO = """
 import dataclasses, sys
 from pipeline import cache
@@ -151,9 +151,20 @@ def _numbers(row: dict) -> dict:
     return {k: row[k] for k in ("step", "loss", "accuracy", "learning_rate", "grad_norm", "param_norm")}
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, shard_root) -> list[dict]:
+    """The metrics rows of the two-process run, never signalled."""
+    root = str(tmp_path_factory.mktemp("whole"))
+    proc = _two_processes(shard_root, root)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return _rows(root)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signalled", ["one", "both"])
-def test_a_signal_to_some_processes_stops_all_of_them_after_the_same_step(tmp_path, shard_root, signalled):
+def test_a_signal_to_some_processes_stops_all_of_them_after_the_same_step(tmp_path, shard_root, signalled,
+                                                                          uninterrupted):
     """SIGTERM reaches one worker of two (a preempted host), or worker 1 and, a moment later, worker 0:
     the processes agree on one step, both save their part of that checkpoint and exit with the stop code,
     and a rerun resumes from it to the numbers of an uninterrupted run. Without the agreement the processes
@@ -192,10 +203,6 @@ def test_a_signal_to_some_processes_stops_all_of_them_after_the_same_step(tmp_pa
     assert rerun.returncode == 0, err[-3000:]
     resumed = _rows(root)
     assert "compile_and_first_step_s" in resumed[stopped], resumed[stopped]   # its first step: the resume
-    whole = str(tmp_path / "whole")
-    uninterrupted = _two_processes(shard_root, whole)
-    out, err = uninterrupted.communicate(timeout=300)
-    assert uninterrupted.returncode == 0, err[-3000:]
-    expected = _rows(whole)
+    expected = uninterrupted
     assert [r["step"] for r in resumed] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
     assert _numbers(resumed[-1]) == _numbers(expected[-1])              # bitwise
