@@ -68,10 +68,9 @@ def evaluate(config, train, shard, tokenizer) -> dict:
                                 for name in config.reference_sets}
     if config.tasks:
         items = tasks.load(config.tasks, max_items=config.max_items_per_task or None)
-        task_scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size)
         start = time.perf_counter()
-        downstream = downstream_tasks(task_scorer, sp, items, manifest["eos_id"])
-        downstream["seconds"] = time.perf_counter() - start
+        downstream = downstream_tasks(scorer, sp, items, manifest["eos_id"])
+        downstream["tasks_seconds"] = time.perf_counter() - start
         metrics.update(downstream)
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     return {"metrics": metrics, "samples": samples}
@@ -80,7 +79,10 @@ def evaluate(config, train, shard, tokenizer) -> dict:
 def downstream_tasks(scorer, sp, items_by_task: dict, eos_id: int) -> dict:
     """{"tasks": {task: {items, random_baseline, acc, acc_norm, centered, centered_norm: {value, low, high}}},
     "aggregate": {...}, "truncated_continuations": n} (`task_metrics.score_tasks`) of the items
-    {task: [tasks.Item]} under `scorer` (`scoring.Scorer`; its length is the model's max_seq_len)."""
+    {task: [tasks.Item]} under `scorer` (`scoring.Scorer`). The evaluation's scorer is as long as training's
+    sequences, the positions the model has learned (a run file's max_seq_len can be 128k): a longer request
+    loses the start of its context, as in lm-eval, and a continuation longer than that keeps its first
+    tokens (counted in "truncated_continuations")."""
     requests, owners = [], []                     # owners[r]: (task, item index) of request r
     truncated = 0
     for name, items in items_by_task.items():
