@@ -146,7 +146,7 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
 
 
 def summary(out) -> str:
-    """One line for the run summary, from a committed tokenizer (`pipeline.cache.Committed`)."""
+    """One line for the run summary, from a committed tokenizer (a `stages.io.committed.Committed`)."""
     s = storage.read_json(out.file("stats.json"))
     line = f"{s['model_type']} vocab {s['vocab_size']:,}: "
     if s["heldout_docs"]:

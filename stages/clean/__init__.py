@@ -147,7 +147,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 
 
 def summary(out) -> str:
-    """One line for the run summary, from a committed clean (`pipeline.cache.Committed`)."""
+    """One line for the run summary, from a committed clean (a `stages.io.committed.Committed`)."""
     s = storage.read_json(out.file("stats.json"))
     dropped = ", ".join(f"{k} {v:,}" for k, v in sorted(s["dropped"].items(), key=lambda kv: -kv[1]))
     return (f"kept {s['docs_kept']:,} of {s['docs_in']:,} docs ({s['chars_kept'] / 1e6:.1f}M chars); "

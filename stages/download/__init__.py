@@ -138,7 +138,7 @@ def provenance(source: Any) -> dict:
 
 
 def summary(out) -> str:
-    """One line for the run summary, from a committed download (`pipeline.cache.Committed`)."""
+    """One line for the run summary, from a committed download (a `stages.io.committed.Committed`)."""
     s = storage.read_json(out.file("stats.json"))
     errors = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"
     bad = f"; bad files: {len(s['bad_files'])}" if s.get("bad_files") else ""

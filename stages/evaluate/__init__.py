@@ -118,7 +118,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 
 
 def summary(out) -> str:
-    """One line for the run summary, from a committed evaluation (`pipeline.cache.Committed`)."""
+    """One line for the run summary, from a committed evaluation (a `stages.io.committed.Committed`)."""
     m = storage.read_json(out.file("eval.json"))
     refs = "".join(f"; {name} {r['bpb']:.3f} bits/byte [{r['low']:.3f}, {r['high']:.3f}]"
                    for name, r in m.get("reference_bpb", {}).items())

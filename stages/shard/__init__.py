@@ -177,7 +177,7 @@ def _round_up(x: float) -> str:
 
 
 def summary(out) -> str:
-    """One line for the run summary, from a committed shard (`pipeline.cache.Committed`)."""
+    """One line for the run summary, from a committed shard (a `stages.io.committed.Committed`)."""
     m = storage.read_json(out.file("manifest.json"))
     parts = [f"{name} {s['tokens']:,} tokens / {s['docs']:,} docs in {len(s['shards'])} shards"
              for name, s in m["splits"].items()]

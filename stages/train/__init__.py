@@ -96,7 +96,7 @@ def check_fits(config: Config) -> None:
 
 
 def summary(out) -> str:
-    """One line for the run summary, from a committed training run (`pipeline.cache.Committed`)."""
+    """One line for the run summary, from a committed training run (a `stages.io.committed.Committed`)."""
     s = storage.read_json(out.file("summary.json"))
     return (f"{s['params']:,} params, {s['steps']} steps, final loss {s['final_loss']:.3f}, "
             f"eval loss {s.get('eval_loss', float('nan')):.3f}, {s['tokens_per_s']:,.0f} tokens/s")

@@ -38,7 +38,7 @@ FORMAT = "refinery.train.spec/1"
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     config: Config       # the resolved training config: gin never reaches a worker
-    shard: Committed     # the shard stage's output (a pipeline.cache.Committed is written as one)
+    shard: Committed     # the shard stage's output, as the cache hands it to the stage
     out_dir: str         # the attempt directory (what the cache commits)
     work_dir: str        # resumable scratch: periodic checkpoints
 
@@ -76,7 +76,7 @@ def decode(data: Any, source: str) -> WorkerSpec:
 
 def encode(value: Any, tp: Any, where: str) -> Any:
     """`value` as JSON by its schema type `tp`. A dataclass is written by the fields of `tp` (so a
-    `pipeline.cache.Committed` is written as a `Committed`); TypeError naming the field for a value that
+    subclass is written as the class its field declares); TypeError naming the field for a value that
     does not have the type its field declares."""
     inner = _optional(tp)
     if inner is not None:
