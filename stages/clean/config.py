@@ -14,8 +14,9 @@ in `clean.Config`:
     clean.GopherQuality.min_doc_words = 20                    # one of them changed
     clean.Config.gopher_quality = None                        # off
 
-A new filter is its class (with `check` and `reasons()`, filters.py) plus its field below and its name in
-`RECIPE`, the order the filters run in; `CONFIGURABLES` (what gin may bind) follows from those.
+A new filter is its class (with `check` and `reasons()`, filters.py) plus one line: its field below, placed
+where it should run (the fields' order is the order the filters run in, `RECIPE`); `CONFIGURABLES` (what gin
+may bind) follows from it.
 
 In a module of its own so that the stage's Beam graph and report (graph.py, report.py) import it without
 importing the package, whose `run` imports them.
@@ -50,7 +51,7 @@ class Config:
     unicode_nfc: bool = True            # normalization steps that can be switched off (normalize.py)
     remove_control_chars: bool = True
     tidy_whitespace: bool = True
-    # FineWeb's recipe, one filter each, run after the filters above in `RECIPE`'s order; all off by
+    # FineWeb's recipe, one filter each, run after the filters above in the order declared here; all off by
     # default and on in gin/data/fineweb.gin. The quality filters are off by default because the embedded
     # corpus is Python docstrings (they would keep 1 in 5); language id too: it would drop 299 of the
     # 2,269 documents the defaults keep (13%), the ones that are mostly code, scored at 0.65 or less.
@@ -82,13 +83,26 @@ class Config:
             minhash.check_parameters(self.minhash_bands, self.minhash_rows, self.minhash_ngram)
 
 
-# The steps of FineWeb's recipe in the order they run (each a field of Config): URL filter, language id,
-# the quality filters in FineWeb's order, then PII masking, a rewriter that drops nothing and so runs on
-# kept documents only, as the last rewrite of `clean_document` (before deduplication: pii.py).
-RECIPE = ("url_filter", "language_id", "gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality",
-          "pii_masking")
-# {field: its filter's class}, from Config's annotations (`X | None`)
-FILTERS = {name: typing.get_args(typing.get_type_hints(Config)[name])[0] for name in RECIPE}
+def _recipe(config_class) -> dict[str, type]:
+    """{field: its filter's class} for every field of `config_class` typed `SomeFilter | None`, in the order
+    the fields are declared, which is the order the filters run in."""
+    out = {}
+    hints = typing.get_type_hints(config_class)
+    for field in dataclasses.fields(config_class):
+        args = typing.get_args(hints[field.name])
+        if len(args) == 2 and type(None) in args:
+            cls = next(a for a in args if a is not type(None))
+            if dataclasses.is_dataclass(cls):
+                out[field.name] = cls
+    return out
+
+
+# The steps of FineWeb's recipe in the order they run: Config's filter fields as declared (URL filter,
+# language id, the quality filters in FineWeb's order, then PII masking, a rewriter that drops nothing and
+# so runs on kept documents only, as the last rewrite of `clean_document`: pii.py). A new filter is its
+# class plus its field in Config, placed where it should run.
+FILTERS = _recipe(Config)                       # {field: its filter's class}
+RECIPE = tuple(FILTERS)
 CONFIGURABLES = (Config, *FILTERS.values())     # gin: clean.Config, clean.URLFilter, clean.GopherQuality, ...
 
 

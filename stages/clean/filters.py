@@ -15,14 +15,15 @@ A filter that also changes the text it keeps (C4's line filter, quality.py) has 
 calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not;
 what a rewriter changed is counted per kept document (`Rewriter`, `stats.json`'s `rewritten`).
 
-A filter of FineWeb's recipe is its own config: a frozen dataclass whose fields are its parameters,
-with defaults (datatrove's FineWeb recipe), checked in `__post_init__` (a ValueError that starts with the
-field's name: `min_doc_words=-1 must be >= 0`). Adding one is the class (in a module of its own: urls.py,
-langid.py, quality.py, pii.py) plus one line in `clean.Config` (`my_filter: MyFilter | None = None`) and
-its name in `config.RECIPE`, the order the filters run in; gin then binds it as `clean.MyFilter.<field>`
-and switches it on with `clean.Config.my_filter = @clean.MyFilter()`. A filter must be deterministic and
-picklable (Beam ships it to workers); one that needs a model or large lists (langid.py, urls.py) loads
-them lazily on first use and keeps them out of its dataclass fields, and may say what would stop that
+A filter of FineWeb's recipe is its own config: a frozen dataclass whose fields are its parameters, with
+defaults (datatrove's FineWeb recipe), checked in `__post_init__` (a ValueError that starts with the
+field's name: `min_doc_words=-1 must be >= 0`). Adding one is the class (in a module of its own:
+urls.py, langid.py, quality.py, pii.py) plus one line in `clean.Config` (`my_filter: MyFilter | None =
+None`), placed where it should run (the filter fields' order is `config.RECIPE`); gin then binds it as
+`clean.MyFilter.<field>` and switches it on with `clean.Config.my_filter = @clean.MyFilter()`. A filter
+must be deterministic and picklable (Beam ships it to workers); one that needs a model or large lists
+(langid.py, urls.py) loads them lazily on first use and keeps them out of its dataclass fields, and may
+say what would stop that
 before any stage runs: `problem() -> str` ("" when nothing; `clean.check` asks every switched-on filter).
 """
 

@@ -3,6 +3,7 @@
 import dataclasses
 import random
 import time
+import typing
 
 import pytest
 
@@ -182,8 +183,8 @@ def test_samples_are_truncated_and_reason_names_become_safe_file_names():
 
 
 def test_each_recipe_step_is_one_field_holding_its_filter_or_none():
-    """A new filter is its class plus its field in clean.Config and its name in RECIPE: the gin
-    configurables and the build order follow from those."""
+    """A new filter is its class plus one line, its field in clean.Config: the recipe's order, the gin
+    configurables and the build order follow from the fields."""
     fields = {f.name: f for f in dataclasses.fields(clean.Config)}
     assert list(clean.FILTERS) == list(clean.RECIPE)
     for name, cls in clean.FILTERS.items():
@@ -195,3 +196,25 @@ def test_each_recipe_step_is_one_field_holding_its_filter_or_none():
     # no filter parameter is restated in clean.Config, prefixed or not (gopher_min_doc_words)
     parameters = {p.name for cls in clean.FILTERS.values() for p in dataclasses.fields(cls)}
     assert not [(f, p) for f in fields for p in parameters if f == p or f.endswith("_" + p)]
+
+
+def test_a_new_filter_is_its_class_plus_one_field():
+    """A Config with one more filter field (declared before PII masking) runs it there, with no other edit."""
+    from stages.clean import config as clean_config
+
+    @dataclasses.dataclass(frozen=True)
+    class NoDigits:
+        def reasons(self):
+            return ("digits",)
+
+        def check(self, doc):
+            return "digits" if any(c.isdigit() for c in doc["text"]) else None
+
+    hints = typing.get_type_hints(clean.Config)          # the annotations as types, not strings
+    fields = [(f.name, hints[f.name], f) for f in dataclasses.fields(clean.Config)]
+    at = [name for name, _, _ in fields].index("pii_masking")
+    fields.insert(at, ("no_digits", NoDigits | None, dataclasses.field(default=None)))
+    Extended = dataclasses.make_dataclass("Extended", fields, frozen=True)
+    recipe = clean_config._recipe(Extended)
+    assert list(recipe) == [*clean.RECIPE[:-1], "no_digits", "pii_masking"]
+    assert recipe["no_digits"] is NoDigits
