@@ -23,8 +23,8 @@ None`), placed where it should run (the filter fields' order is `config.RECIPE`)
 `clean.MyFilter.<field>` and switches it on with `clean.Config.my_filter = @clean.MyFilter()`. A filter
 must be deterministic and picklable (Beam ships it to workers); one that needs a model or large lists
 (langid.py, urls.py) loads them lazily on first use and keeps them out of its dataclass fields, and may
-say what would stop that
-before any stage runs: `problem() -> str` ("" when nothing; `clean.check` asks every switched-on filter).
+say what would stop that before any stage runs: `problem() -> str` ("" when nothing; `clean.check` asks
+every switched-on filter).
 """
 
 from __future__ import annotations

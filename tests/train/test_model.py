@@ -223,8 +223,14 @@ def test_prefill_then_decoding_with_the_cache_matches_one_full_forward_pass():
 
 # ------------------------------------------------------------------------------------ model sizes (gin)
 def load_gin_model(name: str) -> C.ModelConfig:
-    """A minimal reader of gin/model/<name>.gin: follows includes, binds `train.ModelConfig.<field>`."""
+    """A minimal reader of gin/model/<name>.gin: follows includes, binds `train.ModelConfig.<field>` and
+    macros (`VOCAB_SIZE = 4096`, used as `%VOCAB_SIZE`)."""
     values: dict = {}
+    macros: dict = {}
+
+    def value_of(text: str):
+        text = text.strip()
+        return macros[text[1:]] if text.startswith("%") else ast.literal_eval(text)
 
     def read(rel):
         with open(os.path.join(REPO, "gin", rel)) as f:
@@ -234,7 +240,10 @@ def load_gin_model(name: str) -> C.ModelConfig:
                     read(ast.literal_eval(line.split(None, 1)[1]))
                 elif line.startswith("train.ModelConfig."):
                     key, value = line[len("train.ModelConfig."):].split("=", 1)
-                    values[key.strip()] = ast.literal_eval(value.strip())
+                    values[key.strip()] = value_of(value)
+                elif line and line.split("=", 1)[0].strip().isidentifier():        # a macro
+                    key, value = line.split("=", 1)
+                    macros[key.strip()] = value_of(value)
                 elif line:
                     raise AssertionError(f"{rel}: unexpected line {raw!r}")
 
