@@ -50,6 +50,7 @@ bench: .venv/bench-installed
 faults: .venv/installed
 	$(PY) -m tests.faults.harness --n $(or $(N),18)
 	REFINERY_OUTAGE=1 $(PY) -m pytest -q -p no:cacheprovider tests/faults/test_storage_outage.py
+	REFINERY_FAULTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/train/test_stop.py -k both
 
 # The `bench` extra (datatrove, spaCy, NLTK) is for `make bench` only: `make test` never installs it.
 .venv/bench-installed: .venv/installed
