@@ -30,6 +30,7 @@ SMALL = [
     "train.OptimizerConfig.warmup_steps = 2",
     "evaluate.Config.max_new_tokens = 6",
     "evaluate.Config.max_eval_batches = 2",
+    "evaluate.Config.max_items_per_task = 20",
 ]
 ALL = ["download", "clean", "tokenizer", "shard", "train", "evaluate"]
 

