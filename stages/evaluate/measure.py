@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stages.evaluate import reference, scoring, task_metrics, tasks
+from stages.evaluate import scoring
+from stages.yardsticks import reference, task_metrics, tasks
 from stages.io import llmc, storage
 from stages.train import checkpoint, data, loop, model
 from stages.train.configs import ModelConfig

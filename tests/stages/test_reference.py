@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 from stages.download import embedded
-from stages.evaluate import reference, scoring
+from stages.evaluate import scoring
+from stages.yardsticks import reference
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
 

@@ -1,6 +1,6 @@
 """Multiple-choice metrics from per-choice log-likelihoods, each with a 95% bootstrap interval over items.
 
-    from stages.evaluate import task_metrics, tasks
+    from stages.yardsticks import task_metrics, tasks
     items = tasks.load(["hellaswag", "piqa"], max_items=1000)
     # one (choices,) array per item
     logliks = {name: [scorer(item.requests()) for item in its] for name, its in items.items()}

@@ -1,0 +1,1 @@
+"""Yardsticks: what every variant is scored on, whatever its data (reference text, downstream tasks)."""
