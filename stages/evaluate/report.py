@@ -7,6 +7,8 @@ import math
 
 from stages.io import figures, storage
 
+YARDSTICK = "yardstick/"   # in-loop metrics' prefix (stages/yardsticks/score.py: PREFIX)
+
 PLOTS = (  # file, title, y label, metrics.jsonl fields
     ("loss.png", "Loss", "nats / token", ("loss", "eval_loss")),
     ("learning_rate.png", "Learning rate", "learning rate", ("learning_rate",)),
@@ -34,7 +36,33 @@ def plots(rows: list[dict], out_dir: str) -> list[str]:
             ax.legend()
         storage.write_bytes(storage.join(out_dir, name), figures.png(fig))
         written.append(name)
-    return written
+    return written + yardstick_plot(rows, out_dir)
+
+
+def yardstick_plot(rows: list[dict], out_dir: str) -> list[str]:
+    """yardsticks.png, the in-loop curves (rows' `yardstick/...` entries, `yardsticks/score.py`): reference
+    bits per byte on the left, per-character task accuracy and the aggregate centered accuracy on the
+    right; [] when training scored none."""
+    names = sorted({k for r in rows for k in r if k.startswith(YARDSTICK)})
+    if not names:
+        return []
+    fig, (left, right) = figures.figure(width=10, ncols=2)
+    for name in names:
+        pts = [(r["step"], r[name]) for r in rows if name in r and _finite(r[name])]
+        kind, _, label = name[len(YARDSTICK):].partition("/")
+        if kind == "bpb":
+            left.plot(*zip(*pts), marker="o", markersize=3, label=label)
+        elif kind in ("acc_norm", "aggregate"):
+            right.plot(*zip(*pts), marker="o", markersize=3, label=label or "aggregate (centered)",
+                       linewidth=2.5 if kind == "aggregate" else 1.2)
+    left.set(title="Reference text (in the loop)", xlabel="step", ylabel="bits / byte")
+    right.set(title="Downstream tasks (in the loop)", xlabel="step", ylabel="acc_norm; aggregate: centered")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    storage.write_bytes(storage.join(out_dir, "yardsticks.png"), figures.png(fig))
+    return ["yardsticks.png"]
 
 
 def samples_text(samples: list[dict]) -> str:

@@ -43,7 +43,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 
     check_fits(config)
     spec_path = storage.join(work_dir, "spec.json")     # JSON, never code: every TPU host reads it (spec.py)
-    spec.write(spec.WorkerSpec(config, inputs["shard"], out_dir, work_dir), spec_path)
+    spec.write(spec.WorkerSpec(config, inputs["shard"], out_dir, work_dir, inputs.get("yardsticks")),
+               spec_path)
     log.info("training %d steps with the %s launcher into %s", config.steps, config.launcher.kind, out_dir)
     launch.launch(config.launcher, spec_path)
 

@@ -37,11 +37,13 @@ import numpy as np
 import optax
 from flax import nnx
 
+from stages.evaluate import scoring
 from stages.io import storage
 from stages.train import checkpoint, data, loss, metrics, model, optimizer, sharding
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
 from stages.train.stop import TrainingStopped, stop_requests
+from stages.yardsticks import score, tokenized
 
 log = logging.getLogger(__name__)
 HISTORY = "metrics.jsonl"      # in work_dir: the metrics rows up to the newest checkpoint, for a resume
@@ -52,8 +54,10 @@ HISTORY = "metrics.jsonl"      # in work_dir: the metrics rows up to the newest 
 MAX_IN_FLIGHT = 2
 
 
-def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, process_count: int = 1) -> dict:
-    """Trains `cfg` (a `stages.train.Config`) on a committed shard stage; returns the summary.
+def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, process_index: int = 0,
+          process_count: int = 1) -> dict:
+    """Trains `cfg` (a `stages.train.Config`) on a committed shard stage; returns the summary. With a
+    committed yardsticks stage, every evaluation step also scores its in-loop subset (`in_loop_scores`).
 
     Periodic checkpoints go to `work_dir`, the final one, the metrics and summary.json to `out_dir`.
     Raises `TrainingStopped` after saving when asked to stop before the last step.
@@ -67,7 +71,8 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, process_index: int = 0, pr
             tempfile.TemporaryDirectory(prefix="refinery-train-"))
         train_files = stack.enter_context(storage.local_files(shard.paths("train-*.bin")))
         val_files = stack.enter_context(storage.local_files(shard.paths("val-*.bin")))
-        run, params, opt_state = set_up(cfg, manifest, train_files, val_files, process_index, process_count)
+        run, params, opt_state = set_up(cfg, manifest, train_files, val_files, process_index, process_count,
+                                        tokenized.load(yardsticks, in_loop=True) if yardsticks else None)
         stack.enter_context(jax.set_mesh(run.mesh))       # every step is traced under the mesh
         stop = AgreedStop(request, run.mesh, process_count)   # all processes stop after the same step
         ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
@@ -120,10 +125,12 @@ class Run:
     flops_per_token: float
     peak: tuple[str, float | None]    # (device name, its published peak FLOP/s or None: no MFU)
     processes: int                    # training processes (hosts)
+    yardsticks: Any = None            # tokenized.Yardsticks scored on evaluation steps, or None
+    scorer: Any = None                # the scoring.Scorer they are scored with (its state set per use)
 
 
 def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], process_index: int,
-           process_count: int) -> tuple[Run, nnx.State, Any]:
+           process_count: int, yardsticks=None) -> tuple[Run, nnx.State, Any]:
     """The run, and freshly initialized params and optimizer state placed on the mesh."""
     mcfg = dataclasses.replace(cfg.model, vocab_size=manifest["vocab_size"])
     ocfg = cfg.optimizer_for_run()
@@ -140,9 +147,14 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     options = step_options(cfg, manifest["eos_id"])
     step_fn, eval_fn = jit_steps(graphdef, tx, options, sharding.shardings_of(params),
                                  sharding.shardings_of(opt_state), mesh)
+    scorer = None
+    if yardsticks and cfg.eval_every:
+        # One fixed (global_batch, seq_len) shape, the training step's: one compile, no new memory peak.
+        scorer = scoring.Scorer(nnx.merge(graphdef, params), prefix_id=manifest["eos_id"],
+                                rows=cfg.global_batch, length=cfg.seq_len)
     run = Run(cfg, mcfg, mesh, batches, eval_data, step_fn, eval_fn, optimizer.schedule(ocfg),
               flops_per_token(mcfg, cfg.seq_len), metrics.published_peak_flops(jax.devices()[0]),
-              process_count)
+              process_count, yardsticks if scorer else None, scorer)
     return run, params, opt_state
 
 
@@ -259,7 +271,17 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
             row["mfu"] = metrics.mfu(run.flops_per_token, tps, jax.device_count(), run.peak[1])
     if cfg.eval_every and (end % cfg.eval_every == 0 or end == cfg.steps):
         row["eval_loss"] = evaluate(run.eval_fn, params, run.eval_data, run.mesh)
+        row |= in_loop_scores(run, params)
     return params, opt_state, row
+
+
+def in_loop_scores(run: Run, params) -> dict[str, float]:
+    """The yardsticks' in-loop subset under `params` (OLMo's in-loop evaluation): reference bits per byte
+    and task accuracies, as metrics-row entries `yardstick/...` (`score.in_loop_row`); {} without any."""
+    if run.scorer is None:
+        return {}
+    run.scorer.state = params        # the training state: the same tree the scorer was built from
+    return score.in_loop_row(score.score(run.scorer, run.yardsticks))
 
 
 def wait_for(step: int, outputs: dict) -> None:

@@ -1,7 +1,7 @@
 """The training worker's spec: what `python -m stages.train.worker SPEC` trains, as JSON.
 
     from stages.train import spec
-    spec.write(spec.WorkerSpec(config, shard, out_dir, work_dir), f"{work_dir}/spec.json")   # the stage
+    spec.write(spec.WorkerSpec(config, shard, out_dir, work_dir, yardsticks), f"{work_dir}/spec.json")
     s = spec.read(f"{work_dir}/spec.json")    # each worker: ValueError naming the file and the field
 
 The training stage writes it into the key's work directory and every training process reads it, on every
@@ -41,6 +41,7 @@ class WorkerSpec:
     shard: Committed     # the shard stage's output, as the cache hands it to the stage
     out_dir: str         # the attempt directory (what the cache commits)
     work_dir: str        # resumable scratch: periodic checkpoints
+    yardsticks: Committed | None = None   # the yardsticks stage's output: scored in the loop (loop.py)
 
 
 def write(spec: WorkerSpec, path: str) -> None:

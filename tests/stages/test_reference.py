@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 
 import numpy as np
 import pytest
@@ -16,9 +15,9 @@ from flax import nnx
 
 from stages.download import embedded
 from stages.evaluate import scoring
-from stages.yardsticks import reference
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
+from stages.yardsticks import reference, texts
 
 NGRAM = 13
 
@@ -77,33 +76,29 @@ def test_embedded_set_is_packaged_real_text():
         reference.embedded_documents("nope")
 
 
-def _ngrams(text: str) -> set[tuple[str, ...]]:
-    words = re.findall(r"[a-z0-9]+", text.lower())
-    return {tuple(words[i:i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
-
-
 def test_embedded_set_never_reaches_the_embedded_training_corpus():
-    """No 13-gram (lowercased words) of the reference set occurs in the embedded corpus's documents; the
-    set is read from the package, so no download/clean/tokenizer setting can change it (the first test
-    shows the bytes are the same under two tokenizers)."""
-    ref = set().union(*(_ngrams(text) for _, text in reference.embedded_documents()))
+    """No 13-gram (of normalized words, `texts.words`, as clean's contamination check compares them) of the
+    reference set occurs in the embedded corpus's documents; the set is read from the package, so no
+    download/clean/tokenizer setting can change it (the first test shows the bytes are the same under two
+    tokenizers)."""
+    ref = set().union(*(texts.ngrams(texts.words(text), NGRAM) for _, text in reference.embedded_documents()))
     assert len(ref) > 4000
     corpus_docs, shared = 0, set()
     for unit in embedded.units():
         for doc in embedded.read(unit):
             corpus_docs += 1
-            shared |= ref & _ngrams(doc["text"])
+            shared |= ref & texts.ngrams(texts.words(doc["text"]), NGRAM)
     print(f"{len(ref)} reference 13-grams, {corpus_docs} corpus documents, {len(shared)} shared")
     assert corpus_docs > 1000
     assert not shared, sorted(shared)[:5]
 
 
-def test_evaluate_config_and_report_carry_the_reference_sets():
-    from stages import evaluate
+def test_yardsticks_config_and_the_report_carry_the_reference_sets():
+    from stages import yardsticks
     from stages.evaluate import report
-    assert evaluate.Config().reference_sets == (reference.EMBEDDED,)
+    assert yardsticks.Config().reference_sets == (reference.EMBEDDED,)
     with pytest.raises(ValueError, match=r"\['nope'\] are not packaged reference sets; choose from "):
-        evaluate.Config(reference_sets=("nope",))
+        yardsticks.Config(reference_sets=("nope",))
     m = {"loss": 1.0, "unigram_entropy": 2.0, "perplexity": 2.7, "bits_per_byte": 1.0, "tokens": 10,
          "tokens_per_s": 1.0,
          "reference_bpb": {"aesop_fables": {"bpb": 2.5, "low": 2.4, "high": 2.6, "docs": 53, "bytes": 30416}}}
