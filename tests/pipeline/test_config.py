@@ -18,7 +18,8 @@ def _keys(*params):
 
 def test_a_tokenizer_override_changes_the_keys_of_tokenizer_and_everything_after_it():
     before, after = _keys(), _keys("tokenizer.Config.vocab_size = 3000")
-    assert [s for s in before if before[s] != after[s]] == ["tokenizer", "shard", "yardsticks", "train", "evaluate"]
+    assert [s for s in before if before[s] != after[s]] == ["tokenizer", "shard", "yardsticks", "train",
+                                                            "evaluate"]
 
 
 @pytest.mark.parametrize("binding", ["train.OptimizerConfig.learning_rate = 1e-3",

@@ -13,10 +13,10 @@ from pipeline import __main__ as cli
 from pipeline import cache, config
 from stages import evaluate, yardsticks
 from stages.evaluate import measure, report, scoring
-from stages.yardsticks import tasks
 from stages.io import storage
 from stages.train import model
 from stages.train.configs import ModelConfig
+from stages.yardsticks import tasks
 from tests.conftest import REPO
 from tests.stages.test_tokenizer import english_docs
 
