@@ -13,7 +13,7 @@ A task is a name lm-eval knows, a name defined by a YAML file under `include_pat
 The directories are committed stage outputs: a key directory (holding `_SUCCESS.json`) or its attempt.
 
 The three request types use the same code as the evaluate stage, so the numbers agree with it:
-  loglikelihood           (context, continuation) -> `measure.request_ids` (the context after an EOS, the
+  loglikelihood           (context, continuation) -> `tokenized.request_ids` (the context after an EOS, the
                           split lm-eval makes) and one packed `scoring.Scorer.loglikelihood` call for all.
   loglikelihood_rolling   (text,) -> `Scorer.loglikelihood_rolling_many`: every document's windows packed.
   generate_until          (context, gen_kwargs) -> the KV-cache sampler `measure._generate` (greedy unless
@@ -87,12 +87,12 @@ class RefineryLM(LM):
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         """[Instance with args (context, continuation)] -> [(sum log-prob in nats, is greedy)]."""
-        from stages.evaluate import measure
+        from stages.yardsticks.tokenized import request_ids
 
         pairs, cut = [], 0
         for r in requests:
             context, continuation = r.args
-            ctx_ids, cont_ids = measure.request_ids(self.sp, context, continuation, self.eos_id)
+            ctx_ids, cont_ids = request_ids(self.sp, context, continuation, self.eos_id)
             if not cont_ids:
                 raise ValueError(f"{_where(r)}: continuation {continuation!r} encodes to no tokens after "
                                  f"context ...{context[-40:]!r}; lm-eval continuations are non-empty text")

@@ -27,6 +27,7 @@ from stages.evaluate import harness, measure  # noqa: E402
 from stages.io import storage  # noqa: E402
 from stages.train import checkpoint, model  # noqa: E402
 from stages.train.configs import ModelConfig  # noqa: E402
+from stages.yardsticks.tokenized import request_ids  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.stages.test_tokenizer import english_docs  # noqa: E402
 
@@ -138,7 +139,7 @@ def test_loglikelihoods_equal_the_native_scorers(lm, sp, results):
     eos = sp.eos_id()
     pairs = [(f"Question: {q}\nAnswer:", f" {c}") for q, choices, _ in MC for c in choices]
     # the adapter's own Scorer (one compiled program for both); the packing differs: all requests at once
-    native = lm.scorer.loglikelihood([measure.request_ids(sp, ctx, cont, eos) for ctx, cont in pairs])
+    native = lm.scorer.loglikelihood([request_ids(sp, ctx, cont, eos) for ctx, cont in pairs])
     got = [(args, resp[0]) for s in samples for args, resp in _requests(s)]
     assert [args for args, _ in got] == pairs                  # the harness asked what the native path scores
     deltas = [abs(float(ll) - want) for (_, (ll, _)), (want, _) in zip(got, native)]
