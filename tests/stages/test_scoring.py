@@ -1,10 +1,13 @@
 """The packed scorer against an independent unpacked computation (one request per forward, log_softmax,
-gather), on a tiny random float32 model.
+gather), on a tiny random float32 model: random ids, real HellaSwag / ARC-Easy / PIQA items, and sharded over
+two processes of 4 simulated CPU devices against one device.
 
     JAX_PLATFORMS=cpu .venv/bin/python -m pytest -q -p no:cacheprovider tests/stages/test_scoring.py
 """
 
 from __future__ import annotations
+
+import io
 
 import jax
 import jax.numpy as jnp
@@ -126,3 +129,176 @@ def test_bad_requests_name_the_request():
         scoring.truncate([], [1], 8, 3)
     with pytest.raises(ValueError, match="longer than the scoring length 8"):
         scoring.truncate([1], list(range(9)), 8)
+
+
+# -- real task items: the packed scorer against a full forward of each request alone --------------------
+
+TASK_VOCAB, TASK_LEN = 1000, 256
+
+
+@pytest.fixture(scope="module")
+def task_requests():
+    """(context ids, continuation ids) of every choice of 40 HellaSwag, 40 ARC-Easy and 40 PIQA items,
+    tokenized as evaluation tokenizes them (`measure.request_ids`) by a small BPE trained on those items' own
+    text; a continuation longer than TASK_LEN keeps its head, as `measure.downstream_tasks` does."""
+    import sentencepiece as spm
+
+    from stages.evaluate import measure
+    from stages.yardsticks import tasks
+
+    items = [item for group in tasks.load(["hellaswag", "arc_easy", "piqa"], max_items=40).values()
+             for item in group]
+    texts = [text for item in items for pair in item.requests() for text in pair]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=proto, vocab_size=TASK_VOCAB,
+                                   model_type="bpe", minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    requests = [measure.request_ids(sp, ctx, cont, eos_id=0)
+                for item in items for ctx, cont in item.requests()]
+    return len(items), [(ctx, cont[:TASK_LEN]) for ctx, cont in requests]
+
+
+@pytest.fixture(scope="module")
+def task_net():
+    cfg = ModelConfig(vocab_size=TASK_VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64,
+                      max_seq_len=TASK_LEN, dtype="float32", init_std=0.3)
+    return Transformer(cfg, rngs=nnx.Rngs(5))
+
+
+def test_packed_scores_of_real_task_items_equal_a_full_forward_of_each_request_alone(task_net, task_requests):
+    n_items, requests = task_requests
+    n_choices = len(requests)
+    graphdef, state = nnx.split(task_net)
+
+    @jax.jit
+    def alone(tokens):          # (32, TASK_LEN), a request alone in each row: no segments, default positions
+        m = nnx.merge(graphdef, state)
+        hidden, _ = m(tokens)
+        return jax.nn.log_softmax(m.logits(hidden).astype(jnp.float32), axis=-1)        # (32, TASK_LEN, V)
+
+    def forward(many):              # [<= TASK_LEN ids] -> [(len, V)]; right padding changes nothing (causal)
+        out = []
+        for k in range(0, len(many), 32):
+            chunk = many[k:k + 32]
+            padded = np.zeros((32, TASK_LEN), np.int32)
+            for row, inputs in enumerate(chunk):
+                padded[row, :len(inputs)] = inputs
+            logp = np.asarray(alone(jnp.asarray(padded)))
+            out += [logp[row, :len(inputs)] for row, inputs in enumerate(chunk)]
+        return out
+
+    # A random model's argmax is rarely a real choice: every 20th context also gets its greedy 2-token
+    # continuation, so is_greedy is tested both ways.
+    greedy = [(ctx, []) for ctx, _ in requests[::20]]
+    for _ in range(2):
+        for (_, cont), logp in zip(greedy, forward([(ctx + cont)[-TASK_LEN:] for ctx, cont in greedy])):
+            cont.append(int(logp[-1].argmax()))
+    requests = requests + greedy
+
+    got = scoring.Scorer(task_net, prefix_id=0, rows=4).loglikelihood(requests)
+    wholes = [(ctx + cont)[-(TASK_LEN + 1):] for ctx, cont in requests]  # lm-eval: the context loses its head
+    alone_logps = forward([whole[:-1] for whole in wholes])
+    deltas, greedy_seen = [], 0
+    for (_, cont), whole, logp, (logprob, is_greedy) in zip(requests, wholes, alone_logps, got):
+        targets = np.asarray(whole[1:])
+        picked = logp[np.arange(len(targets)), targets][-len(cont):]          # the continuation's targets
+        deltas.append(abs(logprob - float(picked.astype(np.float64).sum())))
+        assert is_greedy == bool((logp.argmax(-1) == targets)[-len(cont):].all())
+        greedy_seen += is_greedy
+    cut = sum(len(ctx) + len(cont) > TASK_LEN + 1 for ctx, cont in requests)
+    print(f"{n_items} items, {n_choices} choices + {len(greedy)} greedy requests ({cut} cut "
+          f"from the left): max |delta| {max(deltas):.2e} nats; {greedy_seen} greedy")
+    assert n_items >= 100 and n_choices >= 300
+    assert max(deltas) <= 1e-4
+    assert len(greedy) <= greedy_seen < len(requests) / 2
+    lengths = [len(scoring.truncate(c, x, TASK_LEN)[0]) for c, x in requests]
+    rows = max(r for r, _ in scoring.pack(lengths, TASK_LEN)) + 1
+    print(f"packed into {rows} rows of {TASK_LEN}: {sum(lengths) / (rows * TASK_LEN):.0%} full")
+    assert rows < len(requests) / 2                                   # several requests a row
+
+
+# -- sharded: two processes of 4 simulated CPU devices each, one (data 2, fsdp 2, tensor 2) mesh ---------
+
+SHARDED_SCRIPT = r"""
+import json
+
+import jax
+import numpy as np
+from flax import nnx
+
+from stages.evaluate import scoring
+from stages.train import sharding, worker
+from stages.train.configs import MeshConfig, ModelConfig
+from stages.train.model import Transformer
+
+process, processes = worker.init_distributed()               # gloo, from the REFINERY_* variables
+assert (processes, jax.device_count(), jax.local_device_count()) == (2, 8, 4), jax.devices()
+cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64, max_seq_len=32,
+                  dtype="float32", init_std=0.3)
+mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+graphdef, whole = nnx.split(Transformer(cfg, rngs=nnx.Rngs(3)))     # the same seed: the same model in both
+params = jax.device_put(whole, sharding.param_shardings(whole, mesh))   # split over the mesh as training's
+rng = np.random.default_rng(0)                               # the same requests in both processes
+requests = [(rng.integers(0, 61, int(rng.integers(1, 45))).tolist(),
+             rng.integers(0, 61, int(rng.integers(1, 9))).tolist()) for _ in range(120)]
+documents = [rng.integers(0, 61, n).tolist() for n in (3, 40, 70)]
+
+scorer = scoring.Scorer(nnx.merge(graphdef, params), prefix_id=7, mesh=mesh)
+kept = all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(scorer.state), jax.tree.leaves(params)))
+split = sum(not a.sharding.is_fully_replicated for a in jax.tree.leaves(scorer.state))
+sharded = scorer.loglikelihood(requests), scorer.loglikelihood_rolling_many(documents)
+
+alone = None
+if process == 0:                                             # the reference, on one device of process 0
+    single = scoring.Scorer(nnx.merge(graphdef, whole), prefix_id=7, rows=4)
+    alone = single.loglikelihood(requests), single.loglikelihood_rolling_many(documents)
+try:
+    scoring.Scorer(nnx.merge(graphdef, params), prefix_id=7, rows=6, mesh=mesh)
+    rows_error = None
+except ValueError as e:
+    rows_error = str(e)
+print("RESULT " + json.dumps({"process": process, "rows": scorer.rows, "kept": kept, "split": split,
+                              "sharded": sharded, "single": alone, "rows_error": rows_error}))
+"""
+
+
+def test_sharded_scorer_across_two_processes_gives_the_single_device_numbers(tmp_path):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               REFINERY_COORDINATOR=f"127.0.0.1:{port}", REFINERY_NUM_PROCESSES="2",
+               PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    procs = [subprocess.Popen([sys.executable, "-c", SHARDED_SCRIPT], cwd=REPO, text=True,
+                              env=dict(env, REFINERY_PROCESS_ID=str(i)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for i in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, out[-3000:] + err[-5000:]
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+
+    first, second = results
+    assert second["sharded"] == first["sharded"]                 # every process gets every answer
+    for r in results:
+        assert r["kept"] and r["split"] >= 6                     # params stayed split as training placed them
+        assert r["rows"] == 8                                    # the default 8 rows: a multiple of 2 x 2
+        assert "rows=6" in r["rows_error"] and "data x fsdp = 4" in r["rows_error"]
+    (pairs, rolling), (want_pairs, want_rolling) = first["sharded"], first["single"]
+    assert [g for _, g in pairs] == [g for _, g in want_pairs]
+    # Float32 sums of up to 70 tokens' log-probs (tens to hundreds of nats), reduced in another order where
+    # the weights are split: equal to 1e-5 relative (~100 float32 ulps).
+    got, want = [lp for lp, _ in pairs] + rolling, [lp for lp, _ in want_pairs] + want_rolling
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    print(f"{len(pairs)} requests + {len(rolling)} documents: max |sharded - single| "
+          f"{max(abs(a - b) for a, b in zip(got, want)):.2e} nats, relative {worst:.1e}")
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
