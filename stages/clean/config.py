@@ -29,6 +29,7 @@ import typing
 
 from stages import beam_runner
 from stages.clean import filters, langid, minhash, pii, quality, urls
+from stages.clean.contamination import Contamination
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,10 @@ class Config:
     c4_quality: quality.C4Quality | None = None               # C4's line rules; rewrites kept texts
     fineweb_quality: quality.FineWebQuality | None = None     # FineWeb's own line rules
     pii_masking: pii.PIIMasker | None = None                  # masks e-mails and public IPs; drops nothing
+    # Word 13-gram overlap of the kept documents with the yardsticks (contamination.py): reported in
+    # contamination.json, and dropped (reason `contaminated`) with `clean.Contamination.drop = True`.
+    # Not a filter of the recipe (not `| None`): it runs after dedup, on what training would read.
+    contamination: Contamination = dataclasses.field(default_factory=Contamination)
     runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
                                                    metadata={"key": False})
 
@@ -79,6 +84,10 @@ class Config:
                 raise ValueError(f"{name}={value!r} must be a {cls.__name__} or None (off); in gin: "
                                  f"clean.Config.{name} = @clean.{cls.__name__}() (its parameters: "
                                  f"clean.{cls.__name__}.<name> = ...) or clean.Config.{name} = None")
+        if not isinstance(self.contamination, Contamination):
+            raise ValueError(f"contamination={self.contamination!r} must be a Contamination; in gin: "
+                             "clean.Config.contamination = @clean.Contamination() (its parameters: "
+                             "clean.Contamination.<name> = ...; off: its tasks and reference_sets ())")
         if self.minhash:            # the MinHash parameters, which graph.py reads
             minhash.check_parameters(self.minhash_bands, self.minhash_rows, self.minhash_ngram)
 
@@ -103,7 +112,8 @@ def _recipe(config_class) -> dict[str, type]:
 # class plus its field in Config, placed where it should run.
 FILTERS = _recipe(Config)                       # {field: its filter's class}
 RECIPE = tuple(FILTERS)
-CONFIGURABLES = (Config, *FILTERS.values())     # gin: clean.Config, clean.URLFilter, clean.GopherQuality, ...
+# gin: clean.Config, clean.URLFilter, clean.GopherQuality, ..., clean.Contamination
+CONFIGURABLES = (Config, *FILTERS.values(), Contamination)
 
 
 def build_filters(config: Config) -> tuple[filters.Filter, ...]:

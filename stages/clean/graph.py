@@ -9,9 +9,13 @@
     + Create((b, []) for every bucket)                          so all N shards get written, even empty ones
     -> CoGroupByKey with the near-duplicate keys of bucket b
     -> WriteShard        dedups by key (keeping the copy first in `survivor_order`, a total order over
-                         the whole record), drops near duplicates, sorts by `order.doc_order`, writes shard b;
-                         emits a Tally of the kept documents, the duplicates and the near duplicates
+                         the whole record), drops near duplicates, checks the rest against the yardsticks
+                         (contamination.py; drops the contaminated ones with `Contamination.drop`), sorts by
+                         `order.doc_order`, writes shard b; emits a Tally of the kept documents, the
+                         duplicates, the near duplicates and the contaminated, and
+        "contamination": the bucket's contamination.Found (what its kept documents share with which items)
     -> Flatten(tallies) -> CombineGlobally(merge) -> stats.json and rejected/*.jsonl
+    contamination -> CombineGlobally(merge) -> contamination.json
 
 Near duplicates (`clean.Config.minhash`; the method is in minhash.py):
     CleanShard "bands": (partition, [(band key, node), ...])  every kept document's 14 LSH band keys,
@@ -40,7 +44,7 @@ import time
 import apache_beam as beam
 
 from stages import beam_runner
-from stages.clean import minhash
+from stages.clean import contamination, minhash
 from stages.clean import tally as tally_lib
 from stages.clean.config import Config, build_filters
 from stages.clean.document import clean_document, duplicate_key
@@ -58,6 +62,8 @@ BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) e
 def run(config: Config, paths: list[str], out_dir: str) -> None:
     if config.minhash:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
+    if problem := contamination.problem(config.contamination):
+        raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
     with beam_runner.pipeline(config.runner) as p:
         cleaned = (p
                    | "Inputs" >> beam.Create(paths)
@@ -75,8 +81,12 @@ def run(config: Config, paths: list[str], out_dir: str) -> None:
             near = p | "NoNearDuplicates" >> beam.Create([])
         written = ({"docs": batches, "near": near}
                    | "Group" >> beam.CoGroupByKey()
-                   | "Write" >> beam.ParDo(WriteShard(config, out_dir)))
-        _ = ((cleaned.tally, written)
+                   | "Write" >> beam.ParDo(WriteShard(config, out_dir)).with_outputs("contamination",
+                                                                                      main="tally"))
+        _ = (written.contamination
+             | "MergeFound" >> beam.CombineGlobally(MergeFound())
+             | "Contamination" >> beam.Map(contamination.write, out_dir, config.contamination))
+        _ = ((cleaned.tally, written.tally)
              | "AllTallies" >> beam.Flatten()
              | "Merge" >> beam.CombineGlobally(MergeTallies(config.samples_per_reason))
              | "Report" >> beam.Map(tally_lib.write, out_dir, config.num_shards))
@@ -204,10 +214,15 @@ def near_duplicates(forest: minhash.UnionFind, num_shards: int):
 
 class WriteShard(beam.DoFn):
     """All kept documents of one bucket -> output shard `bucket` (duplicates and near duplicates
-    dropped, sorted by id)."""
+    dropped, then contaminated documents when `Contamination.drop`; sorted by id)."""
 
     def __init__(self, config: Config, out_dir: str):
         self.config, self.out_dir = config, out_dir
+
+    def setup(self):
+        # Built here, in the worker, never pickled: its hashes are salted per process (contamination.py).
+        check = self.config.contamination
+        self.index = contamination.index_for(check) if check.active else None
 
     def process(self, element):
         bucket, grouped = element
@@ -216,14 +231,14 @@ class WriteShard(beam.DoFn):
         tally = tally_lib.Tally(self.config.samples_per_reason)
         # key -> (order, chars_in, doc, rewrites) of the copy with the smallest `survivor_order`
         survivors: dict[bytes, tuple[tuple, int, dict, tuple[str, ...]]] = {}
-        kept: list[tuple[dict, tuple[str, ...]]] = []
+        kept: list[tuple[dict, int, tuple[str, ...]]] = []
         for batch in batches:
             for key, chars, doc, rewrites in batch:
                 if not self.config.dedup:
                     if key in near:
                         tally.drop("near_duplicate", doc, chars)
                     else:
-                        kept.append((doc, rewrites))
+                        kept.append((doc, chars, rewrites))
                     continue
                 order = survivor_order(doc, chars, rewrites)
                 other = survivors.get(key)
@@ -237,14 +252,33 @@ class WriteShard(beam.DoFn):
             if key in near:
                 tally.drop("near_duplicate", doc, chars)
             else:
-                kept.append((doc, rewrites))
+                kept.append((doc, chars, rewrites))
+        if self.index is not None:
+            start = time.time()
+            kept, found = self._check_contamination(kept, tally)
+            log.info("clean: bucket %d: checked for contamination in %.2f s", bucket, time.time() - start)
+            yield beam.pvalue.TaggedOutput("contamination", found)
         # Rows equal under doc_order are equal in every column, so their order cannot show in the file.
         kept.sort(key=lambda kept_doc: doc_order(kept_doc[0]))
-        for doc, rewrites in kept:
+        for doc, _, rewrites in kept:
             tally.keep(len(doc["text"]), rewrites)
         path = storage.join(self.out_dir, documents.shard_name(bucket, self.config.num_shards))
-        documents.write(path, [doc for doc, _ in kept])
+        documents.write(path, [doc for doc, _, _ in kept])
         yield tally
+
+    def _check_contamination(self, kept: list, tally: tally_lib.Tally) -> tuple[list, contamination.Found]:
+        """(the documents to write: all of `kept`, or the clean ones with `drop`; which yardstick items the
+        kept documents share an n-gram with)."""
+        found, out = contamination.Found.of(self.index), []
+        matched = self.index.matches_many([doc["text"] for doc, _, _ in kept])   # in chunks: numpy per chunk
+        for (doc, chars, rewrites), items in zip(kept, matched):
+            if items:
+                found.add(self.index, doc.get("id"), items)
+                if self.config.contamination.drop:
+                    tally.drop(contamination.REASON, doc, chars)
+                    continue
+            out.append((doc, chars, rewrites))
+        return out, found
 
 
 def survivor_order(doc: dict, chars: int, rewrites: tuple[str, ...]) -> tuple:
@@ -254,6 +288,27 @@ def survivor_order(doc: dict, chars: int, rewrites: tuple[str, ...]) -> tuple:
     (the same id and normalized text from two differently spaced originals). A total order over all
     that the stage writes, so the survivor never depends on which copy a worker met first."""
     return doc_order(doc), chars, rewrites
+
+
+class MergeFound(beam.CombineFn):
+    """The buckets' contamination.Found -> one (counts add; each item keeps its smallest document id)."""
+
+    def create_accumulator(self):
+        return contamination.Found()
+
+    def add_input(self, acc, found):
+        acc.merge(found)
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        out = next(accs)
+        for acc in accs:
+            out.merge(acc)
+        return out
+
+    def extract_output(self, acc):
+        return acc
 
 
 class MergeTallies(beam.CombineFn):

@@ -7,13 +7,14 @@ writes into `out_dir`:
 
     removed.png   documents and characters removed per reason, two panels, in pipeline order
     report.md     the same numbers as a table, the kept documents and characters, the filters that
-                  ran, and the sampled rejected documents of every reason (id, url, first 300 chars)
+                  ran, the yardstick overlap per yardstick (contamination.json, when the check ran),
+                  and the sampled rejected documents of every reason (id, url, first 300 chars)
 
 Pipeline order (`ordered_reasons`) is the order in which a document meets the steps: download's
 errors (the names in download's stats.json), `null_text`, `empty`, the filters of
 `build_filters` (config.py) in order (each lists its reasons, `Filter.reasons()`), `duplicate`,
-`near_duplicate`. A reason no step names (a filter without `reasons()`, a download error when
-download's stats.json is not there) comes last, alphabetically.
+`near_duplicate`, `contaminated` (contamination.py). A reason no step names (a filter without
+`reasons()`, a download error when download's stats.json is not there) comes last, alphabetically.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 
-from stages.clean import tally
+from stages.clean import contamination, tally
 from stages.clean.config import Config, build_filters
 from stages.io import figures, storage
 
@@ -40,7 +41,9 @@ def write(out_dir: str, stats: dict, config: Config, download=None) -> None:
     order = ordered_reasons(stats, steps(config, download_errors(download)))
     samples = {reason: read_samples(out_dir, reason) for _, reason in order}
     storage.write_bytes(storage.join(out_dir, "removed.png"), chart(stats, order))
-    storage.write_text(storage.join(out_dir, "report.md"), markdown(stats, order, samples, config))
+    found_path = storage.join(out_dir, contamination.FILE)
+    found = storage.read_json(found_path) if storage.exists(found_path) else {}
+    storage.write_text(storage.join(out_dir, "report.md"), markdown(stats, order, samples, config, found))
 
 
 def download_errors(download) -> tuple[str, ...]:
@@ -56,7 +59,8 @@ def steps(config: Config, errors: tuple[str, ...] = ()) -> list[tuple[str, tuple
     for f in build_filters(config):
         reasons = getattr(f, "reasons", None)
         out.append((type(f).__name__, tuple(reasons()) if reasons else ()))
-    return out + [("dedup", ("duplicate",)), ("minhash", ("near_duplicate",))]
+    return out + [("dedup", ("duplicate",)), ("minhash", ("near_duplicate",)),
+                  ("contamination", (contamination.REASON,))]
 
 
 def ordered_reasons(stats: dict, steps_: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, str]]:
@@ -123,7 +127,8 @@ def chart(stats: dict, order: list[tuple[str, str]]) -> bytes:
 
 
 def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[dict]],
-             config: Config) -> str:
+             config: Config, found: dict | None = None) -> str:
+    """report.md; `found` is contamination.json ({} or None: the check did not run)."""
     docs_in, chars_in = stats["docs_in"], stats["chars_in"]
     removed_chars = sum(stats["dropped_chars"].values())
     lines = [
@@ -160,6 +165,19 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
         for step, kind in rewrites:
             docs = stats["rewritten"][kind]
             lines.append(f"| {step} | {_code(kind)} | {docs:,} | {_pct(docs, stats['docs_kept'])} |")
+        lines.append("")
+    if found:
+        check = config.contamination
+        lines += [f"Yardstick overlap ({check.n}-grams of normalized words shared with a kept document; "
+                  f"{'dropped as `contaminated`' if check.drop else 'reported, not dropped'}: "
+                  "contamination.json):", "",
+                  "| yardstick | kind | items | items contaminated | documents contaminated | e.g. |",
+                  "|---|---|---:|---:|---:|---|"]
+        for name, got in found.items():
+            example = ", ".join(f"{_escape(e['item'])} in {_escape(str(e['doc']))}"
+                                for e in got["examples"][:2])
+            lines.append(f"| {name} | {got['kind']} | {got['items']:,} | {got['items_contaminated']:,} | "
+                         f"{got['docs_contaminated']:,} | {example} |")
         lines.append("")
     lines += ["## Rejected samples", "",
               f"Up to {config.samples_per_reason} per reason, smallest ids first, the first {SAMPLE_CHARS} "
