@@ -249,12 +249,21 @@ def _plain(obj: Any, where: str, registry: dict[str, type]) -> Any:
             # gin so `train.ModelConfig.d_model = 768` applies without also binding
             # `train.Config.model = @train.ModelConfig()`.
             value = gin.get_configurable(_gin_name(value, registry))()
-        values[f.name] = typecheck.check(_plain(value, _gin_name(value, registry) or binding, registry),
-                                         hints[f.name], binding)
+        values[f.name] = typecheck.check(_plain_value(value, binding, registry), hints[f.name], binding)
     try:
         return cls(**values)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _plain_value(value: Any, binding: str, registry: dict[str, type]) -> Any:
+    """`_plain` of a field's value, and of the configs inside a dict or list one holds
+    (`yardsticks.Config.reference_files = {"c4": @c4/download.Files()}`)."""
+    if isinstance(value, dict):
+        return {k: _plain_value(v, f"{binding}[{k!r}]", registry) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain_value(v, f"{binding}[{i}]", registry) for i, v in enumerate(value))
+    return _plain(value, _gin_name(value, registry) or binding, registry)
 
 
 def _gin_name(value: Any, registry: dict[str, type]) -> str | None:
