@@ -167,25 +167,30 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
     from pipeline import sweep, tasks
 
     try:
-        plans = sweep.plans(gin_files, params)
+        runs = sweep.runs(gin_files, params)
         if args.stage:
             dag.check_name(args.stage)
     except (config.ConfigError, ValueError) as e:
         return _error(str(e))
-    for name, plan in plans.items():
+    for run in runs:
+        plan = run.plan
         if unfilled := config.placeholders(plan):
-            return _error(f"sweep variant {name!r} leaves placeholders to fill in: {'; '.join(unfilled)}")
+            return _error(f"sweep variant {run.variant!r} leaves placeholders to fill in: "
+                          f"{'; '.join(unfilled)}")
         problem = checks.unreachable(plan) or checks.unknown_keys(plan)
         if problem or (problem := checks.cannot_run(plan, _to_run(plan, args))):
-            return _error(f"sweep variant {name!r}: {problem}")
-    result = tasks.build(plans.values(), _targets(args), workers=args.workers, scheduler=args.scheduler)
+            return _error(f"sweep variant {run.variant!r}: {problem}")
+    result = tasks.build([run.plan for run in runs], _targets(args), workers=args.workers,
+                         scheduler=args.scheduler)
     if not result.ok:
         print(result.summary, file=sys.stderr)
         print(f"sweep FAILED after {time.time() - start:.1f} s", file=sys.stderr)
         return 1
-    print(sweep.compare(sweep.sweep_name(gin_files), plans))
+    print(sweep.compare(sweep.sweep_name(gin_files), runs))
     ran = ", ".join(result.ran) or "none"
-    print(f"done in {time.time() - start:.1f} s: {len(plans)} variants; stages that ran: {ran}")
+    variants = len({run.variant for run in runs})
+    print(f"done in {time.time() - start:.1f} s: {variants} variants x {len(runs) // variants} seed(s); "
+          f"stages that ran: {ran}")
     return 0
 
 

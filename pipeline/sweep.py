@@ -1,105 +1,117 @@
-"""Sweeps: several override sets in one Luigi build, shared stages run once, one comparison report.
+"""Sweeps: several override sets, each trained with one or more seeds, in one Luigi build; shared stages
+run once; one report that says which differences are real (pipeline/sweep_report.py).
 
-    make sweep SWEEP=gin/sweeps/lr.gin
-    python -m pipeline sweep --gin gin/sweeps/lr.gin [--gin-param ...]
+    make sweep SWEEP=gin/sweeps/min_chars.gin
+    python -m pipeline sweep --gin gin/sweeps/lr.gin [--gin-param 'sweep.seeds = 3' ...]
 
 A sweep file is a gin file that includes its base run and binds `sweep.variants`, a dict from
-variant name to the bindings that make it:
+variant name to the bindings that make it, and optionally `sweep.seeds` and `sweep.cumulative`:
 
     include 'tiny.gin'
     sweep.variants = {
         "lr=3e-4": ["train.OptimizerConfig.learning_rate = 3e-4"],
         "lr=1e-3": ["train.OptimizerConfig.learning_rate = 1e-3"],
     }
+    sweep.seeds = 2          # each variant trains with train.Config.seed = 0 and 1 (default 1: the base seed)
+    sweep.cumulative = True  # each variant's bindings add to the ones before it (an ablation ladder)
 
-Every variant's stages whose keys coincide (everything upstream of what it changes) are the same
-Luigi tasks, so they run once. The report goes to `<cache_root>/sweeps/<sweep name>/`:
-`comparison.md`, `comparison.json` and `comparison.png`.
+Every run's stages whose keys coincide (everything upstream of what it changes) are the same Luigi
+tasks, so they run once: the seeds of one variant share everything upstream of train by construction,
+since the seed is a train binding. A run is named `<variant>/seed=<s>`; the report groups by variant.
+It goes to `<cache_root>/sweeps/<sweep name>/`: comparison.md (the tables and verdicts),
+comparison.json (per variant), verdicts.json (spreads and verdicts), comparison.png, curves.png.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import gin
-from pipeline import cache, config, dag
+from pipeline import config
 from pipeline import plan as run_plan
-from stages.io import figures, storage
 
-METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")
+SEED_BINDING = "train.Config.seed"   # what a sweep's seed sets: parameter init and data order
 
 
 @gin.configurable("sweep")
-def _sweep(variants=gin.REQUIRED):
-    return variants
+def _sweep(variants=gin.REQUIRED, seeds=1, cumulative=False):
+    return variants, seeds, cumulative
 
 
-def variants(gin_files: list[str], params: list[str]) -> dict[str, list[str]]:
-    """The sweep's variants (name -> bindings), read from the gin files; ConfigError naming the file and
-    the variant when `sweep.variants` is not a dict of names to lists of binding strings."""
-    config.load(gin_files, params)   # validates the base config and parses the sweep binding
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One variant trained with one seed."""
+
+    variant: str
+    seed: int
+    plan: run_plan.Plan
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}/seed={self.seed}"
+
+
+def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[str]], int]:
+    """(variants: name -> bindings, seeds) read from the gin files; ConfigError naming the file and the
+    binding when `sweep.variants` is not a dict of names to lists of binding strings, `sweep.seeds` not an
+    int >= 1 or `sweep.cumulative` not a bool. With `cumulative`, each variant's bindings are those of
+    every variant before it (in the file's order) followed by its own."""
+    config.load(gin_files, params)   # validates the base config and parses the sweep bindings
     files = ", ".join(gin_files)
     try:
-        found = _sweep()
+        found, seeds, cumulative = _sweep()
     except (ValueError, RuntimeError) as e:
         raise config.ConfigError(f"{files} binds no sweep.variants: {e}") from None
     if not isinstance(found, dict) or not found:
         raise config.ConfigError(f"{files}: sweep.variants must be a non-empty dict name -> [bindings], "
                                  f"got {found!r}")
-    out = {}
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise config.ConfigError(f"{files}: sweep.seeds = {seeds!r} must be an int >= 1 (each variant trains "
+                                 f"with {SEED_BINDING} = 0, 1, ..., seeds - 1; 1 keeps the base seed)")
+    if not isinstance(cumulative, bool):
+        raise config.ConfigError(f"{files}: sweep.cumulative = {cumulative!r} must be True (each variant "
+                                 "adds its bindings to those of the variants before it) or False (default)")
+    out, before = {}, []
     for name, bindings in found.items():
         bindings = [bindings] if isinstance(bindings, str) else bindings
         if not isinstance(bindings, (list, tuple)) or not all(isinstance(b, str) for b in bindings):
             raise config.ConfigError(
                 f"{files}: sweep.variants[{name!r}] = {bindings!r} is not a list of binding strings; write "
                 f'{{{str(name)!r}: ["train.OptimizerConfig.learning_rate = 1e-3", ...]}}')
-        out[str(name)] = list(bindings)
+        out[str(name)] = before + list(bindings)
+        before = out[str(name)] if cumulative else []
+    return out, seeds
+
+
+def variants(gin_files: list[str], params: list[str]) -> dict[str, list[str]]:
+    """The sweep's variants (name -> every binding that makes it), read from the gin files."""
+    return settings(gin_files, params)[0]
+
+
+def runs(gin_files: list[str], params: list[str]) -> list[Run]:
+    """Every variant x seed: the gin files, the overrides, the variant's bindings, then its seed (bound
+    only when `sweep.seeds` > 1; one seed keeps the base config's)."""
+    found, seeds = settings(gin_files, params)
+    out = []
+    for name, bindings in found.items():
+        for seed in range(seeds):
+            extra = [f"{SEED_BINDING} = {seed}"] if seeds > 1 else []
+            try:
+                plan = config.load(gin_files, params + bindings + extra)
+            except config.ConfigError as e:
+                raise config.ConfigError(f"sweep variant {name!r}: {e}") from None
+            out.append(Run(name, plan.stages["train"].config.seed, plan))
     return out
 
 
-def plans(gin_files: list[str], params: list[str]) -> dict[str, run_plan.Plan]:
-    """Each variant's plan: the gin files, the overrides, then the variant's bindings."""
-    out = {}
-    for name, bindings in variants(gin_files, params).items():
-        try:
-            out[name] = config.load(gin_files, params + bindings)
-        except config.ConfigError as e:
-            raise config.ConfigError(f"sweep variant {name!r}: {e}") from None
-    return out
+def compare(name: str, sweep_runs: list[Run]) -> str:
+    """Writes the report of finished runs (pipeline/sweep_report.py); returns the tables and the line that
+    says which differences are real."""
+    from pipeline import sweep_report
 
-
-def compare(name: str, by_variant: dict[str, run_plan.Plan]) -> str:
-    """Writes the comparison report of finished variants; returns the markdown table."""
-    last = list(dag.STAGES)[-1]
-    rows = {}
-    for variant, plan in by_variant.items():
-        done = cache.load(plan.cache_root, last, plan.stages[last].key)
-        rows[variant] = storage.read_json(done.file("eval.json")) if done else {}
-    root = next(iter(by_variant.values())).cache_root
-    out = storage.join(root, "sweeps", name)
-    table = ["| variant | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
-    for variant, m in rows.items():
-        table.append(f"| {variant} | " + " | ".join(_fmt(m.get(k)) for k in METRICS) + " |")
-    text = "\n".join(table)
-    storage.write_json(storage.join(out, "comparison.json"), rows)
-    storage.write_text(storage.join(out, "comparison.md"),
-                       f"# Sweep {name}\n\n{text}\n\n![val loss by variant](comparison.png)\n")
-    storage.write_bytes(storage.join(out, "comparison.png"), _plot(rows))
-    return text + f"\n\nreport: {storage.join(out, 'comparison.md')}"
+    return sweep_report.write(name, sweep_runs)
 
 
 def sweep_name(gin_files: list[str]) -> str:
     return os.path.splitext(os.path.basename(gin_files[-1]))[0]
-
-
-def _plot(rows: dict[str, dict]) -> bytes:
-    names = list(rows)
-    fig, ax = figures.figure(width=max(4, 1.2 * len(names)))
-    ax.bar(names, [rows[n].get("loss", float("nan")) for n in names], color="#4477aa")
-    ax.set(title="Validation loss by variant", ylabel="nats / token")
-    ax.tick_params(axis="x", rotation=30)
-    return figures.png(fig)
-
-
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:,.4g}" if isinstance(x, float) else str(x)
