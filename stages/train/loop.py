@@ -150,8 +150,9 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     scorer = None
     if yardsticks and cfg.eval_every:
         # One fixed (global_batch, seq_len) shape, the training step's: one compile, no new memory peak.
+        # Sharded as training is (rows over data x fsdp, params where they are), on every process.
         scorer = scoring.Scorer(nnx.merge(graphdef, params), prefix_id=manifest["eos_id"],
-                                rows=cfg.global_batch, length=cfg.seq_len)
+                                rows=cfg.global_batch, length=cfg.seq_len, mesh=mesh)
     run = Run(cfg, mcfg, mesh, batches, eval_data, step_fn, eval_fn, optimizer.schedule(ocfg),
               flops_per_token(mcfg, cfg.seq_len), metrics.published_peak_flops(jax.devices()[0]),
               process_count, yardsticks if scorer else None, scorer)

@@ -3,6 +3,7 @@ is tokenized, the metrics of real items under a real (untrained) model, and eval
 
 import functools
 import io
+import json
 
 import numpy as np
 import pytest
@@ -112,10 +113,31 @@ TINY_DAG = ["download.Embedded.max_files = 60", "tokenizer.Config.vocab_size = 8
             "evaluate.Config.max_eval_batches = 1", "yardsticks.Config.max_items_per_task = 30"]
 
 
+def _harness_task(root) -> str:
+    """A local lm-eval multiple-choice task of three items under `root` (JSON is YAML); its name."""
+    root.mkdir()
+    rows = [{"q": "The cat sat on the", "choices": [" mat", " idea"], "gold": 0},
+            {"q": "Water is", "choices": [" wet", " seven"], "gold": 0},
+            {"q": "The sun rises in the", "choices": [" east", " table"], "gold": 0}]
+    (root / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = {"task": "refinery_dag_mc", "dataset_path": "json", "test_split": "test",
+            "dataset_kwargs": {"data_files": {"test": str(root / "mc.jsonl")},
+                               "cache_dir": str(root.parent / "hf_cache")},   # outside: the key's files
+            "output_type": "multiple_choice", "doc_to_text": "{{q}}", "doc_to_choice": "choices",
+            "doc_to_target": "gold", "metric_list": [{"metric": "acc", "aggregation": "mean",
+                                                      "higher_is_better": True}]}
+    (root / "refinery_dag_mc.yaml").write_text(json.dumps(task))
+    return task["task"]
+
+
 @pytest.mark.slow
-def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tmp_path):
+def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tmp_path, monkeypatch):
     root = str(tmp_path / "cache")
-    params = [f'pipeline.Settings.cache_root = "{root}"', *TINY_DAG]
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    harness_task = _harness_task(tmp_path / "harness")
+    params = [f'pipeline.Settings.cache_root = "{root}"', *TINY_DAG,
+              f'evaluate.Config.harness_tasks = ("{harness_task}",)',
+              f'evaluate.Config.harness_include_path = "{tmp_path / "harness"}"']
     gin = f"{REPO}/gin/tiny.gin"
     assert cli.main(["run", "--gin", gin, *[a for p in params for a in ("--gin-param", p)]]) == 0
     plan = config.load([gin], params)
@@ -142,4 +164,6 @@ def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tmp_path):
     assert evals and all("yardstick/bpb/aesop_fables" in r and "yardstick/aggregate" in r
                          and "yardstick/acc_norm/piqa" in r for r in evals)
     assert "yardsticks.png" in md
+    # lm-evaluation-harness ran the local task against the trained model (the `harness` extra)
+    assert 0 <= m["harness"][harness_task]["acc,none"] <= 1
     assert storage.read_bytes(done.file("yardsticks.png"))[:4] == b"\x89PNG"
