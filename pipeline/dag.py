@@ -18,7 +18,8 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     # what every variant is scored on, tokenized once per tokenizer: training scores a subset in the loop
     "yardsticks": ("stages.yardsticks", ("tokenizer",)),
     "train": ("stages.train", ("shard", "yardsticks")),
-    "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer", "yardsticks")),
+    # clean: its contamination.json (training text that holds a yardstick), reported beside the scores
+    "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer", "yardsticks", "clean")),
 }
 
 

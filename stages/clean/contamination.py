@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from stages.io import storage
+from stages import yardsticks
 from stages.yardsticks import texts
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,10 @@ _MULT = np.uint64(0x9E3779B97F4A7C15)   # odd: chaining word hashes by h * M + w
 class Contamination:
     """What the clean stage checks its kept documents against (gin: `clean.Contamination.<field>`).
 
-    The defaults are the evaluate stage's yardsticks (`evaluate.Config.reference_sets` and `.tasks`)."""
+    The defaults are every variant's yardsticks (`yardsticks.Config`'s defaults, the same constants)."""
 
-    reference_sets: tuple[str, ...] = ("aesop_fables",)   # packaged sets (stages/yardsticks/data/*.txt)
-    tasks: tuple[str, ...] = ("hellaswag", "arc_easy", "arc_challenge", "piqa")   # tasks.TASKS
+    reference_sets: tuple[str, ...] = yardsticks.REFERENCE_SETS   # packaged sets (stages/yardsticks/data/)
+    tasks: tuple[str, ...] = yardsticks.TASKS                     # names in stages/yardsticks/tasks.py
     n: int = 13                  # words per n-gram: a shared n-gram makes a document contaminated
     drop: bool = False           # drop contaminated documents (reason `contaminated`), not only report them
     max_items: int = 0           # items per task: evaluate's seeded sample for the same cap; 0 = all

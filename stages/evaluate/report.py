@@ -105,6 +105,7 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
                   f"{r['bytes']:,} |" for name, r in refs.items()]
         lines += [""]
     lines += task_table(m)
+    lines += contamination_table(m)
     lines += ["## Training curves", ""]
     lines += [f"![{f}]({f})" for f in plot_files]
     lines += ["", "## Samples", ""]
@@ -133,6 +134,25 @@ def task_table(m: dict) -> list[str]:
               "", "A tiny model is expected near chance; an interval of acc that holds the random baseline "
               "(of centered, one that holds 0) says it is indistinguishable from chance on that task.", ""]
     return lines
+
+
+def contamination_table(m: dict) -> list[str]:
+    """report.md's contamination check: per yardstick, how many of its items share a 13-gram with the
+    cleaned training text (clean's contamination.json), and whether clean dropped those documents."""
+    found = m.get("contamination", {})
+    if not found:
+        return []
+    lines = ["## Contamination (training text that holds a yardstick)", "",
+             "Word n-grams of each yardstick item (a task's context and gold answer, a reference document) "
+             "found in the cleaned training documents (GPT-3's 13-gram test). A contaminated item's score "
+             "may be memorized rather than learned; `clean.Contamination.drop = True` removes those "
+             "documents from training.", "",
+             "| yardstick | n | items | contaminated items | training documents | dropped |",
+             "|---|---|---|---|---|---|"]
+    for name, c in found.items():
+        lines.append(f"| {name} | {c['n']} | {c['items']:,} | {c['items_contaminated']:,} | "
+                     f"{c['docs_contaminated']:,} | {'yes' if c['dropped'] else 'no'} |")
+    return lines + [""]
 
 
 def _ci(metric: dict) -> str:

@@ -166,4 +166,6 @@ def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tmp_path, monkeypa
     assert "yardsticks.png" in md
     # lm-evaluation-harness ran the local task against the trained model (the `harness` extra)
     assert 0 <= m["harness"][harness_task]["acc,none"] <= 1
+    # clean's contamination check, per yardstick, beside the scores (the whole split's items are checked)
+    assert m["contamination"]["hellaswag"]["items"] > 1000 and "## Contamination" in md
     assert storage.read_bytes(done.file("yardsticks.png"))[:4] == b"\x89PNG"
