@@ -44,8 +44,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from stages.io import storage
 from stages import yardsticks
+from stages.io import storage
 from stages.yardsticks import texts
 
 log = logging.getLogger(__name__)
