@@ -151,8 +151,8 @@ def test_a_model_trained_longer_beats_a_brief_one_on_every_yardstick_beyond_its_
     root = str(tmp_path / "cache")
     base = [f'pipeline.Settings.cache_root = "{root}"', "download.Config.source = @download.Files()",
             f'download.Files.paths = ["{corpus}"]', "clean.Config.min_chars = 1",
-            "clean.Config.dedup = False", "clean.Config.minhash = False", "tokenizer.Config.vocab_size = 600", "VAL_FRACTION = 0.05",
-            "shard.Config.tokens_per_shard = 50_000",
+            "clean.Config.dedup = False", "clean.Config.minhash = False", "tokenizer.Config.vocab_size = 600",
+            "VAL_FRACTION = 0.05", "shard.Config.tokens_per_shard = 50_000",
             "train.Config.global_batch = 8", "SEQ_LEN = 128", "train.ModelConfig.max_seq_len = 128",
             "train.Config.eval_every = 40", "train.Config.checkpoint_every = 40",
             "train.OptimizerConfig.warmup_steps = 1", "evaluate.Config.max_new_tokens = 2",
