@@ -7,21 +7,20 @@ writes, each variant trained with two seeds, and the report that decides (pipeli
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline import dag, sweep
+from pipeline import sweep
 from stages.io import storage
 from tests.conftest import REPO
 from tests.stages import warc_pages
 
 TWIN = f"{REPO}/gin/twins/fineweb_recipe.gin"
 # As small as still trains, scores and logs in-loop yardsticks: 6 variants x 2 seeds are 12 trainings.
-ITEMS = "yardsticks.Config" if "yardsticks" in dag.STAGES else "evaluate.Config"   # where the items are bound
 SMALL = [
     "train.Config.steps = 6", "train.Config.global_batch = 4", "train.Config.seq_len = 64",
     "train.Config.eval_every = 3", "train.Config.log_every = 3", "train.Config.checkpoint_every = 6",
     "train.OptimizerConfig.warmup_steps = 2", "evaluate.Config.max_new_tokens = 4",
     "evaluate.Config.prompts = ('The',)", "evaluate.Config.max_eval_batches = 2",
-    f"{ITEMS}.tasks = ('arc_easy', 'piqa')", f"{ITEMS}.max_items_per_task = 20",
-    *(["yardsticks.Config.in_loop_items_per_task = 8"] if ITEMS.startswith("yardsticks") else []),
+    "yardsticks.Config.tasks = ('arc_easy', 'piqa')", "yardsticks.Config.max_items_per_task = 20",
+    "yardsticks.Config.in_loop_items_per_task = 8",
 ]
 
 
