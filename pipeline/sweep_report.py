@@ -22,9 +22,11 @@ How a difference is judged, per yardstick:
 - the seed-to-seed spread is the largest range (max - min over seeds) of any one variant: how far apart
   two trainings of the same data and config landed;
 - every variant is compared with the first (the baseline) and with the one before it; a difference of
-  means is **real** only when its size exceeds the spread. With one seed no spread is measured, so no
-  difference can be called real; nor when every variant's seeds scored exactly alike (a spread of 0, as a
-  near-chance model on a few items gives): a zero spread measures nothing.
+  means is **real** only when its size exceeds the spread and the two variants' intervals do not
+  overlap (few seeds understate the spread; the intervals say what a finite item set scores by chance).
+  With one seed no spread is measured, so no difference can be called real; nor when every variant's
+  seeds scored exactly alike (a spread of 0, as a near-chance model on a few items gives): a zero spread
+  measures nothing.
 
 The variants' own validation loss is a training diagnostic: shown apart, and marked not comparable across
 data variants when their data differ upstream of train (any of download, clean, tokenizer, shard keys),
@@ -124,7 +126,7 @@ def decide(results: list[Result]) -> dict:
         for name in names:
             got = table[name]["variants"]
             if a in got and b in got:
-                comparisons.append(_verdict(a, b, name, got[b]["mean"] - got[a]["mean"], table[name]))
+                comparisons.append(_verdict(a, b, name, got[a], got[b], table[name]))
     return {"variants": variants, "seeds": {v: [r.seed for r in runs] for v, runs in by_variant.items()},
             "yardsticks": table, "comparisons": comparisons,
             "real": [c for c in comparisons if c["verdict"] == "real"],
@@ -313,15 +315,22 @@ def curves_png(results: list[Result], comparable: bool) -> bytes:
 # ---------------------------------------------------------------------------------------------
 # small helpers
 
-def _verdict(a: str, b: str, name: str, difference: float, yardstick: dict) -> dict:
+def _verdict(a: str, b: str, name: str, got_a: dict, got_b: dict, yardstick: dict) -> dict:
+    difference = got_b["mean"] - got_a["mean"]
     spread = yardstick["spread"]
     if spread is None:
         verdict = "cannot decide (one seed: no spread measured)"
     elif spread == 0:     # every variant's seeds scored alike (a coarse metric, few items): nothing to exceed
         verdict = "cannot decide (the seeds agreed exactly: no spread measured)"
-    else:
+    elif abs(difference) <= spread + 1e-9:
         # accuracies are k/items, so a difference often equals the spread: a rounding error must not exceed it
-        verdict = "real" if abs(difference) > spread + 1e-9 else "within the seed-to-seed spread"
+        verdict = "within the seed-to-seed spread"
+    elif got_a["low"] <= got_b["high"] and got_b["low"] <= got_a["high"]:
+        # beyond two seeds' spread (which few seeds understate) but not beyond what a finite set of items
+        # scores by chance: the evaluation's own 95% intervals overlap
+        verdict = "within the evaluation's 95% intervals"
+    else:
+        verdict = "real"
     better = (difference < 0) == yardstick["lower_is_better"] if difference else None
     return {"a": a, "b": b, "yardstick": name, "difference": difference, "spread": spread, "verdict": verdict,
             "better": None if better is None else ("better" if better else "worse")}

@@ -34,8 +34,8 @@ def _rows(final_bpb: float) -> list[dict]:
              "yardstick/acc_norm/piqa": 0.3, "yardstick/aggregate": 0.05}]
 
 
-def _result(variant, seed, bpb, acc, data=None, loss=5.0):
-    return sweep_report.Result(variant, seed, _eval(bpb, acc, loss), _rows(bpb), dict(data or DATA))
+def _result(variant, seed, bpb, acc, data=None, loss=5.0, width=0.05):
+    return sweep_report.Result(variant, seed, _eval(bpb, acc, loss, width), _rows(bpb), dict(data or DATA))
 
 
 def _comparison(decision, b, name, a=None):
@@ -73,6 +73,17 @@ def test_a_difference_is_real_only_when_it_exceeds_the_largest_seed_range():
         ("base", "better", "bpb/fables"), ("better", "same", "bpb/fables")}
     line = sweep_report.summary(d)
     assert "2 of 12 differences exceed" in line and "better vs base: bpb/fables -0.105 (better" in line
+
+
+def test_beyond_the_seed_spread_but_inside_the_evaluations_intervals_is_not_real():
+    # Two seeds that happened to agree closely (spread 0.01) and a 0.10 difference: more than the spread, but
+    # 100 items give intervals +-0.15 wide that overlap, so a finite item set could have made it by chance.
+    def runs(width):
+        return [_result(v, seed, 2.0, acc + seed / 100, width=width) for v, acc in (("a", 0.40), ("b", 0.50))
+                for seed in (0, 1)]
+    d = sweep_report.decide(runs(0.15))
+    assert _comparison(d, "b", "acc_norm/piqa")["verdict"] == "within the evaluation's 95% intervals"
+    assert _comparison(sweep_report.decide(runs(0.03)), "b", "acc_norm/piqa")["verdict"] == "real"
 
 
 def test_a_difference_equal_to_the_spread_is_not_real():
