@@ -159,12 +159,12 @@ def summary(decision: dict) -> str:
     undecided = sum(c["verdict"].startswith("cannot decide") for c in decision["comparisons"])
     tail = f"; {undecided} undecided (yardsticks whose seeds agreed exactly)" if undecided else ""
     if not decision["real"]:
-        return ("verdict: no difference between variants exceeds the seed-to-seed spread of its yardstick: "
-                f"none is real{tail}")
+        return ("verdict: no difference between variants exceeds both the seed-to-seed spread of its "
+                f"yardstick and the evaluation's intervals: none is real{tail}")
     shown = [f"{c['b']} vs {c['a']}: {c['yardstick']} {c['difference']:+.3f} ({c['better']}, spread "
              f"{c['spread']:.3f})" for c in decision["real"]]
     return (f"verdict: {len(shown)} of {len(decision['comparisons'])} differences exceed the seed-to-seed "
-            f"spread (real): " + "; ".join(shown) + tail)
+            f"spread and the evaluation's intervals (real): " + "; ".join(shown) + tail)
 
 
 def markdown(name: str, decision: dict) -> str:
@@ -176,7 +176,8 @@ def markdown(name: str, decision: dict) -> str:
              f"{len(variants)} variants x {'/'.join(map(str, seeds))} seed(s). A cell: mean over seeds "
              "[95% interval over items, averaged over seeds]; then each seed's value. The seed-to-seed "
              "spread of a yardstick is the largest max - min over the seeds of any one variant. A difference "
-             "of means is **real** only when its size exceeds that spread (a spread of 0 decides nothing).",
+             "of means is **real** only when its size exceeds that spread (a spread of 0 decides nothing) "
+             "and the two variants' intervals do not overlap.",
              "",
              summary(decision), "", "## Yardsticks", "",
              "| variant | " + " | ".join(f"{n} ({'lower' if table[n]['lower_is_better'] else 'higher'} "
@@ -186,7 +187,8 @@ def markdown(name: str, decision: dict) -> str:
         lines.append(f"| {v} | " + " | ".join(_cell(table[n]["variants"].get(v)) for n in names) + " |")
     lines.append("| seed-to-seed spread | " + " | ".join(_num(table[n]["spread"]) for n in names) + " |")
     lines += ["", "## Verdicts", "",
-              "Difference of means (second minus first); **real** when its size exceeds the spread.", "",
+              "Difference of means (second minus first); **real** when its size exceeds the spread and the "
+              "intervals do not overlap.", "",
               "| comparison | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     cells = {(c["a"], c["b"], c["yardstick"]): c for c in decision["comparisons"]}
     for a, b in pairs(variants):
@@ -365,4 +367,6 @@ def _verdict_cell(c: dict | None) -> str:
         return f"{c['difference']:+.3f} **real, {c['better'] or 'equal'}**"
     if c["verdict"].startswith("cannot decide"):
         return f"{c['difference']:+.3f} cannot decide"
+    if c["verdict"].startswith("within the evaluation"):
+        return f"{c['difference']:+.3f} within the intervals"
     return f"{c['difference']:+.3f} within spread"
