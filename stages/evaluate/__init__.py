@@ -136,5 +136,8 @@ def _aggregate(m: dict) -> str:
     a = m.get("aggregate")
     if not a or not a["tasks"]:
         return ""
+    each = ", ".join(f"{name} {t['acc_norm']['value']:.3f} [{t['acc_norm']['low']:.3f}, "
+                     f"{t['acc_norm']['high']:.3f}] (chance {t['random_baseline']:.2f})"
+                     for name, t in m["tasks"].items())
     return (f"; {len(a['tasks'])} tasks' {a['metric']} accuracy {a['value']:.3f} "
-            f"[{a['low']:.3f}, {a['high']:.3f}]")
+            f"[{a['low']:.3f}, {a['high']:.3f}]; acc_norm: {each}")
