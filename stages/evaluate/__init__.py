@@ -99,6 +99,14 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     native.backends_initialized()       # no TPU here: one line, not libtpu's dozen
     result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"],
                               inputs["yardsticks"])
+    if config.harness_tasks:
+        from stages.evaluate import harness
+
+        net, sp, eos_id, length = result["model"]
+        lm = harness.RefineryLM(net, sp, eos_id, rows=config.batch_size, length=length)
+        found = harness.run_tasks(lm, config.harness_tasks, limit=config.harness_limit or None,
+                                  include_path=config.harness_include_path or None)
+        result["metrics"]["harness"] = found["results"]      # lm-eval's timings and configs are not kept
     from stages.clean import contamination
 
     result["metrics"]["contamination"] = contamination.summary(inputs["clean"])

@@ -74,15 +74,9 @@ def evaluate(config, train, shard, tokenizer, yardsticks) -> dict:
     # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it does
     # not need (tokens_per_s above is the evaluation's throughput, its one stated exception)
     log.info("yardsticks scored in %.1f s", time.perf_counter() - start)
-    if config.harness_tasks:
-        from stages.evaluate import harness
-
-        lm = harness.RefineryLM(net, sp, manifest["eos_id"], rows=config.batch_size, length=seq_len)
-        found = harness.run_tasks(lm, config.harness_tasks, limit=config.harness_limit or None,
-                                  include_path=config.harness_include_path or None)
-        metrics["harness"] = found["results"]       # lm-eval's timings and configs are not kept
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
-    return {"metrics": metrics, "samples": samples}
+    # the model as the harness (`harness.RefineryLM`) takes it: (net, sp, eos_id, scoring length)
+    return {"metrics": metrics, "samples": samples, "model": (net, sp, manifest["eos_id"], seq_len)}
 
 
 def downstream_tasks(scorer, sp, items_by_task: dict, eos_id: int) -> dict:
