@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks downstream_scoring    # writes benchmarks/out/downstream_scoring.json
 
 The items are the first `per_task` of HellaSwag, ARC-Easy and PIQA (`tasks.load`, seeded), every choice a
-(context, continuation) request, tokenized as evaluation tokenizes them (`measure.request_ids`) by a BPE
+(context, continuation) request, tokenized as evaluation tokenizes them (`tokenized.request_ids`) by a BPE
 trained on those items' text; the model is a small random float32 Transformer (`MODEL`) on the default
 backend. Three ways of scoring the same requests, each after its compiles (timed apart, `*_compile_s`):
 
@@ -30,11 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stages.evaluate import measure as evaluate_measure
 from stages.evaluate import scoring
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
-from stages.yardsticks import tasks
+from stages.yardsticks import tasks, tokenized
 
 TASKS = ("hellaswag", "arc_easy", "piqa")
 VOCAB = 1024
@@ -106,7 +105,7 @@ def measure(work_dir: str, per_task: int = 67, rows: int = 8, length: int = 256,
 
 def task_requests(per_task: int, length: int) -> tuple[int, list[tuple[list[int], list[int]]]]:
     """(items, every choice's (context ids, continuation ids)), a continuation longer than `length` cut to
-    its head as `measure.downstream_tasks` does."""
+    its head as `score.tasks` does."""
     import sentencepiece as spm
 
     items = [item for group in tasks.load(list(TASKS), max_items=per_task).values() for item in group]
@@ -115,7 +114,7 @@ def task_requests(per_task: int, length: int) -> tuple[int, list[tuple[list[int]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=proto, vocab_size=VOCAB,
                                    model_type="bpe", minloglevel=2)
     sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
-    requests = [evaluate_measure.request_ids(sp, ctx, cont, eos_id=0)
+    requests = [tokenized.request_ids(sp, ctx, cont, eos_id=0)
                 for item in items for ctx, cont in item.requests()]
     return len(items), [(ctx, cont[:length]) for ctx, cont in requests]
 

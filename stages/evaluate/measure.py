@@ -19,7 +19,6 @@ from stages.io import llmc, storage
 from stages.train import checkpoint, data, loop, model
 from stages.train.configs import ModelConfig
 from stages.yardsticks import score, tokenized
-from stages.yardsticks.tokenized import request_ids
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +81,7 @@ def evaluate(config, train, shard, tokenizer, yardsticks) -> dict:
 def downstream_tasks(scorer, sp, items_by_task: dict, eos_id: int) -> dict:
     """`score.tasks` of text items {task: [tasks.Item]}, tokenized here with `sp` (the yardsticks stage
     tokenizes once per tokenizer; this is for a model and items at hand, as benchmarks and tests have)."""
-    tokens = {name: [tokenized.Item(item.id, item.gold, item.scored_chars(),
-                                    tuple(tuple(map(tuple, request_ids(sp, c, k, eos_id)))
-                                          for c, k in item.requests()))
-                     for item in items]
-              for name, items in items_by_task.items()}
+    tokens = {name: tokenized.tokenize(items, sp, eos_id) for name, items in items_by_task.items()}
     return score.tasks(scorer, tokens)
 
 

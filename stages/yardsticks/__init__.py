@@ -29,6 +29,7 @@ A reference set from files, named "c4_val" here:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -151,15 +152,9 @@ def reference_documents(config: Config):
     for name in config.reference_sets:
         yield name, f"packaged: stages/yardsticks/data/{name}.txt", reference.embedded_documents(name)[:cap]
     for name, source in config.reference_files:
-        docs = []
-        for unit in source.units():
-            for doc in source.read(unit):
-                if doc.get("text"):
-                    docs.append((doc["id"], doc["text"]))
-                if cap and len(docs) >= cap:
-                    break
-            if cap and len(docs) >= cap:
-                break
+        found = ((doc["id"], doc["text"]) for unit in source.units() for doc in source.read(unit)
+                 if doc.get("text"))
+        docs = list(itertools.islice(found, cap))
         if not docs:
             raise ValueError(f"yardsticks.Config.reference_files[{name!r}]: {source.paths} hold no document "
                              f"with text")

@@ -83,13 +83,21 @@ def reference_rows(name: str, documents: Sequence[tuple[str, str]], encode: Call
 
 
 def task_rows(items, sp, eos_id: int, in_loop_items: int) -> list[dict]:
-    """One row per `tasks.Item`: each choice's request as ids (`request_ids`); the first `in_loop_items` are
-    scored in the training loop."""
-    return [{"task": item.task, "id": item.id, "gold": item.gold, "chars": list(item.scored_chars()),
-             "requests": [request_ids(sp, context, continuation, eos_id)
-                          for context, continuation in item.requests()],
-             "in_loop": i < in_loop_items}
-            for i, item in enumerate(items)]
+    """One row per `tasks.Item` (`tokenize`d); the first `in_loop_items` are scored in the training loop."""
+    rows = []
+    for i, (item, tokens) in enumerate(zip(items, tokenize(items, sp, eos_id))):
+        rows.append({"task": item.task, "id": tokens.id, "gold": tokens.gold, "chars": list(tokens.chars),
+                     "requests": [[list(c), list(k)] for c, k in tokens.requests],
+                     "in_loop": i < in_loop_items})
+    return rows
+
+
+def tokenize(items, sp, eos_id: int) -> list[Item]:
+    """Text items (`tasks.Item`) -> tokenized ones: each choice's request as ids (`request_ids`)."""
+    return [Item(item.id, item.gold, tuple(item.scored_chars()),
+                 tuple(tuple(map(tuple, request_ids(sp, context, continuation, eos_id)))
+                       for context, continuation in item.requests()))
+            for item in items]
 
 
 def request_ids(sp, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:

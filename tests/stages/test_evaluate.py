@@ -17,7 +17,7 @@ from stages.evaluate import measure, report, scoring
 from stages.io import storage
 from stages.train import model
 from stages.train.configs import ModelConfig
-from stages.yardsticks import tasks
+from stages.yardsticks import tasks, tokenized
 from tests.conftest import REPO
 from tests.stages.test_tokenizer import english_docs
 
@@ -55,16 +55,16 @@ def test_samples_keep_the_space_between_prompt_and_continuation(monkeypatch):
 def test_a_continuation_that_starts_with_a_space_is_scored_on_exactly_its_own_ids():
     sp = spm.SentencePieceProcessor(model_proto=_sp_proto())
     eos = 7
-    ctx, cont = measure.request_ids(sp, "The old", " river music", eos)
+    ctx, cont = tokenized.request_ids(sp, "The old", " river music", eos)
     assert sp.id_to_piece(cont[0]) == "▁river"          # the space belongs to the continuation's first piece
     assert cont == sp.encode(" river music") == sp.encode("river music")
     assert ctx == [eos] + sp.encode("The old")          # the context starts a document, after an EOS
     assert ctx[1:] + cont == sp.encode("The old river music")
     assert sp.decode(cont) == "river music" and sp.decode(ctx[1:]) == "The old"
     # A context that ends in a space (WinoGrande's blank) gives that space to the continuation: same ids.
-    assert measure.request_ids(sp, "The old ", "river music", eos) == (ctx, cont)
+    assert tokenized.request_ids(sp, "The old ", "river music", eos) == (ctx, cont)
     # No space at the boundary: the pieces that straddle it are scored with the continuation, never lost.
-    ctx, cont = measure.request_ids(sp, "The riv", "er music", eos)
+    ctx, cont = tokenized.request_ids(sp, "The riv", "er music", eos)
     assert ctx[1:] + cont == sp.encode("The river music") and cont and sp.decode(cont).endswith("er music")
 
 

@@ -139,12 +139,11 @@ TASK_VOCAB, TASK_LEN = 1000, 256
 @pytest.fixture(scope="module")
 def task_requests():
     """(context ids, continuation ids) of every choice of 40 HellaSwag, 40 ARC-Easy and 40 PIQA items,
-    tokenized as evaluation tokenizes them (`measure.request_ids`) by a small BPE trained on those items' own
-    text; a continuation longer than TASK_LEN keeps its head, as `measure.downstream_tasks` does."""
+    tokenized as evaluation tokenizes them (`tokenized.request_ids`) by a small BPE trained on those items'
+    own text; a continuation longer than TASK_LEN keeps its head, as `score.tasks` does."""
     import sentencepiece as spm
 
-    from stages.evaluate import measure
-    from stages.yardsticks import tasks
+    from stages.yardsticks import tasks, tokenized
 
     items = [item for group in tasks.load(["hellaswag", "arc_easy", "piqa"], max_items=40).values()
              for item in group]
@@ -153,7 +152,7 @@ def task_requests():
     spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=proto, vocab_size=TASK_VOCAB,
                                    model_type="bpe", minloglevel=2)
     sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
-    requests = [measure.request_ids(sp, ctx, cont, eos_id=0)
+    requests = [tokenized.request_ids(sp, ctx, cont, eos_id=0)
                 for item in items for ctx, cont in item.requests()]
     return len(items), [(ctx, cont[:TASK_LEN]) for ctx, cont in requests]
 
