@@ -1,6 +1,7 @@
 # Refinery. Two commands set up a fresh machine: `make pipeline` and `make test`.
 #   make pipeline [GIN=gin/tiny.gin] [OVERRIDES='tokenizer.Config.vocab_size=3000 clean.Config.min_chars=100']
 #   make stage STAGE=tokenizer [FORCE=1]     one stage (and what it needs); FORCE reruns it and its dependents
+#   make export                              the model as a Hugging Face directory (and what it needs)
 #   make status [VERIFY=1] | make gc | make test | make bench | make lint
 #   make faults N=200                        N seeded kills of stages, reruns checked against an undisturbed run
 PYTHON ?= python3
@@ -15,14 +16,18 @@ export OVERRIDES
 
 RUN := $(PY) -m pipeline
 
-.PHONY: pipeline stage sweep status gc plan test bench faults lint install clean-cache
+.PHONY: pipeline stage export sweep status gc plan test bench faults lint install clean-cache
 
 pipeline: .venv/installed .venv/olmo-eval-installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
 
 stage: .venv/installed
-	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard|train|evaluate> [FORCE=1]"; exit 2; }
+	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard|yardsticks|train|evaluate|export> [FORCE=1]"; exit 2; }
 	$(RUN) run --gin $(GIN) --stage $(STAGE) $(if $(FORCE),--force) --overrides "$$OVERRIDES"
+
+# The trained model as a Hugging Face directory (stages/export): what it needs, then the export stage.
+export: .venv/installed .venv/olmo-eval-installed
+	$(RUN) run --gin $(GIN) --stage export $(if $(FORCE),--force) --overrides "$$OVERRIDES"
 
 sweep: .venv/installed
 	@test -n "$(SWEEP)" || { echo "usage: make sweep SWEEP=gin/sweeps/<name>.gin"; exit 2; }
@@ -38,7 +43,7 @@ gc: .venv/installed
 plan: .venv/installed
 	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)
 
-test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed
+test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed .venv/hf-installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: .venv/bench-installed
@@ -80,6 +85,11 @@ OLMO_EVAL_VERSION := 0.9.0
 # lm-evaluation-harness (the `harness` extra, no torch) for tests/stages/test_harness.py: `make test` only.
 .venv/harness-installed: .venv/installed setup.cfg
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,harness]'
+	touch $@
+
+# torch (CPU) + transformers (the `hf` extra) for tests/export: `make test` only.
+.venv/hf-installed: .venv/installed setup.cfg
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,hf]'
 	touch $@
 
 clean-cache:

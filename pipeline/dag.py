@@ -20,6 +20,8 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "train": ("stages.train", ("shard", "yardsticks")),
     # clean: its contamination.json (training text that holds a yardstick), reported beside the scores
     "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer", "yardsticks", "clean")),
+    # the model as a Hugging Face directory; the others are read for its card (and shard for bos/eos)
+    "export": ("stages.export", ("train", "tokenizer", "shard", "evaluate", "clean")),
 }
 
 

@@ -1,0 +1,148 @@
+"""The export stage: the trained model as a Hugging Face directory that transformers loads as it is.
+
+    make export                                   (make pipeline runs it too: the DAG's last stage)
+    make stage STAGE=export OVERRIDES='export.Config.dtype="bfloat16"'
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("cache/export/<key>/<attempt>")    # the path `make pipeline`
+    tokenizer = AutoTokenizer.from_pretrained("cache/export/<key>/<attempt>")      # prints on its last lines
+
+Writes into `out_dir`:
+    config.json                 LlamaForCausalLM (stages/train/hf.py: GQA, RoPE and its scaling in the form
+                                transformers 5 reads and the one 4.x reads, tied embeddings, rms_norm_eps)
+    generation_config.json      bos/eos ids, greedy by default
+    model.safetensors           or model-0000i-of-0000n.safetensors + model.safetensors.index.json above
+                                `max_shard_bytes`; written tensor by tensor from train's Orbax checkpoint (one
+                                layer's slice read at a time: no host ever holds the model)
+    tokenizer.model             the tokenizer stage's sentencepiece model
+    tokenizer.json              the same tokenizer for transformers' fast tokenizers (identical ids:
+                                tokenizer_json.py), tokenizer_config.json, special_tokens_map.json
+    README.md                   the model card: every stage's key and one-line figures, the evaluation,
+                                the gin config that made it (card.py)
+
+A setting the model has and transformers' Llama lacks fails the stage with one line naming it
+(`hf.problem`), before anything is written; so does a tokenizer setting the fast tokenizer cannot express.
+No JAX: the checkpoint is read with TensorStore (stages/train/checkpoint_arrays.py), so exporting the tiny
+model takes about a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+
+from stages.io import safetensors, storage
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("", "float32", "bfloat16", "float16")
+GIGABYTE = 1_000_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    dtype: str = ""                          # the weights' dtype in the files; "": train's param_dtype
+    max_shard_bytes: int = 5 * GIGABYTE      # safetensors files at most this large (save_pretrained's 5GB)
+    name: str = ""                           # the model card's title; "": refinery-<train key[:12]>
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"export.Config.dtype={self.dtype!r} is not one of {DTYPES} ('' = the training "
+                             "param_dtype)")
+        if self.max_shard_bytes < 1:
+            raise ValueError(f"export.Config.max_shard_bytes={self.max_shard_bytes} must be >= 1")
+
+
+CONFIGURABLES = (Config,)
+VERSION = "1"
+
+
+def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
+    from stages.export import card, tokenizer_json
+    from stages.train import hf
+    from stages.train.checkpoint_arrays import CheckpointArrays
+    from stages.train.configs import ModelConfig
+
+    train, tok = inputs["train"], inputs["tokenizer"]
+    summary = storage.read_json(train.file("summary.json"))
+    mcfg = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in summary["model"].items()})
+    if why := hf.problem(mcfg):
+        raise ValueError(f"export: {why}")
+    sp_bytes = storage.read_bytes(tok.file("tokenizer.model"))
+    sp = tokenizer_json.read_model(sp_bytes)
+    if why := tokenizer_json.problem(sp):
+        raise ValueError(f"export: tokenizer {tok.file('tokenizer.model')}: {why}")
+    shard = storage.read_json(inputs["shard"].file("manifest.json"))
+    dtype = config.dtype or mcfg.param_dtype
+
+    arrays = CheckpointArrays(storage.join(train.path, "checkpoint"))
+    tensors = {t.name: t for t in hf.tensors(mcfg)}
+    check_shapes(arrays, mcfg)
+    specs = [safetensors.Spec(t.name, t.shape, dtype) for t in tensors.values()]
+    files = safetensors.plan_shards(specs, config.max_shard_bytes)
+    names = safetensors.shard_names(len(files))
+    np_dtype = safetensors.numpy_dtype(dtype)
+    total = sum(s.nbytes for s in specs)
+    log.info("export: %d tensors, %.2f GB (%s) into %d safetensors file(s) in %s", len(specs), total / GIGABYTE,
+             dtype, len(files), out_dir)
+    done, start = 0, time.monotonic()
+
+    def array_for(spec):
+        nonlocal done
+        t = tensors[spec.name]
+        out = t.to_hf(arrays.read(t.param, t.layer)).astype(np_dtype)
+        done += spec.nbytes
+        if t.layer is not None and spec.name.endswith("down_proj.weight"):     # once per layer
+            log.info("export: layer %d of %d written (%.0f%% of %.2f GB, %.0f s)", t.layer + 1, mcfg.n_layers,
+                     100 * done / total, total / GIGABYTE, time.monotonic() - start)
+        return out
+
+    metadata = {"format": "pt", "source": f"refinery train {train.key}"}
+    for name, group in zip(names, files):
+        safetensors.write(storage.join(out_dir, name), group, array_for, metadata)
+    if len(files) > 1:
+        storage.write_json(storage.join(out_dir, safetensors.INDEX), safetensors.index(files))
+
+    bos_id, eos_id = shard["bos_id"], shard["eos_id"]
+    storage.write_json(storage.join(out_dir, "config.json"),
+                       hf.config_json(mcfg, bos_id=bos_id, eos_id=eos_id, dtype=dtype))
+    storage.write_json(storage.join(out_dir, "generation_config.json"),
+                       {"bos_token_id": bos_id, "eos_token_id": eos_id, "do_sample": False})
+    storage.write_bytes(storage.join(out_dir, "tokenizer.model"), sp_bytes)
+    storage.write_json(storage.join(out_dir, "tokenizer.json"),
+                       tokenizer_json.tokenizer_json(sp, bos_id=bos_id if shard.get("add_bos") else None))
+    specials = {"bos_token": sp.pieces[bos_id][0], "eos_token": sp.pieces[eos_id][0],
+                "unk_token": sp.pieces[sp.id_of(tokenizer_json.UNKNOWN)][0]}
+    storage.write_json(storage.join(out_dir, "special_tokens_map.json"), specials)
+    storage.write_json(storage.join(out_dir, "tokenizer_config.json"), specials | {
+        # PreTrainedTokenizerFast reads tokenizer.json as it is (a model-specific class may rebuild parts)
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mcfg.max_seq_len,
+        "add_bos_token": bool(shard.get("add_bos")), "add_eos_token": False, "padding_side": "left",
+        "clean_up_tokenization_spaces": False})
+    storage.write_text(storage.join(out_dir, "README.md"),
+                       card.model_card(config.name or f"refinery-{train.key[:12]}", inputs, mcfg, total, dtype))
+    log.info("export: done in %.1f s", time.monotonic() - start)
+
+
+def check_shapes(arrays, mcfg) -> None:
+    """Every parameter the config implies is in the checkpoint with the shape the config implies."""
+    from stages.train.configs import param_layout
+
+    for name, (shape, _) in param_layout(mcfg).items():
+        if name not in arrays.names():
+            raise ValueError(f"export: checkpoint {arrays.path} has no parameter {name!r} (it has "
+                             f"{arrays.names()}); was it written by this training config?")
+        if arrays.shape(name) != tuple(shape):
+            raise ValueError(f"export: checkpoint {arrays.path}: {name} is {arrays.shape(name)}, the model config "
+                             f"says {tuple(shape)}")
+
+
+def summary(out) -> str:
+    """One line for the run summary, from a committed export (a `stages.io.committed.Committed`)."""
+    c = storage.read_json(out.file("config.json"))
+    weights = sum(size for name, size in out.files.items() if name.endswith(".safetensors"))
+    n_files = sum(name.endswith(".safetensors") for name in out.files)
+    return (f"{c['architectures'][0]} ({c['dtype']}, {weights / 1e6:,.1f} MB in {n_files} safetensors "
+            f"file(s)): AutoModelForCausalLM.from_pretrained({out.path!r})")

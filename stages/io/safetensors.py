@@ -1,0 +1,160 @@
+"""The safetensors format (what Hugging Face models are stored in), written one tensor at a time and read
+memory-mapped, with numpy only: no torch, no `safetensors` package.
+
+    specs = [Spec("model.embed_tokens.weight", (V, D), "float32"), ...]
+    safetensors.write("out/model.safetensors", specs, lambda spec: array_for(spec.name),
+                      metadata={"format": "pt"})      # each array is asked for, written and dropped in turn
+    with safetensors.Reader("out/model.safetensors") as f:
+        f.names(); f.spec("model.norm.weight"); f.array("model.norm.weight")   # a read-only memory map
+
+The file: 8 bytes (little-endian u64) giving the header's length, the header (JSON: name -> dtype, shape,
+data_offsets [begin, end) relative to the data that follows; "__metadata__": str -> str), padded with spaces
+to a multiple of 8 bytes, then the tensors' bytes, row-major, little-endian, in the header's offset order.
+Because every offset follows from the shapes and dtypes, the header is written first and a model never
+has to be held whole: peak memory is one tensor (`write`). `plan_shards` splits a model's tensors into files
+under a size limit, as `save_pretrained` does, with the index (`model.safetensors.index.json`) that names
+each tensor's file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from collections.abc import Callable, Iterable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from stages.io import storage
+
+# numpy dtype name -> safetensors dtype name (bfloat16 through ml_dtypes, which numpy reads and writes)
+DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int32": "I32",
+          "int64": "I64", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+_NUMPY = {v: k for k, v in DTYPES.items()}
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One tensor to write: its name in the file, shape and numpy dtype name (a key of DTYPES)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} has no safetensors spelling; supported: {', '.join(DTYPES)}")
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def header(specs: Iterable[Spec], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The 8-byte length and the padded JSON header for `specs`, laid out in the order given."""
+    entries: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for s in specs:
+        if s.name in entries:
+            raise ValueError(f"tensor name {s.name!r} appears twice")
+        entries[s.name] = {"dtype": DTYPES[s.dtype], "shape": list(s.shape),
+                           "data_offsets": [offset, offset + s.nbytes]}
+        offset += s.nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write(path: str, specs: list[Spec], array_for: Callable[[Spec], np.ndarray],
+          metadata: Mapping[str, str] | None = None) -> None:
+    """Writes `specs` to `path` (local or gs://), asking `array_for(spec)` for each tensor in turn and
+    dropping it once written: memory holds one tensor at a time. An array whose shape or dtype is not its
+    spec's is an error naming the tensor (the header already promised its size)."""
+    with storage.open(path, "wb") as f:
+        f.write(header(specs, metadata))
+        for spec in specs:
+            array = array_for(spec)
+            if tuple(array.shape) != tuple(spec.shape) or array.dtype != numpy_dtype(spec.dtype):
+                raise ValueError(f"{path}: tensor {spec.name} is {array.dtype}{list(array.shape)}, the header "
+                                 f"says {spec.dtype}{list(spec.shape)}")
+            f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+            del array
+
+
+def plan_shards(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:
+    """`specs` in order, cut into consecutive files of at most `max_bytes` each (a tensor larger than the
+    limit gets a file of its own, as transformers does)."""
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes={max_bytes} must be >= 1")
+    files: list[list[Spec]] = [[]]
+    size = 0
+    for s in specs:
+        if files[-1] and size + s.nbytes > max_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(s)
+        size += s.nbytes
+    return files
+
+
+def shard_names(n: int) -> list[str]:
+    """transformers' file names: model.safetensors alone, else model-00001-of-00003.safetensors, ..."""
+    return [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
+def index(files: list[list[Spec]]) -> dict:
+    """The index that names each tensor's file (written only when there are several files)."""
+    names = shard_names(len(files))
+    return {"metadata": {"total_size": sum(s.nbytes for group in files for s in group)},
+            "weight_map": {s.name: names[i] for i, group in enumerate(files) for s in group}}
+
+
+class Reader:
+    """A local safetensors file, memory-mapped: `array(name)` reads only that tensor's pages."""
+
+    def __init__(self, path: str):
+        self.path = storage.local_path(path)
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            head = json.loads(f.read(n))
+        self.metadata = head.pop("__metadata__", {}) or {}
+        self._entries = head
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=8 + n) if head else None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def spec(self, name: str) -> Spec:
+        e = self._entry(name)
+        if e["dtype"] not in _NUMPY:
+            raise ValueError(f"{self.path}: tensor {name} has dtype {e['dtype']}, not one of {sorted(_NUMPY)}")
+        return Spec(name, tuple(e["shape"]), _NUMPY[e["dtype"]])
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor as a read-only array backed by the file."""
+        spec, (begin, end) = self.spec(name), self._entry(name)["data_offsets"]
+        if end - begin != spec.nbytes:
+            raise ValueError(f"{self.path}: tensor {name} spans {end - begin} bytes, its shape and dtype "
+                             f"need {spec.nbytes}")
+        return self._map[begin:end].view(numpy_dtype(spec.dtype).newbyteorder("<")).reshape(spec.shape)
+
+    def _entry(self, name: str) -> dict:
+        if name not in self._entries:
+            raise KeyError(f"{self.path} has no tensor {name!r}; it has {len(self._entries)}: "
+                           f"{', '.join(sorted(self._entries)[:8])}{', ...' if len(self._entries) > 8 else ''}")
+        return self._entries[name]
+
+    def close(self) -> None:
+        self._map = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
