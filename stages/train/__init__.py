@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig, HardwareConfig)
 # 2: parameters and optimizer state are initialized by one jitted program directly in their shardings;
 #    the weights differ from version 1's op-by-op initialization in the last bits.
-VERSION = "2"
+# 3: YaRN's ramp ends at min(ceil(dim), head_dim - 1), as the paper's code and transformers do (it was clipped
+#    at head_dim / 2 - 1, which changed the frequencies when the correction range reached past it).
+VERSION = "3"
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

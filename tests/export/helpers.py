@@ -1,0 +1,59 @@
+"""A model exported as the export stage exports a trained one, from parameters a test chose: the checkpoint
+written by the training stage's Checkpointer, the summary.json, shard manifest and tokenizer it reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import pathlib
+
+import sentencepiece as spm
+
+from stages import export
+from stages import tokenizer as tokenizer_stage
+from stages.io import storage
+from stages.io.committed import Committed
+
+TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 40 +
+        "Numbers 0123456789 and punctuation: (a), [b], {c}!\n")
+
+
+def tokenizer_model(vocab_size: int = 320) -> bytes:
+    out = io.BytesIO()
+    cfg = tokenizer_stage.Config(vocab_size=vocab_size)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT.split(". ")), model_writer=out,
+                                   **tokenizer_stage.trainer_options(cfg) | {"hard_vocab_limit": False})
+    return out.getvalue()
+
+
+def committed(stage: str, directory: pathlib.Path, manifest: dict | None = None) -> Committed:
+    files = {str(p.relative_to(directory)): p.stat().st_size for p in directory.rglob("*") if p.is_file()}
+    return Committed(stage, f"{stage}-key", str(directory), files, manifest or {})
+
+
+def write_train(directory: pathlib.Path, mcfg, params) -> Committed:
+    """A train output holding `params` (an nnx.State) as checkpoint step 1 and the summary naming mcfg."""
+    import jax.numpy as jnp
+
+    from stages.train import checkpoint
+
+    ckpt = checkpoint.Checkpointer(str(directory / "checkpoint"), keep=1, every=1, async_save=False)
+    ckpt.save(1, {"params": params, "step": jnp.int32(1)}, force=True)
+    ckpt.close()
+    (directory / "summary.json").write_text(json.dumps({"model": dataclasses.asdict(mcfg)}))
+    return committed("train", directory)
+
+
+def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=export.Config()) -> pathlib.Path:
+    """Runs the export stage on `params` and returns its output directory."""
+    train = write_train(tmp / "train", mcfg, params)
+    (tmp / "tokenizer").mkdir()
+    (tmp / "tokenizer" / "tokenizer.model").write_bytes(sp_model)
+    (tmp / "shard").mkdir()
+    storage.write_json(str(tmp / "shard" / "manifest.json"), {"bos_id": 1, "eos_id": 2, "add_bos": False})
+    inputs = {"train": train, "tokenizer": committed("tokenizer", tmp / "tokenizer"),
+              "shard": committed("shard", tmp / "shard")}
+    out = tmp / "export"
+    export.run(config, inputs, str(out), str(tmp / "work"))
+    return out
