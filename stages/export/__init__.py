@@ -85,8 +85,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     names = safetensors.shard_names(len(files))
     np_dtype = safetensors.numpy_dtype(dtype)
     total = sum(s.nbytes for s in specs)
-    log.info("export: %d tensors, %.2f GB (%s) into %d safetensors file(s) in %s", len(specs), total / GIGABYTE,
-             dtype, len(files), out_dir)
+    log.info("export: %d tensors, %.2f GB (%s) into %d safetensors file(s) in %s", len(specs),
+             total / GIGABYTE, dtype, len(files), out_dir)
     done, start = 0, time.monotonic()
 
     def array_for(spec):
@@ -121,8 +121,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mcfg.max_seq_len,
         "add_bos_token": bool(shard.get("add_bos")), "add_eos_token": False, "padding_side": "left",
         "clean_up_tokenization_spaces": False})
-    storage.write_text(storage.join(out_dir, "README.md"),
-                       card.model_card(config.name or f"refinery-{train.key[:12]}", inputs, mcfg, total, dtype))
+    title = config.name or f"refinery-{train.key[:12]}"
+    storage.write_text(storage.join(out_dir, "README.md"), card.model_card(title, inputs, mcfg, total, dtype))
     log.info("export: done in %.1f s", time.monotonic() - start)
 
 
@@ -135,8 +135,8 @@ def check_shapes(arrays, mcfg) -> None:
             raise ValueError(f"export: checkpoint {arrays.path} has no parameter {name!r} (it has "
                              f"{arrays.names()}); was it written by this training config?")
         if arrays.shape(name) != tuple(shape):
-            raise ValueError(f"export: checkpoint {arrays.path}: {name} is {arrays.shape(name)}, the model config "
-                             f"says {tuple(shape)}")
+            raise ValueError(f"export: checkpoint {arrays.path}: {name} is {arrays.shape(name)}, the model "
+                             f"config says {tuple(shape)}")
 
 
 def summary(out) -> str:

@@ -23,25 +23,25 @@ def model_card(name: str, inputs: Mapping, mcfg, weight_bytes: int, dtype: str) 
     keys = stage_keys(inputs)
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [refinery, llama]", "---", "", f"# {name}", "",
-             f"A Llama-architecture decoder ({_params(weight_bytes, dtype)} parameters: {mcfg.n_layers} layers, "
-             f"d_model {mcfg.d_model}, {mcfg.n_heads} heads / {mcfg.n_kv_heads} kv heads, vocabulary "
-             f"{mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from raw text by Refinery's cached "
-             "pipeline. Load it with transformers:", "", "```python",
+             f"A Llama-architecture decoder ({_params(weight_bytes, dtype)} parameters: "
+             f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, {mcfg.n_heads} heads / {mcfg.n_kv_heads} kv "
+             f"heads, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from raw text by "
+             "Refinery's cached pipeline. Load it with transformers:", "", "```python",
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
              'model = AutoModelForCausalLM.from_pretrained("<this directory or hub id>")',
              'tokenizer = AutoTokenizer.from_pretrained("<this directory or hub id>")', "```", "",
              "## The run", "", "| stage | cache key | figures |", "|---|---|---|"]
     for stage, key in keys.items():
         lines.append(f"| {stage} | `{key}` | {_summary(stage, inputs.get(stage))} |")
-    lines += ["", "Every figure above is read from that stage's committed output; the keys identify the outputs "
-              "(`<cache_root>/<stage>/<key>/`)."]
+    lines += ["", "Every figure above is read from that stage's committed output; the keys identify the "
+              "outputs (`<cache_root>/<stage>/<key>/`)."]
     evaluation = inputs.get("evaluate")
     if evaluation is not None and "eval.json" in evaluation.files:
         lines += ["", "## Evaluation", "", *_evaluation(storage.read_json(evaluation.file("eval.json")))]
     gin = _config_gin(inputs)
     if gin:
-        lines += ["", "## Configuration", "", "The gin bindings the cache keys cover:", "", "```", gin.strip(),
-                  "```"]
+        lines += ["", "## Configuration", "", "The gin bindings the cache keys cover:", "", "```",
+                  gin.strip(), "```"]
     return "\n".join(lines) + "\n"
 
 

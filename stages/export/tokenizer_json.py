@@ -126,10 +126,9 @@ def tokenizer_json(m: SentencePieceModel, *, bos_id: int | None = None) -> dict:
     post = None
     if bos_id is not None:      # every encoding starts with the bos piece
         bos = m.pieces[bos_id][0]
-        post = {"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"Sequence": {"id": "B", "type_id": 1}}],
+        first, a, b = ({"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"Sequence": {"id": "B", "type_id": 1}})
+        post = {"type": "TemplateProcessing", "single": [first, a], "pair": [first, a, b],
                 "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
             "normalizer": {"type": "Sequence", "normalizers": steps}, "pre_tokenizer": None,

@@ -81,8 +81,8 @@ def write(path: str, specs: list[Spec], array_for: Callable[[Spec], np.ndarray],
         for spec in specs:
             array = array_for(spec)
             if tuple(array.shape) != tuple(spec.shape) or array.dtype != numpy_dtype(spec.dtype):
-                raise ValueError(f"{path}: tensor {spec.name} is {array.dtype}{list(array.shape)}, the header "
-                                 f"says {spec.dtype}{list(spec.shape)}")
+                raise ValueError(f"{path}: tensor {spec.name} is {array.dtype}{list(array.shape)}, the "
+                                 f"header says {spec.dtype}{list(spec.shape)}")
             f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
             del array
 
@@ -133,7 +133,8 @@ class Reader:
     def spec(self, name: str) -> Spec:
         e = self._entry(name)
         if e["dtype"] not in _NUMPY:
-            raise ValueError(f"{self.path}: tensor {name} has dtype {e['dtype']}, not one of {sorted(_NUMPY)}")
+            raise ValueError(f"{self.path}: tensor {name} has dtype {e['dtype']}, not one of "
+                             f"{sorted(_NUMPY)}")
         return Spec(name, tuple(e["shape"]), _NUMPY[e["dtype"]])
 
     def array(self, name: str) -> np.ndarray:
@@ -146,8 +147,8 @@ class Reader:
 
     def _entry(self, name: str) -> dict:
         if name not in self._entries:
-            raise KeyError(f"{self.path} has no tensor {name!r}; it has {len(self._entries)}: "
-                           f"{', '.join(sorted(self._entries)[:8])}{', ...' if len(self._entries) > 8 else ''}")
+            some = ", ".join(sorted(self._entries)[:8]) + (", ..." if len(self._entries) > 8 else "")
+            raise KeyError(f"{self.path} has no tensor {name!r}; it has {len(self._entries)}: {some}")
         return self._entries[name]
 
     def close(self) -> None:

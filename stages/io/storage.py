@@ -100,6 +100,13 @@ def for_tensorstore(path: str) -> str:
     return absolute(path)
 
 
+def tensorstore_kvstore(path: str) -> str:
+    """`path` (a directory) as a TensorStore kvstore URL: `file:///abs/dir/` or `gs://bucket/dir/` (with the
+    emulator set up as `for_tensorstore` does)."""
+    url = for_tensorstore(path).rstrip("/") + "/"
+    return FILE_SCHEME + url if is_local(path) else url
+
+
 def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for `path` and the path as that filesystem spells it."""
     if is_local(path):

@@ -33,9 +33,7 @@ class CheckpointArrays:
             raise FileNotFoundError(f"{directory} has no checkpoint step {step}; it has {steps}")
         self.step = steps[-1] if step is None else step
         self.path = storage.join(directory, str(self.step), item)
-        self._base = storage.for_tensorstore(self.path).rstrip("/") + "/"
-        if storage.is_local(self._base):
-            self._base = "file://" + self._base
+        self._base = storage.tensorstore_kvstore(self.path)
         self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
         store = ts.KvStore.open({"driver": "ocdbt", "base": self._base}, context=self._context).result()
         keys = [k.decode() for k in store.list().result()]
@@ -63,7 +61,8 @@ class CheckpointArrays:
             key = name if name in self._drivers else f"{name}.value"
             if key not in self._drivers:
                 raise KeyError(f"checkpoint {self.path} has no array {name!r}; it has {self.names()}")
-            spec = {"driver": self._drivers[key], "kvstore": {"driver": "ocdbt", "base": self._base, "path": key}}
+            kvstore = {"driver": "ocdbt", "base": self._base, "path": key}
+            spec = {"driver": self._drivers[key], "kvstore": kvstore}
             self._open[name] = ts.open(spec, open=True, read=True, context=self._context).result()
         return self._open[name]
 

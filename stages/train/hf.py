@@ -8,7 +8,7 @@ its config.json, and each of its tensors as a function of one of ours.
         t.name, t.param, t.layer                 # "model.layers.3.self_attn.q_proj.weight", "layers.wq", 3
         t.to_hf(ours[3])                         # (D, N, H) -> (N * H, D)
         t.from_hf(theirs)                        # and back
-    hf.model_fields(json.load(open("config.json")))   # -> ModelConfig fields, or ValueError naming the setting
+    hf.model_fields(json.load(open("config.json")))   # ModelConfig fields, or ValueError naming the setting
 
 The layouts. Ours keeps heads as their own axis and the input dimension first (einsum "btd,dnh->btnh");
 torch's Linear stores (out, in). RoPE needs no permutation: both rotate the pairs (i, i + H/2) (the

@@ -323,7 +323,8 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
         def dim_for(turns):             # the (fractional) dim index that makes `turns` turns in the context
             return H * math.log(cfg.original_max_len / (turns * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
 
-        lo, hi = max(math.floor(dim_for(beta_fast)), 0), min(math.ceil(dim_for(beta_slow)), H - 1)   # as the paper
+        # The correction range is clipped at H - 1, as the paper's code and transformers clip it.
+        lo, hi = max(math.floor(dim_for(beta_fast)), 0), min(math.ceil(dim_for(beta_slow)), H - 1)
         ramp = np.clip((np.arange(H // 2) - lo) / max(hi - lo, 1e-3), 0.0, 1.0)   # 0: extrapolate, 1: interp
         inv = inv * (1 - ramp) + inv / s * ramp
         return inv, (0.1 * math.log(s) + 1.0) if s > 1 else 1.0

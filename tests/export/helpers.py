@@ -45,8 +45,8 @@ def write_train(directory: pathlib.Path, mcfg, params) -> Committed:
     return committed("train", directory)
 
 
-def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=export.Config()) -> pathlib.Path:
-    """Runs the export stage on `params` and returns its output directory."""
+def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=None) -> pathlib.Path:
+    """Runs the export stage (default config) on `params` and returns its output directory."""
     train = write_train(tmp / "train", mcfg, params)
     (tmp / "tokenizer").mkdir()
     (tmp / "tokenizer" / "tokenizer.model").write_bytes(sp_model)
@@ -55,5 +55,5 @@ def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=export
     inputs = {"train": train, "tokenizer": committed("tokenizer", tmp / "tokenizer"),
               "shard": committed("shard", tmp / "shard")}
     out = tmp / "export"
-    export.run(config, inputs, str(out), str(tmp / "work"))
+    export.run(config or export.Config(), inputs, str(out), str(tmp / "work"))
     return out

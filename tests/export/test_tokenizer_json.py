@@ -1,5 +1,6 @@
 """The fast tokenizer the export writes gives sentencepiece's ids, on real Common Crawl text
-(tests/data/cc_excerpts.md): the `tokenizers` library (installed with transformers) reads our tokenizer.json."""
+(tests/data/cc_excerpts.md): the `tokenizers` library (installed with transformers) reads our
+tokenizer.json."""
 
 import io
 import json
@@ -33,7 +34,8 @@ def _pair(model_type, byte_fallback):
     texts = _texts()
     model = _train(model_type, byte_fallback, texts[:40])
     sp = spm.SentencePieceProcessor(model_proto=model)
-    fast = tokenizers.Tokenizer.from_str(json.dumps(tokenizer_json.tokenizer_json(tokenizer_json.read_model(model))))
+    converted = tokenizer_json.tokenizer_json(tokenizer_json.read_model(model))
+    fast = tokenizers.Tokenizer.from_str(json.dumps(converted))
     return sp, fast, texts[40:]
 
 
@@ -41,7 +43,8 @@ def _pair(model_type, byte_fallback):
 def test_bpe_gives_sentencepiece_ids_on_every_document(byte_fallback):
     sp, fast, texts = _pair("bpe", byte_fallback)
     assert len(texts) == 60
-    for text in texts + [" leading spaces", "  two\n\n  blank lines  ", "", "12345 digits", "emoji \U0001F600 é"]:
+    odd = [" leading spaces", "  two\n\n  blank lines  ", "", "12345 digits", "emoji \U0001F600 é"]
+    for text in texts + odd:
         assert fast.encode(text, add_special_tokens=False).ids == sp.encode(text), text[:80]
     if byte_fallback:      # and decodes back to the text, as sentencepiece does
         assert all(fast.decode(sp.encode(t)) == sp.decode(sp.encode(t)) for t in texts)
@@ -59,7 +62,8 @@ def test_unigram_ids_agree_but_for_sentencepieces_float32_near_ties():
             same += 1
             continue
         score = lambda ids: sum(sp.get_score(i) for i in ids)          # noqa: E731
-        assert score(ours) >= score(theirs) - 1e-6 and abs(score(ours) - score(theirs)) < 1e-4 * abs(score(theirs))
+        assert score(ours) >= score(theirs) - 1e-6
+        assert abs(score(ours) - score(theirs)) < 1e-4 * abs(score(theirs))
     assert same >= 0.9 * len(texts)
 
 

@@ -83,7 +83,8 @@ def test_files_tokenizer_and_card(tmp_path, sp_model):
     _, params = _jax_model(cfg)
     out = helpers.export_model(tmp_path, cfg, params, sp_model)
     config = json.loads((out / "config.json").read_text())
-    assert config["rope_parameters"]["rope_type"] == "llama3" and config["rope_scaling"] == config["rope_parameters"]
+    assert config["rope_parameters"]["rope_type"] == "llama3"
+    assert config["rope_scaling"] == config["rope_parameters"]
     loaded = transformers.AutoConfig.from_pretrained(out)
     assert loaded.rope_parameters["rope_type"] == "llama3" and loaded.rope_parameters["factor"] == 8.0
     tok = transformers.AutoTokenizer.from_pretrained(out)

@@ -362,8 +362,9 @@ def test_a_scheduler_that_accepts_connections_and_one_or_more_workers_pass():
 
 def test_what_force_reruns_is_one_set_for_the_checks_and_the_tasks():
     assert dag.forced() == []
-    assert dag.forced("tokenizer") == ["tokenizer", "shard", "yardsticks", "train", "evaluate"]
-    assert dag.forced("train", "clean") == ["clean", "tokenizer", "shard", "yardsticks", "train", "evaluate"]
+    assert dag.forced("tokenizer") == ["tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
+    assert dag.forced("train", "clean") == ["clean", "tokenizer", "shard", "yardsticks", "train", "evaluate",
+                                            "export"]
     # What the command line forces: --stage, else the first stage (so everything); a sweep forces nothing.
     run = {"stage": "train", "force": True, "command": "run"}
     assert cli._force(argparse.Namespace(**run)) == ["train"]

@@ -19,14 +19,14 @@ def _keys(*params):
 def test_a_tokenizer_override_changes_the_keys_of_tokenizer_and_everything_after_it():
     before, after = _keys(), _keys("tokenizer.Config.vocab_size = 3000")
     assert [s for s in before if before[s] != after[s]] == ["tokenizer", "shard", "yardsticks", "train",
-                                                            "evaluate"]
+                                                            "evaluate", "export"]
 
 
 @pytest.mark.parametrize("binding", ["train.OptimizerConfig.learning_rate = 1e-3",
                                      "train.ModelConfig.n_layers = 2", "train.Config.steps = 70"])
 def test_a_training_override_changes_the_keys_of_train_and_evaluate_only(binding):
     before, after = _keys(), _keys(binding)
-    assert [s for s in before if before[s] != after[s]] == ["train", "evaluate"]
+    assert [s for s in before if before[s] != after[s]] == ["train", "evaluate", "export"]
 
 
 def test_how_a_run_is_launched_or_logged_is_not_part_of_any_key():
@@ -39,7 +39,7 @@ def test_how_a_run_is_launched_or_logged_is_not_part_of_any_key():
 def test_a_clean_override_changes_everything_from_clean_on():
     before, after = _keys(), _keys("clean.Config.min_chars = 50")
     changed = [s for s in before if before[s] != after[s]]
-    assert changed == ["clean", "tokenizer", "shard", "yardsticks", "train", "evaluate"]
+    assert changed == ["clean", "tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
 
 
 def test_the_beam_runner_is_not_part_of_any_key():
