@@ -71,7 +71,8 @@ class Checkpointer:
                 log.warning("not saving step %d: %s already holds the newer step %d", step, self.directory,
                             latest)
             return False
-        items = {name: ocp.args.StandardSave(_to_nested(tree)) for name, tree in _items(state).items()}
+        items = {name: ocp.args.StandardSave(nested, save_args=_layer_chunks(nested))
+                 for name, nested in ((n, _to_nested(t)) for n, t in _items(state).items())}
         saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         log.info("checkpoint step %d -> %s%s", step, self.directory, "" if saved else " (skipped by Orbax)")
         return bool(saved)
@@ -152,6 +153,15 @@ def _to_nested(tree) -> dict:
             raise ValueError(f"two leaves of the checkpoint state share the key path {'/'.join(keys)}")
         node[keys[-1]] = leaf
     return nested
+
+
+def _layer_chunks(nested: dict, stacked: bool = False):
+    """Orbax SaveArgs for `nested`: a leaf under a "layers" key (the scanned layers' stacked parameters and
+    their optimizer moments, layer axis first) is stored one layer per chunk, so a reader of one layer
+    (the export, stages/train/checkpoint_arrays.py) decodes that layer only, not all of them."""
+    if isinstance(nested, Mapping):
+        return {k: _layer_chunks(v, stacked or k == "layers") for k, v in nested.items()}
+    return ocp.SaveArgs(shard_axes=(0,) if stacked and getattr(nested, "ndim", 0) >= 1 else ())
 
 
 def _from_nested(nested: Mapping, like):
