@@ -100,11 +100,29 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     for name in dag.STAGES:
         module = dag.module(name)
         config = _build(f"{name}.Config", registry, gin_files, gin_params)
+        if resolve := getattr(module, "resolve", None):      # a config completed from outside (init_from)
+            try:
+                config = resolve(config, _bound(name, module))
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"{name}: {e}") from None
         configs = {s: stages[s].config for s in dag.closure(name) if s != name} | {name: config}
         stages[name] = StagePlan(name, config, module.VERSION, tuple(stages[u] for u in dag.upstream(name)),
                                  config_gin=key_gin(name, configs, registry))
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
+
+
+def _bound(stage: str, module) -> frozenset[str]:
+    """The "<Class>.<field>" names of `stage`'s configurables that the parsed gin config binds."""
+    out = set()
+    for cls in getattr(module, "CONFIGURABLES", ()):
+        for f in dataclasses.fields(cls):
+            try:
+                gin.query_parameter(f"{stage}.{cls.__name__}.{f.name}")
+            except ValueError:
+                continue
+            out.add(f"{cls.__name__}.{f.name}")
+    return frozenset(out)
 
 
 def key_gin(stage: str, configs: dict[str, Any], registry: dict[str, type]) -> str:

@@ -17,7 +17,8 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "shard": ("stages.shard", ("clean", "tokenizer")),
     # what every variant is scored on, tokenized once per tokenizer: training scores a subset in the loop
     "yardsticks": ("stages.yardsticks", ("tokenizer",)),
-    "train": ("stages.train", ("shard", "yardsticks")),
+    # tokenizer: the one train.Config.init_from's weights need is checked against it before training
+    "train": ("stages.train", ("shard", "yardsticks", "tokenizer")),
     # clean: its contamination.json (training text that holds a yardstick), reported beside the scores
     "evaluate": ("stages.evaluate", ("train", "shard", "tokenizer", "yardsticks", "clean")),
     # the model as a Hugging Face directory; the others are read for its card (and shard for bos/eos)

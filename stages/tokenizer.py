@@ -78,6 +78,10 @@ class Config:
     max_sentence_length: int = 4192         # bytes; longer lines are cut into pieces this long
     num_threads: int = 2                    # the model is byte-identical across runs for a given value
     seed: int = 0                           # which shards' rows are sampled, and sentencepiece's RNG
+    # A sentencepiece model to use as it is instead of training one: a .model file or a directory holding
+    # tokenizer.model (local, gs://, hf://owner/name@<commit>), e.g. the checkpoint of train.Config.init_from.
+    # The fields above that shape training are then unused; held-out bytes per token is still measured.
+    pretrained: str = ""
     # True: a vocab_size beyond `max_vocab_size` of the sample only warns (check_vocab_size)
     allow_large_vocab: bool = dataclasses.field(default=False, metadata={"key": False})
 
@@ -107,11 +111,35 @@ CONFIGURABLES = (Config,)
 VERSION = "3"
 
 
+def key_inputs(config: Config) -> dict | None:
+    """The pretrained model file's version (storage.versions), for the cache key; None when training."""
+    if not config.pretrained:
+        return None
+    path = pretrained_file(config.pretrained)
+    found = storage.versions(path)
+    if not found:
+        raise ValueError(f"tokenizer.Config.pretrained={config.pretrained!r}: {path} does not exist")
+    return {"pretrained": found}
+
+
+def pretrained_file(pretrained: str) -> str:
+    """The sentencepiece model `tokenizer.Config.pretrained` names: the path itself when it ends in .model,
+    else its tokenizer.model."""
+    return pretrained if pretrained.endswith(".model") else storage.join(pretrained, "tokenizer.model")
+
+
 def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 
     shards = documents.shards_of(inputs["clean"])
     sentences, heldout, stats = sample(shards, config)
+    if config.pretrained:
+        path = pretrained_file(config.pretrained)
+        log.info("tokenizer: using %s as it is (tokenizer.Config.pretrained); not training", path)
+        model = storage.read_bytes(path)
+        finish(spm.SentencePieceProcessor(model_proto=model), model, "pretrained", stats, heldout, config,
+               out_dir)
+        return
     if not sentences:
         raise ValueError(f"no training text in {len(shards)} clean shards under {inputs['clean'].path}")
     check_vocab_size(config, sentences, stats, inputs["clean"].path)
@@ -133,10 +161,16 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     seconds = time.perf_counter() - start
     log.info("trained in %.1f s", seconds)
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
-    storage.write_bytes(storage.join(out_dir, "tokenizer.model"), model.getvalue())
+    finish(sp, model.getvalue(), config.model_type, stats, heldout, config, out_dir)
+
+
+def finish(sp, model: bytes, model_type: str, stats: dict, heldout: list[str], config: Config,
+           out_dir: str) -> None:
+    """Writes the model, its .vocab and stats.json (with bytes per token measured on `heldout`)."""
+    storage.write_bytes(storage.join(out_dir, "tokenizer.model"), model)
     storage.write_text(storage.join(out_dir, "tokenizer.vocab"), vocab_text(sp))
 
-    stats |= {"vocab_size": sp.get_piece_size(), "model_type": config.model_type} | \
+    stats |= {"vocab_size": sp.get_piece_size(), "model_type": model_type} | \
         heldout_stats(sp, heldout, config.num_threads)
     storage.write_json(storage.join(out_dir, "stats.json"), stats)
     if stats["heldout_docs"]:

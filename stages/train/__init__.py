@@ -21,6 +21,7 @@ package) and re-exported here with CONFIGURABLES, VERSION, run, plan, check and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -40,10 +41,36 @@ CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig,
 VERSION = "3"
 
 
+def resolve(config: Config, bound: frozenset[str]) -> Config:
+    """`config` with the model config of `init_from`'s checkpoint, when it names one (init_from.py);
+    `bound`: the "<Class>.<field>" names gin set, so a conflicting binding fails naming both values."""
+    if not config.init_from:
+        return config
+    from stages.train import init_from
+
+    fields = frozenset(name.removeprefix("ModelConfig.") for name in bound if name.startswith("ModelConfig."))
+    return dataclasses.replace(config, model=init_from.resolve(config.model, fields, config.init_from))
+
+
+def key_inputs(config: Config) -> dict | None:
+    """What training starts from outside the cache: init_from's files and their versions, or None."""
+    if not config.init_from:
+        return None
+    from stages.train import init_from
+
+    return {"init_from": init_from.fingerprint(config.init_from)}
+
+
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.train import launch, spec
 
     check_fits(config)
+    if config.init_from:         # the weights must meet the tokenizer they were trained with
+        from stages.train import init_from
+
+        sp_model = storage.read_bytes(inputs["tokenizer"].file("tokenizer.model"))
+        if problem := init_from.tokenizer_problem(sp_model, config.init_from):
+            raise ValueError(f"train.Config.init_from: {problem}")
     spec_path = storage.join(work_dir, "spec.json")     # JSON, never code: every TPU host reads it (spec.py)
     spec.write(spec.WorkerSpec(config, inputs["shard"], out_dir, work_dir, inputs.get("yardsticks")),
                spec_path)

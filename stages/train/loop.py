@@ -132,7 +132,12 @@ class Run:
 def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], process_index: int,
            process_count: int, yardsticks=None) -> tuple[Run, nnx.State, Any]:
     """The run, and freshly initialized params and optimizer state placed on the mesh."""
-    mcfg = dataclasses.replace(cfg.model, vocab_size=manifest["vocab_size"])
+    # The vocabulary is the tokenizer's, unless the weights come from a checkpoint (init_from), whose
+    # embedding may be padded past it.
+    mcfg = cfg.model if cfg.init_from else dataclasses.replace(cfg.model, vocab_size=manifest["vocab_size"])
+    if manifest["vocab_size"] > mcfg.vocab_size:
+        raise ValueError(f"the tokenizer has {manifest['vocab_size']:,} pieces, the model from "
+                         f"train.Config.init_from={cfg.init_from!r} embeds {mcfg.vocab_size:,}")
     ocfg = cfg.optimizer_for_run()
     mesh = sharding.make_mesh(cfg.mesh)
     batches = data.TokenData(train_files, manifest, seq_len=cfg.seq_len, global_batch=cfg.global_batch,
@@ -144,6 +149,11 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
 
     graphdef, tx, init = init_program(mcfg, ocfg, cfg.seed, mesh)
     params, opt_state = init()
+    if cfg.init_from:             # the checkpoint's weights, in the same layout; fresh optimizer moments
+        from stages.train import init_from
+
+        params = init_from.load_params(cfg.init_from, mcfg, params)
+        opt_state = jax.jit(tx.init, out_shardings=sharding.shardings_of(opt_state))(params)
     options = step_options(cfg, manifest["eos_id"])
     step_fn, eval_fn = jit_steps(graphdef, tx, options, sharding.shardings_of(params),
                                  sharding.shardings_of(opt_state), mesh)

@@ -67,6 +67,9 @@ class Config:
                                          # log_every is (loop.intervals); 0: never
     eval_batches: int = 4
     nan_policy: str = "stop"             # "stop": fail naming the step; "skip": drop that update
+    # A Hugging Face Llama directory to start from (local, gs://, or hf://owner/name@<commit>): its
+    # config.json gives the model config and its weights the starting point (stages/train/init_from.py)
+    init_from: str = ""
     log_every: int = dataclasses.field(default=10, metadata={"key": False})
     checkpoint_every: int = dataclasses.field(default=100, metadata={"key": False})
     keep_checkpoints: int = dataclasses.field(default=2, metadata={"key": False})
@@ -89,6 +92,9 @@ class Config:
                              "and after the last; 0: never)")
         if self.seq_len > self.model.max_seq_len:
             raise ValueError(f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        if "://" in self.init_from and not self.init_from.startswith(("gs://", "hf://", "file://")):
+            raise ValueError(f"init_from={self.init_from!r}: expected a local directory, gs://bucket/dir or "
+                             "hf://owner/name@<commit>")
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy={self.nan_policy!r} is not one of {NAN_POLICIES}")
         if self.mesh.num_slices != self.hardware.num_slices:

@@ -214,3 +214,20 @@ def test_heldout_bytes_per_token_comes_with_its_standard_error_and_warns_only_wh
     assert few.startswith("only 9 held-out documents (under 10)") and "heldout_fraction" in few
     noisy = tokenizer.heldout_warning(stats | {"bytes_per_token_stderr": 0.06 * stats["bytes_per_token"]})
     assert "is uncertain by 6.0% (one standard error; over 5%)" in noisy and "heldout_fraction" in noisy
+
+
+def test_a_pretrained_model_is_used_as_it_is_and_its_file_is_in_the_key(clean, tmp_path, trained):
+    """tokenizer.Config.pretrained (a checkpoint's tokenizer, for train.Config.init_from): copied, not
+    trained; held-out bytes per token still measured; the file's version is what the key reads."""
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "tokenizer.model").write_bytes(storage.read_bytes(trained.file("tokenizer.model")))
+    out = train(str(tmp_path / "cache"), clean, key="p", pretrained=str(source), vocab_size=300)
+    assert storage.read_bytes(out.file("tokenizer.model")) == (source / "tokenizer.model").read_bytes()
+    stats = storage.read_json(out.file("stats.json"))
+    assert stats["model_type"] == "pretrained" and stats["heldout_docs"] > 0
+    inputs = tokenizer.key_inputs(tokenizer.Config(pretrained=str(source)))
+    assert list(inputs["pretrained"]) == [str(source / "tokenizer.model")]
+    assert tokenizer.key_inputs(tokenizer.Config()) is None
+    with pytest.raises(ValueError, match="does not exist"):
+        tokenizer.key_inputs(tokenizer.Config(pretrained=str(tmp_path / "nowhere")))
