@@ -14,7 +14,7 @@ import pytest
 from pipeline import __main__ as cli
 from pipeline import cache, config
 from stages.io import llmc, storage
-from stages.train import model
+from stages.train import hf, model
 from tests.conftest import REPO
 
 SMALL = [
@@ -210,6 +210,13 @@ def test_every_run_file_has_a_tiny_twin_that_runs_the_whole_dag(size, twins_cach
     assert (twin.n_kv_heads < twin.n_heads) == (real.n_kv_heads < real.n_heads)
     done = cache.load(plan.cache_root, "evaluate", plan.stages["evaluate"].key)
     assert storage.read_json(done.file("eval.json"))["loss"] > 0
+    # Every twin exports, and so could the real run (no setting transformers' Llama lacks).
+    exported = cache.load(plan.cache_root, "export", plan.stages["export"].key)
+    hf_config = storage.read_json(exported.file("config.json"))
+    assert (hf_config["num_hidden_layers"], hf_config["tie_word_embeddings"]) == (twin.n_layers,
+                                                                                 twin.tie_embeddings)
+    assert any(name.endswith(".safetensors") for name in exported.files)
+    assert hf.problem(real) == ""
 
 
 @pytest.mark.slow
