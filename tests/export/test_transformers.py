@@ -24,6 +24,8 @@ TINY = ModelConfig(vocab_size=320, d_model=64, n_layers=2, n_heads=4, n_kv_heads
                    dtype="float32", init_std=0.1)
 VARIANTS = {
     "tiny": TINY,
+    # gin/model/tiny.gin's architecture (what make pipeline trains), with room for the long prompt
+    "tiny_gin": dataclasses.replace(TINY, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, mlp_dim=384),
     "gqa": dataclasses.replace(TINY, n_heads=8, n_kv_heads=2),
     "tied": dataclasses.replace(TINY, tie_embeddings=True, n_kv_heads=1),
     "padded_vocab": dataclasses.replace(TINY, vocab_size=384),
