@@ -46,18 +46,27 @@ def model_card(name: str, inputs: Mapping, mcfg, weight_bytes: int, dtype: str) 
 
 
 def stage_keys(inputs: Mapping) -> dict[str, str]:
-    """stage -> key for every stage the inputs came from, directly or through their manifests, in the order
-    the manifests name them (upstream first)."""
+    """stage -> key for every stage the inputs came from, directly or through their manifests (download is
+    clean's upstream only), each after the stages it read."""
     keys: dict[str, str] = {}
-    for committed in inputs.values():
-        for stage, key in committed.manifest.get("upstream", {}).items():
-            keys.setdefault(stage, key)
+    reads: dict[str, set[str]] = {}
     for stage, committed in inputs.items():
         keys[stage] = committed.key
-    clean = inputs.get("clean")
-    if clean is not None:      # download is clean's upstream only
-        keys = dict(clean.manifest.get("upstream", {})) | keys
-    return keys
+        upstream = committed.manifest.get("upstream", {})
+        reads[stage] = set(upstream)
+        for name, key in upstream.items():
+            keys.setdefault(name, key)
+    ordered: list[str] = []
+
+    def visit(stage: str) -> None:
+        if stage not in ordered:
+            for name in sorted(reads.get(stage, ())):
+                visit(name)
+            ordered.append(stage)
+
+    for stage in keys:
+        visit(stage)
+    return {stage: keys[stage] for stage in ordered}
 
 
 def _summary(stage: str, committed) -> str:
