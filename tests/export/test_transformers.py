@@ -116,3 +116,27 @@ def test_a_setting_llama_lacks_fails_naming_it(monkeypatch):
     monkeypatch.setattr(hf, "EXPRESSED", tuple(f for f in hf.EXPRESSED if f != "norm_eps"))
     with pytest.raises(ValueError, match=r"train.ModelConfig.norm_eps=0.001 has no equivalent"):
         hf.config_json(dataclasses.replace(TINY, norm_eps=1e-3), bos_id=1, eos_id=2, dtype="float32")
+
+
+@pytest.mark.gcs
+def test_an_export_from_and_to_gcs_is_the_local_export(tmp_path, sp_model, gcs_bucket):
+    """Checkpoint on gs:// (read by TensorStore through the emulator), output to gs:// (streamed): the
+    same files, byte for byte, as the export of the same parameters on local disk."""
+    from stages import export
+    from stages.io import storage
+    from stages.train import checkpoint
+
+    cfg = VARIANTS["gqa"]
+    _, params = _jax_model(cfg)
+    local = helpers.export_model(tmp_path / "local", cfg, params, sp_model)
+    train_dir = f"{gcs_bucket}/train"
+    ckpt = checkpoint.Checkpointer(f"{train_dir}/checkpoint", keep=1, every=1, async_save=False)
+    ckpt.save(1, {"params": params, "step": jnp.int32(1)}, force=True)
+    ckpt.close()
+    storage.write_json(f"{train_dir}/summary.json", {"model": dataclasses.asdict(cfg)})
+    train = helpers.Committed("train", "train-key", train_dir, {"summary.json": 1}, {})
+    inputs = {"train": train, "tokenizer": helpers.committed("tokenizer", tmp_path / "local" / "tokenizer"),
+              "shard": helpers.committed("shard", tmp_path / "local" / "shard")}
+    export.run(export.Config(), inputs, f"{gcs_bucket}/export", str(tmp_path / "work"))
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer.model"):
+        assert storage.read_bytes(f"{gcs_bucket}/export/{name}") == (local / name).read_bytes(), name
