@@ -64,7 +64,7 @@ def test_logits_match_transformers_on_a_long_prompt(tmp_path, sp_model, name):
     assert theirs.shape == ours.shape == (1, PROMPT, cfg.vocab_size)
     assert np.abs(theirs).max() > 0.5              # logits large enough for a wrong rotation to show
     delta = np.abs(ours - theirs).max()
-    print(f"{name}: max |logit delta| {delta:.2e} over {PROMPT} positions (largest {np.abs(theirs).max():.1f})")
+    print(f"{name}: max |logit delta| {delta:.2e}, {PROMPT} positions, largest {np.abs(theirs).max():.1f}")
     assert delta <= 1e-4, name
 
 
