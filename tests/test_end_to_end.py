@@ -32,7 +32,7 @@ SMALL = [
     "evaluate.Config.max_eval_batches = 2",
     "yardsticks.Config.max_items_per_task = 20",
 ]
-ALL = ["download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate"]
+ALL = ["download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
 
 
 def _argv(root, *extra):
@@ -68,6 +68,7 @@ def _check_outputs(root, extra=()):
     assert "unigram" in report.lower()
     assert storage.read_bytes(done["evaluate"].file("loss.png"))[:4] == b"\x89PNG"
     assert storage.read_text(done["evaluate"].file("samples.txt")).strip()
+    assert storage.read_json(done["export"].file("config.json"))["architectures"] == ["LlamaForCausalLM"]
     return plan
 
 
@@ -83,14 +84,14 @@ def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
 
     lr = "train.OptimizerConfig.learning_rate = 1e-3"
     assert cli.main(["run", *_argv(root, lr)]) == 0
-    assert _ran(capsys) == ["train", "evaluate"]
+    assert _ran(capsys) == ["train", "evaluate", "export"]
     _check_outputs(root, [lr])
 
     assert cli.main(["run", "--stage", "shard", *_argv(root, "tokenizer.Config.vocab_size = 700")]) == 0
     assert _ran(capsys) == ["tokenizer", "shard"]
 
     assert cli.main(["run", "--stage", "tokenizer", "--force", *_argv(root)]) == 0
-    assert _ran(capsys) == ["tokenizer", "shard", "yardsticks", "train", "evaluate"]
+    assert _ran(capsys) == ["tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
 
 
 @pytest.mark.slow

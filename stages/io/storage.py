@@ -414,6 +414,14 @@ def upload(source: str, path: str) -> None:
     fs.put_file(source, p)
 
 
+def read_scheme_problem(path: str) -> str:
+    """Why `path` is not somewhere inputs are read from (a local path, gs://bucket/..., hf://owner/name...),
+    in words naming those, or ""."""
+    if is_local(path) or path.startswith((GCS_SCHEME, HUB_SCHEME)):
+        return ""
+    return (f"{path!r}: expected a local path, {GCS_SCHEME}bucket/path or {HUB_SCHEME}owner/name[@<commit>]")
+
+
 def scheme_problem(path: str) -> str:
     """Why `path` cannot hold files this pipeline writes (the cache root), in words that name the kinds that
     can, or "" when it can: a local path (or file:///path) or gs://bucket/prefix. Other fsspec URLs (hf://)

@@ -8,13 +8,14 @@ gin binds them as `train.Config.<field>` and `train.LaunchConfig.<field>` (CONFI
 `__init__`). They live here, not in the package `__init__` or `launch.py`, so that `spec.py` (the worker's
 schema), `launch.py` and `worker.py` can import them without importing the package or each other: no
 module of the training stage imports the package, and the imports among them have no cycle
-(tests/train/test_import_cycles.py). Import-light: the standard library and `configs.py` only.
+(tests/train/test_import_cycles.py). Import-light: the standard library, `configs.py` and `stages.io.storage`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from stages.io import storage
 from stages.train.configs import NAN_POLICIES, HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
 
 LAUNCH_KINDS = ("inprocess", "local", "tpu_vm")
@@ -92,9 +93,8 @@ class Config:
                              "and after the last; 0: never)")
         if self.seq_len > self.model.max_seq_len:
             raise ValueError(f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
-        if "://" in self.init_from and not self.init_from.startswith(("gs://", "hf://", "file://")):
-            raise ValueError(f"init_from={self.init_from!r}: expected a local directory, gs://bucket/dir or "
-                             "hf://owner/name@<commit>")
+        if self.init_from and (problem := storage.read_scheme_problem(self.init_from)):
+            raise ValueError(f"init_from: {problem}")
         if self.nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy={self.nan_policy!r} is not one of {NAN_POLICIES}")
         if self.mesh.num_slices != self.hardware.num_slices:
