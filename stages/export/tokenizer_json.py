@@ -12,8 +12,9 @@ How each sentencepiece setting is expressed (transformers' own converter does th
     pieces                 the model's vocabulary with the same ids; BPE merges derived from it (every split
                            of a piece into two pieces, ranked by the piece's score, as sentencepiece's BPE
                            encoder merges the best-scoring adjacent pair); unigram keeps the scores
-    add_dummy_prefix       a Metaspace pre-tokenizer with prepend_scheme "first" (spaces -> "▁", and one "▁"
-                           before the text, not before each piece of it a special token splits off)
+    add_dummy_prefix       normalizers Prepend("▁") then Replace(" ", "▁"), no pre-tokenizer (a Metaspace
+                           pre-tokenizer, as transformers' converter writes, skips the prefix when the text
+                           already starts with a space; sentencepiece does not)
     byte_fallback          the model's byte_fallback, decoded back by the ByteFallback decoder
     control, unk pieces    special added tokens; user-defined pieces: non-special added tokens
     identity normalization no normalizer; another rule: its precompiled charsmap (`Precompiled`)

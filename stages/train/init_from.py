@@ -20,7 +20,6 @@ What happens, and where:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -105,7 +104,7 @@ def load_params(source: str, mcfg, params):
     files = _weight_files(source)
     with storage.local_files(list(files.values())) as local:
         readers = {name: safetensors.Reader(path) for name, path in zip(files, local)}
-        arrays = _arrays(readers, files)
+        arrays = {tensor: r.array(tensor) for r in readers.values() for tensor in r.names()}   # views
 
         def load(path, leaf):
             name = ".".join(k for k in pytree.names(path) if k != "value")
@@ -149,7 +148,3 @@ def _weight_files(source: str) -> dict[str, str]:
         raise ValueError(f"init_from {source}: no {safetensors.SINGLE} or {safetensors.INDEX} (only "
                          "safetensors weights are read; save with safe_serialization=True)")
     return {name: storage.join(source, name) for name in names}
-
-
-def _arrays(readers: Mapping[str, safetensors.Reader], files: Mapping[str, str]) -> dict:
-    return {tensor: reader.array(tensor) for reader in readers.values() for tensor in reader.names()}
