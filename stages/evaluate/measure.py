@@ -107,8 +107,7 @@ def _batch_loss(graphdef, params, batch, **options):
 
 def restore(train, summary):
     """The trained model, rebuilt from the train summary's model config and its final checkpoint."""
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["model"].items()}
-    mcfg = ModelConfig(**fields)
+    mcfg = ModelConfig.from_json(summary["model"])
     abstract = nnx.eval_shape(lambda: model.Transformer(mcfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     ckpt = checkpoint.Checkpointer(storage.join(train.path, "checkpoint"), keep=1, every=1, async_save=False)

@@ -1,6 +1,6 @@
 """The exported model's card (README.md): what made the model and how it scored, from the run's own outputs.
 
-    card.model_card("refinery-3f2a", inputs, model_config, weight_bytes, "float32")   # markdown
+    card.model_card("refinery-3f2a", inputs, model_config)   # markdown
 
 It records every stage's cache key (from the upstream manifests, download's included), each stage's
 one-line summary (the data recipe's figures: documents kept and dropped by reason, tokens; the
@@ -19,11 +19,11 @@ from stages.io import storage
 log = logging.getLogger(__name__)
 
 
-def model_card(name: str, inputs: Mapping, mcfg, weight_bytes: int, dtype: str) -> str:
+def model_card(name: str, inputs: Mapping, mcfg) -> str:
     keys = stage_keys(inputs)
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [refinery, llama]", "---", "", f"# {name}", "",
-             f"A Llama-architecture decoder ({_params(weight_bytes, dtype)} parameters: "
+             f"A Llama-architecture decoder ({_params(mcfg)} parameters: "
              f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, {mcfg.n_heads} heads / {mcfg.n_kv_heads} kv "
              f"heads, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from raw text by "
              "Refinery's cached pipeline. Load it with transformers:", "", "```python",
@@ -101,8 +101,8 @@ def _config_gin(inputs: Mapping) -> str:
     return ""
 
 
-def _params(weight_bytes: int, dtype: str) -> str:
-    from stages.io.safetensors import numpy_dtype
+def _params(mcfg) -> str:
+    from stages.train.configs import param_counts
 
-    n = weight_bytes // numpy_dtype(dtype).itemsize
+    n = sum(param_counts(mcfg).values())
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

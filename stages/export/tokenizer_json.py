@@ -26,6 +26,7 @@ plain characters to sentencepiece (pass `split_special_tokens=True` to make them
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import struct
 
@@ -93,8 +94,6 @@ def tokenizer_json(m: SentencePieceModel, *, bos_id: int | None = None) -> dict:
     (the shard stage's add_bos: what the model saw at the start of every document); None: nothing added."""
     if why := problem(m):
         raise ValueError(why)
-    import base64
-
     unk = m.id_of(UNKNOWN)
     # A one-character user-defined piece (the stage's "\n" without byte fallback) needs nothing: the model
     # has no other way to spell that character. Longer ones are matched whole, as sentencepiece does.

@@ -83,8 +83,9 @@ def write(path: str, specs: list[Spec], array_for: Callable[[Spec], np.ndarray],
             if tuple(array.shape) != tuple(spec.shape) or array.dtype != numpy_dtype(spec.dtype):
                 raise ValueError(f"{path}: tensor {spec.name} is {array.dtype}{list(array.shape)}, the "
                                  f"header says {spec.dtype}{list(spec.shape)}")
-            f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-            del array
+            data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))   # a copy only if needed
+            f.write(data.reshape(-1).view(np.uint8).data)
+            del array, data
 
 
 def plan_shards(specs: list[Spec], max_bytes: int) -> list[list[Spec]]:

@@ -106,6 +106,11 @@ class ModelConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
 
+    @classmethod
+    def from_json(cls, fields: Mapping) -> ModelConfig:
+        """The config as `dataclasses.asdict` wrote it to JSON (summary.json's "model"), lists as tuples."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
     @property
     def effective_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads

@@ -160,22 +160,20 @@ def tensors(cfg: ModelConfig) -> Iterator[Tensor]:
     """Every tensor of the LlamaForCausalLM, in transformers' order (lm_head absent when tied)."""
     D, N, K, H, F, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim,
                         cfg.effective_mlp_dim, cfg.vocab_size)
-    same = _same
-
     def heads_in(n):       # ours (D, n, H) <-> torch Linear (n * H, D)
         return (lambda a: a.reshape(D, n * H).T, lambda a: a.T.reshape(D, n, H))
 
     transposed = (lambda a: a.T, lambda a: a.T)
-    yield Tensor("model.embed_tokens.weight", (V, D), "embed", None, same, same)
+    yield Tensor("model.embed_tokens.weight", (V, D), "embed", None, _same, _same)
     per_layer = (
-        ("input_layernorm.weight", (D,), "attn_norm", (same, same)),
+        ("input_layernorm.weight", (D,), "attn_norm", (_same, _same)),
         ("self_attn.q_proj.weight", (N * H, D), "wq", heads_in(N)),
         ("self_attn.k_proj.weight", (K * H, D), "wk", heads_in(K)),
         ("self_attn.v_proj.weight", (K * H, D), "wv", heads_in(K)),
         # ours (N, H, D) <-> torch Linear (D, N * H)
         ("self_attn.o_proj.weight", (D, N * H), "wo",
          (lambda a: a.reshape(N * H, D).T, lambda a: a.T.reshape(N, H, D))),
-        ("post_attention_layernorm.weight", (D,), "mlp_norm", (same, same)),
+        ("post_attention_layernorm.weight", (D,), "mlp_norm", (_same, _same)),
         ("mlp.gate_proj.weight", (F, D), "w_gate", transposed),
         ("mlp.up_proj.weight", (F, D), "w_up", transposed),
         ("mlp.down_proj.weight", (D, F), "w_down", transposed),
@@ -183,7 +181,7 @@ def tensors(cfg: ModelConfig) -> Iterator[Tensor]:
     for i in range(cfg.n_layers):
         for suffix, shape, param, (to_hf, from_hf) in per_layer:
             yield Tensor(f"model.layers.{i}.{suffix}", shape, f"layers.{param}", i, to_hf, from_hf)
-    yield Tensor("model.norm.weight", (D,), "final_norm", None, same, same)
+    yield Tensor("model.norm.weight", (D,), "final_norm", None, _same, _same)
     if not cfg.tie_embeddings:
         yield Tensor("lm_head.weight", (V, D), "unembedding", None, *transposed)
 

@@ -54,7 +54,7 @@ def resolve(model_config, bound: frozenset[str], source: str):
     fields = model_fields(source)
     for name, value in fields.items():
         mine = getattr(model_config, name)
-        if name in bound and mine != value and not (isinstance(value, float) and mine == value):
+        if name in bound and mine != value:
             raise ValueError(f"train.ModelConfig.{name} = {mine!r} (gin) conflicts with {value!r} in "
                              f"{storage.join(source, 'config.json')}; the model config is taken from "
                              "train.Config.init_from: remove the binding")

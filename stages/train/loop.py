@@ -135,7 +135,7 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     # The vocabulary is the tokenizer's, unless the weights come from a checkpoint (init_from), whose
     # embedding may be padded past it.
     mcfg = cfg.model if cfg.init_from else dataclasses.replace(cfg.model, vocab_size=manifest["vocab_size"])
-    if manifest["vocab_size"] > mcfg.vocab_size:
+    if cfg.init_from and manifest["vocab_size"] > mcfg.vocab_size:
         raise ValueError(f"the tokenizer has {manifest['vocab_size']:,} pieces, the model from "
                          f"train.Config.init_from={cfg.init_from!r} embeds {mcfg.vocab_size:,}")
     ocfg = cfg.optimizer_for_run()

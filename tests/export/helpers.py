@@ -45,15 +45,20 @@ def write_train(directory: pathlib.Path, mcfg, params) -> Committed:
     return committed("train", directory)
 
 
-def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=None) -> pathlib.Path:
-    """Runs the export stage (default config) on `params` and returns its output directory."""
+def write_inputs(tmp: pathlib.Path, mcfg, params, sp_model: bytes) -> dict[str, Committed]:
+    """The export's inputs under `tmp` (train/, tokenizer/, shard/): `params` as train's checkpoint."""
     train = write_train(tmp / "train", mcfg, params)
     (tmp / "tokenizer").mkdir()
     (tmp / "tokenizer" / "tokenizer.model").write_bytes(sp_model)
     (tmp / "shard").mkdir()
     storage.write_json(str(tmp / "shard" / "manifest.json"), {"bos_id": 1, "eos_id": 2, "add_bos": False})
-    inputs = {"train": train, "tokenizer": committed("tokenizer", tmp / "tokenizer"),
-              "shard": committed("shard", tmp / "shard")}
+    return {"train": train, "tokenizer": committed("tokenizer", tmp / "tokenizer"),
+            "shard": committed("shard", tmp / "shard")}
+
+
+def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=None) -> pathlib.Path:
+    """Runs the export stage (default config) on `params` and returns its output directory."""
+    inputs = write_inputs(tmp, mcfg, params, sp_model)
     out = tmp / "export"
     export.run(config or export.Config(), inputs, str(out), str(tmp / "work"))
     return out

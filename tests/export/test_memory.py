@@ -41,12 +41,8 @@ def _export_in_a_subprocess(tmp, layers: int) -> tuple[dict, int]:
     cfg = ModelConfig(vocab_size=320, d_model=256, n_layers=layers, n_heads=4, n_kv_heads=4, mlp_dim=1024,
                       max_seq_len=256)
     params = nnx.split(model.Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)[1]
-    helpers.write_train(tmp / "train", cfg, params)
+    helpers.write_inputs(tmp, cfg, params, helpers.tokenizer_model())
     del params
-    (tmp / "tokenizer").mkdir()
-    (tmp / "tokenizer" / "tokenizer.model").write_bytes(helpers.tokenizer_model())
-    (tmp / "shard").mkdir()
-    (tmp / "shard" / "manifest.json").write_text(json.dumps({"bos_id": 1, "eos_id": 2}))
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], capture_output=True, text=True, check=True)
     model_bytes = 4 * sum(param_counts(cfg).values())
     assert (tmp / "export" / "model.safetensors").stat().st_size > model_bytes

@@ -113,6 +113,21 @@ def test_sharded_files_with_an_index_load_as_one(tmp_path, sp_model):
     assert np.array_equal(theirs, np.asarray(params["layers"]["w_down"][...])[1].T)
 
 
+def test_a_bfloat16_export_holds_the_weights_rounded_to_bfloat16(tmp_path, sp_model):
+    from stages import export
+
+    cfg = VARIANTS["gqa"]
+    _, params = _jax_model(cfg)
+    out = helpers.export_model(tmp_path, cfg, params, sp_model, export.Config(dtype="bfloat16"))
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    theirs = hf.state_dict()["model.layers.1.self_attn.k_proj.weight"].float().numpy()      # (K * H, D)
+    ours = np.asarray(params["layers"]["wk"][...])[1]                                        # (D, K, H)
+    expected = np.asarray(jnp.asarray(ours.reshape(cfg.d_model, -1).T, jnp.bfloat16).astype(jnp.float32))
+    assert theirs.dtype == np.float32 and np.array_equal(theirs, expected)
+    assert not np.array_equal(theirs, ours.reshape(cfg.d_model, -1).T)     # rounded, not float32
+
+
 def test_a_setting_llama_lacks_fails_naming_it(monkeypatch):
     from stages.train import hf
     monkeypatch.setattr(hf, "EXPRESSED", tuple(f for f in hf.EXPRESSED if f != "norm_eps"))
