@@ -29,12 +29,19 @@ ATTENTION_IMPLS = ("xla", "blockwise", "cudnn", "splash", "auto")
 NAN_POLICIES = ("stop", "skip")      # train.Config.nan_policy: fail naming the step, or drop that update
 OPTIMIZERS = ("adamw", "lion", "adafactor", "muon")
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
-AXES = ("data", "fsdp", "tensor")    # the mesh's named axes, in order
-BATCH_AXES = ("data", "fsdp")        # the mesh axes a batch is split over
+# MoE: the router's score function, and the grouped-matmul kernels of the dropless expert computation (the
+# same names as stages.train.moe.GROUPED_MATMULS; a test checks).
+ROUTER_SCORES = ("softmax", "sigmoid")
+MOE_IMPLS = ("auto", "ragged_dot", "megablox", "tiled")
+AXES = ("data", "fsdp", "expert", "tensor")    # the mesh's named axes, in order
+BATCH_AXES = ("data", "fsdp", "expert")        # the mesh axes a batch is split over
+LAYER_STACKS = ("layers", "moe_layers")        # the stacked (scanned) parameter groups, in layer order
 # Logical axis -> mesh axes (None: replicated). A mesh axis already used by an earlier dimension of the
 # same array is skipped, so ("batch", "length", "embed") shards batch over data x fsdp and leaves embed whole.
 # `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
-# (ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron).
+# (ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron), `expert`
+# splits the batch and a mixture of experts' experts (each device holds E / expert of them; tokens travel
+# to their experts by all-to-all, stages/train/moe.py); the other parameters are replicated over it.
 LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
     "batch": BATCH_AXES,
     "length": None,
@@ -45,6 +52,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
     "mlp": "tensor",
     "head_dim": None,
     "layers": None,
+    "experts": "expert",
 }
 
 
@@ -76,13 +84,30 @@ class ModelConfig:
     remat: str = "none"                  # one of REMAT_NAMES
     scan_layers: bool = True             # False: a Python loop over the layers (debugging)
     init_std: float = 0.02
+    # Mixture of experts (stages/train/moe.py): every layer after the first n_dense_layers has a routed MoE
+    # feed-forward block instead of the dense MLP. n_experts = 0: a dense model.
+    n_experts: int = 0                   # routed experts per MoE layer
+    n_experts_per_token: int = 2         # top-k: the experts each token goes to
+    n_shared_experts: int = 0            # experts every token goes to (one SwiGLU of their summed width)
+    moe_mlp_dim: int = 0                 # each expert's hidden width; 0: the dense mlp width
+    n_dense_layers: int = 0              # the first layers keep the dense MLP (DeepSeek-V3: 3)
+    router_score: str = "softmax"        # ROUTER_SCORES: softmax over experts, or each expert's sigmoid
+    router_norm_topk: bool = False       # rescale the top-k weights to sum to 1
+    router_groups: int = 1               # group-limited routing: experts in groups, a token's top-k drawn
+    router_topk_groups: int = 1          # from its best router_topk_groups groups (DeepSeek-V3: 8 and 4)
+    moe_capacity_factor: float = 0.0     # 0: dropless; else each expert takes at most factor * N * k / E
+    moe_impl: str = "auto"               # MOE_IMPLS: the dropless path's grouped matmul
+    moe_aux_loss: float = 0.0            # weight of the switch/GShard load-balancing loss
+    moe_router_z_loss: float = 0.0       # weight of the router's z-loss (mean squared logsumexp)
+    moe_bias_update_rate: float = 0.0    # DeepSeek's auxiliary-loss-free balancing: bias step size; 0: off
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_seq_len",
                      "attention_block_q", "attention_block_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 1")
-        for name in ("head_dim", "mlp_dim", "rope_original_max_len"):
+        for name in ("head_dim", "mlp_dim", "rope_original_max_len", "n_experts", "n_shared_experts",
+                     "moe_mlp_dim", "n_dense_layers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = derived)")
         if self.head_dim == 0 and self.d_model % self.n_heads:
@@ -96,7 +121,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: head dim {self.effective_head_dim} must be even for RoPE "
                              f"(head_dim={self.head_dim}, d_model={self.d_model}, n_heads={self.n_heads})")
         choices = {"rope_scaling": ROPE_SCALINGS, "remat": REMAT_NAMES, "dtype": DTYPES,
-                   "param_dtype": DTYPES, "attention_impl": ATTENTION_IMPLS}
+                   "param_dtype": DTYPES, "attention_impl": ATTENTION_IMPLS, "router_score": ROUTER_SCORES,
+                   "moe_impl": MOE_IMPLS}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not one of {valid}")
@@ -105,6 +131,35 @@ class ModelConfig:
         for name in ("rope_theta", "norm_eps", "init_std"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
+        if self.n_experts:
+            self._check_moe()
+
+    def _check_moe(self) -> None:
+        E, k = self.n_experts, self.n_experts_per_token
+        if not 1 <= k <= E:
+            raise ValueError(f"ModelConfig.n_experts_per_token={k} must be in [1, n_experts={E}]")
+        if self.n_dense_layers >= self.n_layers:
+            raise ValueError(f"ModelConfig.n_dense_layers={self.n_dense_layers} leaves no MoE layer of "
+                             f"n_layers={self.n_layers}; set n_experts=0 for a dense model")
+        G, g = self.router_groups, self.router_topk_groups
+        if G < 1 or E % G or not 1 <= g <= G:
+            raise ValueError(f"ModelConfig.router_groups={G} must divide n_experts={E} and "
+                             f"router_topk_groups={g} be in [1, router_groups]")
+        if g * (E // G) < k:
+            raise ValueError(f"ModelConfig: router_topk_groups={g} groups of {E // G} experts hold fewer "
+                             f"than n_experts_per_token={k}")
+        for name in ("moe_capacity_factor", "moe_aux_loss", "moe_router_z_loss", "moe_bias_update_rate"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = off)")
+
+    @property
+    def n_moe_layers(self) -> int:
+        """Layers with a routed MoE block: all after the first n_dense_layers (none in a dense model)."""
+        return self.n_layers - self.n_dense_layers if self.n_experts else 0
+
+    @property
+    def effective_moe_mlp_dim(self) -> int:
+        return self.moe_mlp_dim or self.effective_mlp_dim
 
     @classmethod
     def from_json(cls, fields: Mapping) -> ModelConfig:
@@ -130,34 +185,71 @@ class ModelConfig:
 def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """Every parameter of the decoder, in the order the model creates them: name -> (shape, logical axis
     names). The model builds its parameters from this table, and the planner sizes and shards them by it.
-    The layers' parameters are stacked on a leading ("layers",) axis of size n_layers (scan)."""
+    The layers' parameters are stacked on a leading ("layers",) axis of size n_layers (scan); a mixture of
+    experts has two stacks, "layers." (the first n_dense_layers) and "moe_layers." (the rest)."""
     D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim, cfg.effective_mlp_dim
-    layer = {
+    attention = {
         "attn_norm": ((D,), ("embed",)),
         "wq": ((D, N, H), ("embed", "heads", "head_dim")),
         "wk": ((D, K, H), ("embed", "kv_heads", "head_dim")),
         "wv": ((D, K, H), ("embed", "kv_heads", "head_dim")),
         "wo": ((N, H, D), ("heads", "head_dim", "embed")),
         "mlp_norm": ((D,), ("embed",)),
+    }
+    dense = {
         "w_gate": ((D, F), ("embed", "mlp")),
         "w_up": ((D, F), ("embed", "mlp")),
         "w_down": ((F, D), ("mlp", "embed")),
     }
     out = {"embed": ((cfg.vocab_size, D), ("vocab", "embed"))}
-    out |= {f"layers.{name}": ((cfg.n_layers, *shape), ("layers", *names))
-            for name, (shape, names) in layer.items()}
+    if cfg.n_layers > cfg.n_moe_layers:
+        out |= {f"layers.{name}": ((cfg.n_layers - cfg.n_moe_layers, *shape), ("layers", *names))
+                for name, (shape, names) in (attention | dense).items()}
+    if cfg.n_moe_layers:
+        out |= {f"moe_layers.{name}": ((cfg.n_moe_layers, *shape), ("layers", *names))
+                for name, (shape, names) in (attention | moe_layout(cfg)).items()}
     out["final_norm"] = ((D,), ("embed",))
     if not cfg.tie_embeddings:
         out["unembedding"] = ((D, cfg.vocab_size), ("embed", "vocab"))
     return out
 
 
+def moe_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """One MoE layer's feed-forward parameters (after its attention's): the router (D, E) and its balancing
+    bias (E,) (not trained by the optimizer: DeepSeek's auxiliary-loss-free update, stages/train/moe.py),
+    the routed experts' SwiGLU stacked on "experts", and the shared experts as one SwiGLU."""
+    D, E, Fe = cfg.d_model, cfg.n_experts, cfg.effective_moe_mlp_dim
+    out = {
+        "router": ((D, E), ("embed", None)),
+        "router_bias": ((E,), (None,)),
+        "experts_gate": ((E, D, Fe), ("experts", "embed", "mlp")),
+        "experts_up": ((E, D, Fe), ("experts", "embed", "mlp")),
+        "experts_down": ((E, Fe, D), ("experts", "mlp", "embed")),
+    }
+    if cfg.n_shared_experts:
+        Fs = cfg.n_shared_experts * Fe
+        out |= {"shared_gate": ((D, Fs), ("embed", "mlp")), "shared_up": ((D, Fs), ("embed", "mlp")),
+                "shared_down": ((Fs, D), ("mlp", "embed"))}
+    return out
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters by part (no JAX): embed, unembed (0 when tied), layers, final_norm."""
+    """Parameters by part (no JAX): embed, unembed (0 when tied), layers (every layer, experts included),
+    final_norm."""
     sizes = {name: math.prod(shape) for name, (shape, _) in param_layout(cfg).items()}
     return {"embed": sizes["embed"], "unembed": sizes.get("unembedding", 0),
-            "layers": sum(n for name, n in sizes.items() if name.startswith("layers.")),
+            "layers": sum(n for name, n in sizes.items() if name.partition(".")[0] in LAYER_STACKS),
             "final_norm": sizes["final_norm"]}
+
+
+def active_params(cfg: ModelConfig) -> int:
+    """Parameters one token uses: all of a dense model's; a mixture of experts' with only its top-k
+    routed experts of each MoE layer (DeepSeek-V3: 671B total, 37B active)."""
+    total = sum(param_counts(cfg).values())
+    if not cfg.n_experts:
+        return total
+    idle = cfg.n_experts - cfg.n_experts_per_token
+    return total - cfg.n_moe_layers * idle * 3 * cfg.d_model * cfg.effective_moe_mlp_dim
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -171,9 +263,13 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     al. 2022) counts the full T x T matrices instead (12 * L * n_heads * head_dim * seq_len), twice what a
     causal kernel executes (splash and blockwise skip the masked blocks): up to 38% more FLOPs than run at
     9B / 32K, which would inflate the planned days and deflate the measured MFU.
+
+    For a mixture of experts N_matmul counts the active parameters (`active_params`: the top-k routed
+    experts, the shared ones, the router), as MaxText and DeepSeek count MoE FLOPs; the bias is no matmul.
     """
     c = param_counts(cfg)
-    n_matmul = c["layers"] - cfg.n_layers * 2 * cfg.d_model + (c["unembed"] or c["embed"])
+    layers = c["layers"] - (sum(c.values()) - active_params(cfg)) - cfg.n_moe_layers * cfg.n_experts
+    n_matmul = layers - cfg.n_layers * 2 * cfg.d_model + (c["unembed"] or c["embed"])
     return 6.0 * n_matmul + 6.0 * cfg.n_layers * cfg.n_heads * cfg.effective_head_dim * seq_len
 
 
@@ -252,22 +348,24 @@ class OptimizerConfig:
 class MeshConfig:
     """Mesh axis sizes. Gin: `train.MeshConfig.<field>`.
 
-    data, fsdp and tensor are the sizes WITHIN one slice (ICI, the chips' own links): their product is a
-    slice's device count. dcn_data, dcn_fsdp and dcn_tensor split the same axes ACROSS slices (DCN, the
-    data-center network between TPU slices): their product is the number of slices, and must equal
-    train.HardwareConfig.num_slices. Each mesh axis is ici x dcn long, under the same name, so every
-    logical rule holds unchanged: MeshConfig(fsdp=4, dcn_data=2) on 2 slices of 4 chips is the mesh
-    data 2 x fsdp 4 x tensor 1, data crossing the slices and fsdp within each. Put the DCN split on data:
-    it crosses the slow network once per step (the gradient reduction), fsdp and tensor every layer.
-    With every dcn_* = 1 (the default) there is one slice and the sizes are the whole mesh's.
+    data, fsdp, expert and tensor are the sizes WITHIN one slice (ICI, the chips' own links): their product
+    is a slice's device count. dcn_data, dcn_fsdp, dcn_expert and dcn_tensor split the same axes ACROSS
+    slices (DCN, the data-center network between TPU slices): their product is the number of slices, and
+    must equal train.HardwareConfig.num_slices. Each mesh axis is ici x dcn long, under the same name, so
+    every logical rule holds unchanged: MeshConfig(fsdp=4, dcn_data=2) on 2 slices of 4 chips is the mesh
+    data 2 x fsdp 4 x expert 1 x tensor 1, data crossing the slices and fsdp within each. Put the DCN split
+    on data: it crosses the slow network once per step (the gradient reduction), fsdp, expert and tensor
+    every layer. With every dcn_* = 1 (the default) there is one slice and the sizes are the whole mesh's.
     """
 
-    data: int = -1         # -1: all of a slice's devices that fsdp and tensor leave
+    data: int = -1         # -1: all of a slice's devices that fsdp, expert and tensor leave
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1        # expert parallelism: splits the batch and a mixture of experts' experts
     dcn_data: int = 1      # slices the data axis spans (1: it stays within a slice)
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
+    dcn_expert: int = 1
 
     def __post_init__(self):
         for name in AXES:
@@ -278,48 +376,70 @@ class MeshConfig:
             if dcn < 1:
                 raise ValueError(f"MeshConfig.dcn_{name}={dcn} must be >= 1 (the slices the {name} axis "
                                  "spans; 1: within one slice)")
-        if self.fsdp == -1 or self.tensor == -1:
-            raise ValueError(f"MeshConfig: only data may be -1 (fsdp={self.fsdp}, tensor={self.tensor})")
+        if -1 in (self.fsdp, self.tensor, self.expert):
+            raise ValueError(f"MeshConfig: only data may be -1 (fsdp={self.fsdp}, expert={self.expert}, "
+                             f"tensor={self.tensor})")
 
     @property
-    def dcn_shape(self) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) across slices."""
-        return self.dcn_data, self.dcn_fsdp, self.dcn_tensor
+    def dcn_shape(self) -> tuple[int, ...]:
+        """(data, fsdp, expert, tensor) across slices."""
+        return tuple(getattr(self, f"dcn_{a}") for a in AXES)
 
     @property
     def num_slices(self) -> int:
         """The slices this mesh spans: the product of the dcn_* sizes."""
         return math.prod(self.dcn_shape)
 
-    def ici_shape(self, n_devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) within one slice, for `n_devices` over all `num_slices` slices; ValueError
-        naming the sizes when they do not fit."""
+    def describe_dcn(self) -> str:
+        """"dcn_data=2 x dcn_fsdp=1 x dcn_tensor=1" (dcn_expert named where it is not 1)."""
+        return " x ".join(f"dcn_{a}={getattr(self, f'dcn_{a}')}" for a in self._named_axes())
+
+    def describe(self) -> str:
+        """"data=-1 x fsdp=4 x tensor=2" (expert named where it is not 1)."""
+        return " x ".join(f"{a}={getattr(self, a)}" for a in self._named_axes())
+
+    def _named_axes(self) -> tuple[str, ...]:
+        return tuple(a for a in AXES if a != "expert" or self.expert != 1 or self.dcn_expert != 1)
+
+    def ici_shape(self, n_devices: int) -> tuple[int, ...]:
+        """(data, fsdp, expert, tensor) within one slice, for `n_devices` over all `num_slices` slices;
+        ValueError naming the sizes when they do not fit."""
         slices = self.num_slices
-        dcn = f"dcn_data={self.dcn_data} x dcn_fsdp={self.dcn_fsdp} x dcn_tensor={self.dcn_tensor}"
+        dcn = self.describe_dcn()
         if n_devices % slices:
             raise ValueError(f"{n_devices} devices do not split into {slices} equal slices (mesh {dcn})")
         n = n_devices // slices
-        other = self.fsdp * self.tensor
+        other = self.fsdp * self.expert * self.tensor
         data = self.data if self.data != -1 else n // other
         if self.data == -1 and n % other:
             data = 0
         if data * other != n:
-            sizes = f"data={self.data} x fsdp={self.fsdp} x tensor={self.tensor}"
+            sizes = self.describe()
+            named = " x ".join(a for a in self._named_axes() if a != "data")
             if slices == 1:
                 raise ValueError(f"mesh {sizes} does not match the {n} devices; the product must equal the "
-                                 f"device count (data=-1 takes the rest, and needs fsdp x tensor = {other} "
+                                 f"device count (data=-1 takes the rest, and needs {named} = {other} "
                                  f"to divide {n})")
             raise ValueError(f"mesh per slice (ICI) {sizes} does not match the {n} devices of each of "
                              f"{slices} slices ({n_devices} devices, {dcn}); the product must equal a "
-                             f"slice's device count (data=-1 takes the rest, and needs fsdp x tensor = "
+                             f"slice's device count (data=-1 takes the rest, and needs {named} = "
                              f"{other} to divide {n})")
-        return data, self.fsdp, self.tensor
+        return data, self.fsdp, self.expert, self.tensor
 
-    def shape(self, n_devices: int) -> tuple[int, int, int]:
-        """The whole mesh's (data, fsdp, tensor) for `n_devices`: per axis, the size within a slice x the
-        slices it spans (`ici_shape` x `dcn_shape`); ValueError naming the sizes when they do not fit."""
-        ici = self.ici_shape(n_devices)
-        return ici[0] * self.dcn_data, ici[1] * self.dcn_fsdp, ici[2] * self.dcn_tensor
+    def shape(self, n_devices: int) -> tuple[int, ...]:
+        """The whole mesh's (data, fsdp, expert, tensor) for `n_devices`: per axis, the size within a slice
+        x the slices it spans (`ici_shape` x `dcn_shape`); ValueError naming the sizes when they do not
+        fit."""
+        return tuple(i * d for i, d in zip(self.ici_shape(n_devices), self.dcn_shape))
+
+    def sizes(self, n_devices: int) -> dict[str, int]:
+        """{axis: size} of the whole mesh for `n_devices` (`shape` by name)."""
+        return dict(zip(AXES, self.shape(n_devices)))
+
+
+def batch_axes_named(sizes: Mapping[str, int]) -> str:
+    """"data x fsdp" (with " x expert" where the mesh has an expert axis): what a batch is split over."""
+    return " x ".join(a for a in BATCH_AXES if a != "expert" or sizes.get("expert", 1) > 1)
 
 
 def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str, ...], ...]:
@@ -456,15 +576,16 @@ def cpu_run_problem(cfg, env: Mapping[str, str]) -> str:
     where = (f"a CPU run (train.HardwareConfig.device='cpu') with {kind} trains on {processes} process(es) x "
              f"{per_process} CPU device(s) = {devices} (XLA_FLAGS={CPU_DEVICE_FLAG}=N gives each process N)")
     try:
-        data, fsdp, _ = mesh.shape(devices)
+        sizes = mesh.sizes(devices)
     except ValueError as e:
         return f"train.MeshConfig: {e}; {where}"
     if cfg.global_batch % processes:
         return (f"train.Config.global_batch={cfg.global_batch} does not divide by the {processes} training "
                 f"processes: use a multiple of {processes}; {where}")
     accum = cfg.optimizer.grad_accum_steps
-    micro, shards = cfg.global_batch // accum, data * fsdp
+    micro, shards = cfg.global_batch // accum, math.prod(sizes[a] for a in BATCH_AXES)
     if micro % shards:
         return (f"a micro-batch of {micro} sequences (train.Config.global_batch {cfg.global_batch} / "
-                f"grad_accum_steps {accum}) does not split over data x fsdp = {shards} devices; {where}")
+                f"grad_accum_steps {accum}) does not split over {batch_axes_named(sizes)} = {shards} "
+                f"devices; {where}")
     return ""

@@ -52,9 +52,11 @@ import math
 
 from stages.train import devices
 from stages.train.configs import (
+    AXES,
     BATCH_AXES,
     REMAT_NAMES,
     ModelConfig,
+    batch_axes_named,
     flops_per_token,
     mesh_axes,
     param_counts,
@@ -91,7 +93,7 @@ class Plan:
     config: object                    # the stages.train.Config planned
     device: devices.Device
     chips: int                        # all chips, every slice
-    mesh: dict[str, int]              # {"data": d, "fsdp": f, "tensor": t}
+    mesh: dict[str, int]              # {"data": d, "fsdp": f, "expert": e, "tensor": t}
     micro_batch: int                  # sequences per device per micro-batch
     params: dict[str, int]            # parameters by part
     per_device: dict[str, int]        # bytes in device memory: `memory_bytes`' parts and their total
@@ -150,7 +152,7 @@ class Plan:
             "  parameters: " + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in self.params.items() if v),
             f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP (6N + causal attention at "
             f"T={cfg.seq_len})",
-            f"  mesh: data {self.mesh['data']} x fsdp {self.mesh['fsdp']} x tensor {self.mesh['tensor']}"
+            f"  mesh: {_mesh_row(self.mesh)}"
             f"{_slices(cfg.mesh, self.chips)}; "
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
             f"(x {cfg.optimizer.grad_accum_steps} accumulated); remat {m.remat}; "
@@ -211,14 +213,14 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     hw = cfg.hardware
     device = devices.get(hw.device)
     chips = (hw.chips or topology_chips(hw.topology) or _explicit_chips(cfg.mesh)) * hw.num_slices
-    data, fsdp, tensor = cfg.mesh.shape(chips)
-    mesh = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    mesh = cfg.mesh.sizes(chips)
     batch_shards = math.prod(mesh[a] for a in BATCH_AXES)
     micro = cfg.global_batch // cfg.optimizer.grad_accum_steps
     micro_batch = max(1, micro // batch_shards)
     problem = "" if micro % batch_shards == 0 else (
         f"a micro-batch of {micro} sequences (global_batch {cfg.global_batch} / grad_accum_steps "
-        f"{cfg.optimizer.grad_accum_steps}) does not split over data x fsdp = {batch_shards} devices")
+        f"{cfg.optimizer.grad_accum_steps}) does not split over {batch_axes_named(mesh)} = {batch_shards} "
+        "devices")
     m = cfg.model
     per_device, host = memory_bytes(cfg, mesh, micro_batch, device)
     fpt = flops_per_token(m, cfg.seq_len)
@@ -428,7 +430,7 @@ def advice(failed: Plan) -> str:
     use more chips (`_unsplit_tries`)."""
     cfg, mesh = failed.config, failed.config.mesh
     # The candidates bind MeshConfig's sizes within a slice; the split across slices (dcn_*) stays.
-    data, fsdp, tensor = mesh.ici_shape(failed.chips)
+    data, fsdp, _, tensor = mesh.ici_shape(failed.chips)
     tries = []
     f = fsdp * 2
     while data * fsdp % f == 0 and f <= data * fsdp:
@@ -539,7 +541,8 @@ def _slices(mesh, chips: int) -> str:
     """A multi-slice mesh's split, for the mesh row: within each slice (ICI) x across slices (DCN)."""
     if mesh.num_slices == 1:
         return ""
-    ici, dcn = ("x".join(map(str, s)) for s in (mesh.ici_shape(chips), mesh.dcn_shape))
+    named = [i for i, a in enumerate(AXES) if a != "expert" or mesh.expert * mesh.dcn_expert > 1]
+    ici, dcn = ("x".join(str(s[i]) for i in named) for s in (mesh.ici_shape(chips), mesh.dcn_shape))
     return f" = ICI {ici} within each slice x DCN {dcn} across {mesh.num_slices} slices"
 
 
@@ -554,6 +557,11 @@ def _render_memory(parts: dict[str, int]) -> str:
     return (f"  per device: {held}, then the largest of backward ({backward}), loss ({loss} + "
             f"XLA:CPU's copies {_gib(parts['xla_cpu'])}) and update (grads {_gib(parts['grads'])} + "
             f"updates {_gib(parts['updates'])}, once the activations are freed)")
+
+
+def _mesh_row(mesh: dict[str, int]) -> str:
+    """"data 1 x fsdp 128 x tensor 8", the expert axis named where it is used."""
+    return " x ".join(f"{a} {n}" for a, n in mesh.items() if a != "expert" or n > 1)
 
 
 def _explicit_chips(mesh) -> int:

@@ -1,4 +1,4 @@
-"""One device mesh with named axes ("data", "fsdp", "tensor") and the logical-axis rules that place
+"""One device mesh with named axes ("data", "fsdp", "expert", "tensor") and the logical-axis rules that place
 parameters and activations on it.
 
     from stages.train import sharding
@@ -10,7 +10,8 @@ parameters and activations on it.
         loss = jax.jit(step)(...)
 
 `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
-(ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron).
+(ZeRO-3: gathered per layer inside the scan), `expert` splits the batch and a mixture of experts' experts
+(stages/train/moe.py), `tensor` splits heads and the MLP dim (Megatron).
 `MeshConfig` (the axis sizes; gin binds it) and the logical-axis rules (`LOGICAL_RULES`, `mesh_axes`) live
 in `configs.py`, JAX-free, so the planner shards parameters exactly as training does.
 """
@@ -31,7 +32,7 @@ from stages.train.configs import AXES, BATCH_AXES, MeshConfig, mesh_axes
 
 
 def make_mesh(cfg: MeshConfig, devices=None):
-    """A `jax.sharding.Mesh` with axes ("data", "fsdp", "tensor") over `devices` (default: all).
+    """A `jax.sharding.Mesh` with axes ("data", "fsdp", "expert", "tensor") over `devices` (default: all).
 
     Multi-slice (`cfg.num_slices` > 1, see MeshConfig): each axis is its size within a slice x its dcn size
     across slices, slice-major (with dcn_data=2 the first half of the data indices is one slice, the second
@@ -45,9 +46,9 @@ def make_mesh(cfg: MeshConfig, devices=None):
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
     found = _slices_in(devices)
     if found is not None and found != cfg.num_slices:
-        raise ValueError(f"the {len(devices)} devices are in {found} slices, but MeshConfig dcn_data="
-                         f"{cfg.dcn_data} x dcn_fsdp={cfg.dcn_fsdp} x dcn_tensor={cfg.dcn_tensor} spans "
-                         f"{cfg.num_slices}; the dcn sizes must multiply to the number of slices")
+        raise ValueError(f"the {len(devices)} devices are in {found} slices, but MeshConfig "
+                         f"{cfg.describe_dcn()} spans {cfg.num_slices}; the dcn sizes must multiply to the "
+                         "number of slices")
     if cfg.num_slices == 1:
         return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
     ici = cfg.ici_shape(len(devices))
@@ -70,9 +71,11 @@ def _contiguous_slices(devices, ici, dcn) -> np.ndarray:
     out as `create_hybrid_device_mesh` lays real slices: slice s sits at position s of the dcn grid."""
     n = math.prod(ici)
     slices = [mesh_utils.create_device_mesh(ici, devices[s * n:(s + 1) * n]) for s in range(math.prod(dcn))]
-    grid = np.stack(slices).reshape(*dcn, *ici)               # (Dd, Df, Dt, Id, If, It)
+    grid = np.stack(slices).reshape(*dcn, *ici)               # (Dd, Df, De, Dt, Id, If, Ie, It)
     # Interleave each axis's dcn and ici positions, dcn outer: index along data = dd * Id + id.
-    return grid.transpose(0, 3, 1, 4, 2, 5).reshape([d * i for d, i in zip(dcn, ici)])
+    n_axes = len(ici)
+    order = [j for a in range(n_axes) for j in (a, n_axes + a)]
+    return grid.transpose(order).reshape([d * i for d, i in zip(dcn, ici)])
 
 
 def logical_to_spec(names, shape=None, mesh=None, rules=None):

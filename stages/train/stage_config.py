@@ -99,8 +99,8 @@ class Config:
             raise ValueError(f"nan_policy={self.nan_policy!r} is not one of {NAN_POLICIES}")
         if self.mesh.num_slices != self.hardware.num_slices:
             m = self.mesh
-            raise ValueError(f"MeshConfig dcn_data={m.dcn_data} x dcn_fsdp={m.dcn_fsdp} x dcn_tensor="
-                             f"{m.dcn_tensor} spans {m.num_slices} slice(s), but HardwareConfig.num_slices="
+            raise ValueError(f"MeshConfig {m.describe_dcn()} spans {m.num_slices} slice(s), but "
+                             f"HardwareConfig.num_slices="
                              f"{self.hardware.num_slices}; the dcn sizes must multiply to the number of "
                              f"slices (e.g. train.MeshConfig.dcn_data={self.hardware.num_slices})")
         if self.global_batch % self.optimizer.grad_accum_steps:

@@ -8,6 +8,7 @@ chips, and the real train step compiles for two v5p:2x2x1 slices ahead of time.
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 
 import jax
@@ -23,14 +24,15 @@ TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
 
 
 @pytest.mark.parametrize("cfg, n, ici, shape", [
-    (MeshConfig(fsdp=4, dcn_data=2), 8, (1, 4, 1), (2, 4, 1)),
-    (MeshConfig(fsdp=2, dcn_fsdp=2), 8, (2, 2, 1), (2, 4, 1)),
-    (MeshConfig(data=2, tensor=2, dcn_data=2, dcn_tensor=2), 16, (2, 1, 2), (4, 1, 4)),
-    (MeshConfig(fsdp=4), 8, (2, 4, 1), (2, 4, 1)),                  # one slice: as it always was
+    (MeshConfig(fsdp=4, dcn_data=2), 8, (1, 4, 1, 1), (2, 4, 1, 1)),
+    (MeshConfig(fsdp=2, dcn_fsdp=2), 8, (2, 2, 1, 1), (2, 4, 1, 1)),
+    (MeshConfig(data=2, tensor=2, dcn_data=2, dcn_tensor=2), 16, (2, 1, 1, 2), (4, 1, 1, 4)),
+    (MeshConfig(fsdp=4), 8, (2, 4, 1, 1), (2, 4, 1, 1)),                  # one slice: as it always was
+    (MeshConfig(expert=2, dcn_expert=2), 8, (2, 1, 2, 1), (2, 1, 4, 1)),
 ])
 def test_each_axis_is_its_size_within_a_slice_times_the_slices_it_spans(cfg, n, ici, shape):
     assert cfg.ici_shape(n) == ici and cfg.shape(n) == shape
-    assert cfg.num_slices == n // (ici[0] * ici[1] * ici[2])
+    assert cfg.num_slices == n // math.prod(ici)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -60,7 +62,7 @@ def test_the_planner_counts_every_slice_and_shows_the_ici_and_dcn_split():
     hw = HardwareConfig(device="tpu-v5p", topology="v5p:2x2x1", num_slices=2)
     p = planner.plan(train.Config(model=m, seq_len=64, global_batch=8, hardware=hw,
                                   mesh=MeshConfig(fsdp=4, dcn_data=2)))
-    assert p.chips == 8 and p.mesh == {"data": 2, "fsdp": 4, "tensor": 1} and p.micro_batch == 1
+    assert p.chips == 8 and p.mesh == {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1} and p.micro_batch == 1
     lines = p.render().splitlines()
     assert lines[3].startswith("  mesh: data 2 x fsdp 4 x tensor 1 = ICI 1x4x1 within each slice x DCN 2x1x1 "
                                "across 2 slices; micro-batch 1 x 64"), lines[3]
@@ -104,7 +106,7 @@ def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_sli
     cfg = config.load([f"{REPO}/gin/600b.gin"], ["train.HardwareConfig.num_slices=2",
                                                  "train.MeshConfig.dcn_data=2"]).stages["train"].config
     p = planner.plan(cfg)
-    assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "tensor": 8} and not p.fits
+    assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "expert": 1, "tensor": 8} and not p.fits
     assert "does not split over data x fsdp = 256 devices" in p.problem
     # Two micro-batches a step would split it, but gather 256 sequences' hidden states across the slices
     # (80 GiB): one slice is what fits.
@@ -128,7 +130,7 @@ TWO_SLICES = textwrap.dedent("""
 
     def ids(mesh):
         # the (data, fsdp) grid of device ids (tensor is 1)
-        return [[d.id for d in row] for row in mesh.devices[..., 0]]
+        return [[d.id for d in row] for row in mesh.devices[..., 0, 0]]
 
     def spec(s):
         # a PartitionSpec as JSON with trailing Nones dropped
@@ -177,7 +179,7 @@ def test_a_two_slice_mesh_on_simulated_devices_places_params_and_batch():
     first half lives on the first slice."""
     got = run_on_simulated_devices(TWO_SLICES, devices=8, timeout=300)
     across = got["data_across"]
-    assert across["shape"] == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert across["shape"] == {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
     assert across["ids"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and across["same_as_one_slice"]
     # fsdp 2 within a slice x 2 slices: the first half of fsdp is slice 0, the second slice 1.
     assert got["fsdp_across"]["ids"] == [[0, 1, 4, 5], [2, 3, 6, 7]]
@@ -192,7 +194,7 @@ def test_a_two_slice_mesh_on_simulated_devices_places_params_and_batch():
         split = 4 if "fsdp" in p["spec"] else 1
         assert len(p["slices"]["0"]) == split, (name, p)                       # fsdp splits within a slice
     batch = got["batch"]
-    assert batch["spec"] == [["data", "fsdp"]] and batch["equal"]
+    assert batch["spec"] == [["data", "fsdp", "expert"]] and batch["equal"]
     assert batch["rows"] == {str(i): [i, i + 1] for i in range(8)}           # slice 0: rows 0-3
 
 
@@ -211,7 +213,7 @@ def test_the_train_step_compiles_for_two_tpu_slices_ahead_of_time():
     assert len(devices) == 8 and sorted({d.slice_index for d in devices}) == [0, 1]
 
     def slice_grid(mesh_config):          # the (data, fsdp) grid of slice indices (tensor is 1)
-        grid = sharding.make_mesh(mesh_config, devices).devices[..., 0]
+        grid = sharding.make_mesh(mesh_config, devices).devices[..., 0, 0]
         return [[d.slice_index for d in row] for row in grid]
 
     assert slice_grid(MeshConfig(fsdp=4, dcn_data=2)) == [[0, 0, 0, 0], [1, 1, 1, 1]]

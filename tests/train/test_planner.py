@@ -31,7 +31,7 @@ def test_one_device_holds_every_parameter_gradient_and_both_adam_moments():
     n = sum(param_counts(cfg.model).values())
     assert p.per_device["params"] == p.per_device["grads"] == 4 * n          # float32
     assert p.per_device["optimizer"] == 2 * 4 * n and p.per_device["gathered"] == 0
-    assert p.fits and p.chips == 1 and p.mesh == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert p.fits and p.chips == 1 and p.mesh == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
 
 
 def test_sharding_divides_the_state_the_way_training_places_it():

@@ -16,9 +16,10 @@ from tests.conftest import run_on_simulated_devices
 
 
 @pytest.mark.parametrize("cfg, n, shape", [
-    (MeshConfig(), 8, (8, 1, 1)), (MeshConfig(fsdp=4), 8, (2, 4, 1)),
-    (MeshConfig(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
-    (MeshConfig(tensor=8), 8, (1, 1, 8)), (MeshConfig(), 1, (1, 1, 1)),
+    (MeshConfig(), 8, (8, 1, 1, 1)), (MeshConfig(fsdp=4), 8, (2, 4, 1, 1)),
+    (MeshConfig(data=2, fsdp=2, tensor=2), 8, (2, 2, 1, 2)),
+    (MeshConfig(tensor=8), 8, (1, 1, 1, 8)), (MeshConfig(), 1, (1, 1, 1, 1)),
+    (MeshConfig(fsdp=2, expert=4), 8, (1, 2, 4, 1)),
 ])
 def test_mesh_shapes(cfg, n, shape):
     assert cfg.shape(n) == shape
@@ -27,6 +28,8 @@ def test_mesh_shapes(cfg, n, shape):
 @pytest.mark.parametrize("cfg, message", [
     (MeshConfig(fsdp=3), "mesh data=-1 x fsdp=3 x tensor=1 does not match the 8 devices"),
     (MeshConfig(data=2, fsdp=2), "mesh data=2 x fsdp=2 x tensor=1 does not match the 8 devices"),
+    (MeshConfig(fsdp=2, expert=3), "mesh data=-1 x fsdp=2 x expert=3 x tensor=1 does not match the 8 "
+                                   r"devices; .* needs fsdp x expert x tensor = 6 to divide 8"),
 ])
 def test_a_mesh_that_does_not_fit_the_devices_fails_naming_the_axes(cfg, message):
     with pytest.raises(ValueError, match=message):
@@ -37,8 +40,8 @@ def test_make_mesh_checks_before_building_and_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="does not match the 1 devices"):
         sharding.make_mesh(MeshConfig(data=2), devices=jax.devices()[:1])
     mesh = sharding.make_mesh(MeshConfig(), devices=jax.devices()[:1])
-    assert mesh.axis_names == ("data", "fsdp", "tensor")
-    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert mesh.axis_names == ("data", "fsdp", "expert", "tensor")
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
     with pytest.raises(ValueError, match="MeshConfig.tensor=0 must be >= 1"):
         MeshConfig(tensor=0)
     with pytest.raises(ValueError, match="only data may be -1"):
@@ -47,7 +50,9 @@ def test_make_mesh_checks_before_building_and_bad_sizes_are_refused():
 
 def test_logical_rules_use_each_mesh_axis_once_and_skip_axes_that_do_not_divide():
     P = jax.sharding.PartitionSpec
-    assert sharding.logical_to_spec(("batch", "length", "embed")) == P(("data", "fsdp"), None, None)
+    assert sharding.logical_to_spec(("batch", "length", "embed")) == P(("data", "fsdp", "expert"), None, None)
+    experts = ("layers", "experts", "embed", "mlp")               # a MoE layer's stacked expert weights
+    assert sharding.logical_to_spec(experts) == P(None, "expert", "fsdp", "tensor")
     wq_names = ("layers", "embed", "heads", "head_dim")
     assert sharding.logical_to_spec(wq_names) == P(None, "fsdp", "tensor", None)
     mesh = jax.sharding.AbstractMesh((2, 2, 4), ("data", "fsdp", "tensor"))
@@ -131,7 +136,7 @@ def test_sharded_loss_and_grads_equal_one_device(sharded_results, mesh):
     assert 3.0 < ref < 6.0                                       # ~ln(128): an untrained model's loss
     assert got["loss"] == pytest.approx(ref, rel=1e-5, abs=1e-6)
     assert got["grad_max"] > 1e-4 and got["grad_max_diff"] < 1e-5, got
-    assert got["batch_spec"] == [["data", "fsdp"]]
+    assert got["batch_spec"] == [["data", "fsdp", "expert"]]
     assert got["hidden_on_batch_axes"] is True                  # the activation constraints held
 
 
