@@ -32,6 +32,7 @@ import orbax.checkpoint as ocp
 
 from stages.io import storage
 from stages.train import pytree
+from stages.train.configs import LAYER_STACKS
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +157,11 @@ def _to_nested(tree) -> dict:
 
 
 def _layer_chunks(nested: dict, stacked: bool = False):
-    """Orbax SaveArgs for `nested`: a leaf under a "layers" key (the scanned layers' stacked parameters and
-    their optimizer moments, layer axis first) is stored one layer per chunk, so a reader of one layer
-    (the export, stages/train/checkpoint_arrays.py) decodes that layer only, not all of them."""
+    """Orbax SaveArgs for `nested`: a leaf under a "layers" or "moe_layers" key (the scanned layers'
+    stacked parameters and their optimizer moments, layer axis first) is stored one layer per chunk, so a
+    reader of one layer (the export, stages/train/checkpoint_arrays.py) decodes that layer only."""
     if isinstance(nested, Mapping):
-        return {k: _layer_chunks(v, stacked or k == "layers") for k, v in nested.items()}
+        return {k: _layer_chunks(v, stacked or k in LAYER_STACKS) for k, v in nested.items()}
     return ocp.SaveArgs(shard_axes=(0,) if stacked and getattr(nested, "ndim", 0) >= 1 else ())
 
 

@@ -1,7 +1,7 @@
 """One array, or one slice of it, read from a finished checkpoint with TensorStore: no JAX, and never more
 of the checkpoint in memory than what was asked for (plus the storage chunks it lies in).
 
-    arrays = CheckpointArrays(train.file("checkpoint"))       # the newest step's "params" item
+    arrays = CheckpointArrays(train.path + "/checkpoint")      # the newest step's "params" item
     arrays.shape("layers.wq")                                 # (L, D, N, H), from the metadata alone
     arrays.read("layers.wq", 3)                               # layer 3 only: (D, N, H) numpy
 

@@ -39,7 +39,7 @@ from flax import nnx
 
 from stages.evaluate import scoring
 from stages.io import storage
-from stages.train import checkpoint, data, loss, metrics, model, optimizer, sharding
+from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, sharding
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
 from stages.train.stop import TrainingStopped, stop_requests
@@ -274,6 +274,8 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
            "accuracy": float(np.mean([f[1]["accuracy"] for f in fetched])),
            "learning_rate": float(run.lr_at(end - 1)), "grad_norm": float(o["grad_norm"]),
            "param_norm": float(o["param_norm"])}
+    if "moe/load" in o:
+        row |= moe_row([f[1] for f in fetched])
     if first:
         row["compile_and_first_step_s"] = dt              # mostly compilation: not a rate
     else:
@@ -284,6 +286,18 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
         row["eval_loss"] = evaluate(run.eval_fn, params, run.eval_data, run.mesh)
         row |= in_loop_scores(run, params)
     return params, opt_state, row
+
+
+def moe_row(outputs: list[dict]) -> dict:
+    """A metrics row's MoE entries from an interval's step outputs: the balancing losses and the dropped
+    share (means), moe/max_load (the most loaded expert's share x E, averaged over the MoE layers: 1.0 is
+    perfect balance, E all tokens to one expert) and moe/load (each expert's share, averaged over the
+    layers: a list of E numbers)."""
+    load = np.mean([o["moe/load"] for o in outputs], axis=0)                 # (L_moe, E)
+    row = {k: float(np.mean([o[k] for o in outputs]))
+           for k in ("moe/aux_loss", "moe/router_z_loss", "moe/dropped")}
+    return row | {"moe/max_load": float(load.max(-1).mean() * load.shape[-1]),
+                  "moe/load": [round(float(v), 6) for v in load.mean(0)]}
 
 
 def in_loop_scores(run: Run, params) -> dict[str, float]:
@@ -342,7 +356,8 @@ def finish(run: Run, params, opt_state, out_dir: str, local_out: str, last: dict
 def step_options(cfg, eos_id: int) -> dict:
     """The numbers `train_step` takes from a `stages.train.Config` (bound with functools.partial)."""
     return {"eos_id": eos_id, "loss_chunk": cfg.loss_chunk, "z_loss": cfg.z_loss,
-            "grad_accum_steps": cfg.optimizer.grad_accum_steps, "skip_nonfinite": cfg.nan_policy == "skip"}
+            "grad_accum_steps": cfg.optimizer.grad_accum_steps, "skip_nonfinite": cfg.nan_policy == "skip",
+            "bias_rate": cfg.model.moe_bias_update_rate}
 
 
 def loss_options(options: dict) -> dict:
@@ -351,7 +366,7 @@ def loss_options(options: dict) -> dict:
 
 
 def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chunk: int, z_loss: float,
-               grad_accum_steps: int, skip_nonfinite: bool, grad_shardings=None):
+               grad_accum_steps: int, skip_nonfinite: bool, bias_rate: float = 0.0, grad_shardings=None):
     """One optimizer step; a pure function of (params, opt_state, batch). batch: (B, T + 1) int32.
 
     With grad_accum_steps = k the batch is k micro-batches of B / k rows, run one after another under
@@ -359,7 +374,8 @@ def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chun
     single big batch would make (every micro-batch has B / k * T targets). With skip_nonfinite a step whose
     loss is not finite keeps the old params and optimizer state. `grad_shardings` (the parameters'
     shardings) keeps each gradient split like its parameter: FSDP reduce-scatters gradients instead of
-    holding whole ones on every device.
+    holding whole ones on every device. A mixture of experts' router bias then moves by `bias_rate` towards
+    equal load over the whole step's tokens (`update_router_bias`).
     """
     k = grad_accum_steps
 
@@ -389,6 +405,8 @@ def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chun
         grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
+    if "moe/load" in out:
+        new_params = update_router_bias(params, new_params, out["moe/load"], bias_rate)
     if skip_nonfinite:
         finite = jnp.isfinite(out["loss"])
         new_params = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_params, params)
@@ -402,17 +420,49 @@ def forward_loss(graphdef, params, batch, *, eos_id: int, loss_chunk: int, z_los
 
     Documents packed into a row are separated by `eos_id` and never attend to each other; the logits are
     computed `loss_chunk` tokens at a time (`loss.cross_entropy`).
+    A mixture of experts adds its balancing losses to "loss_with_z" (what is differentiated), weighted by
+    ModelConfig.moe_aux_loss and moe_router_z_loss and averaged over the MoE layers, and returns its
+    statistics under "moe/..." (`moe_outputs`).
     """
     net = nnx.merge(graphdef, params)
     inputs, targets = batch[:, :-1], batch[:, 1:]                            # (B, T)
     segment_ids = data.segment_ids(inputs, eos_id)
-    hidden, _ = net(inputs, segment_ids=segment_ids)                         # (B, T, D)
+    hidden, _, stats = net(inputs, segment_ids=segment_ids, with_moe_stats=True)   # (B, T, D)
     b, t, d = hidden.shape
     out = loss.cross_entropy(hidden.reshape(b * t, d), net.unembed(), targets.reshape(-1),
                              jnp.ones((b * t,), jnp.float32), chunk_size=loss_chunk, z_loss=z_loss)
     count = jnp.maximum(out["count"], 1.0)
-    return {"loss": out["loss_sum"] / count, "z_loss": out["z_loss_sum"] / count,
-            "loss_with_z": (out["loss_sum"] + out["z_loss_sum"]) / count, "accuracy": out["correct"] / count}
+    result = {"loss": out["loss_sum"] / count, "z_loss": out["z_loss_sum"] / count,
+              "loss_with_z": (out["loss_sum"] + out["z_loss_sum"]) / count,
+              "accuracy": out["correct"] / count}
+    if stats:
+        cfg = net.config
+        balance = cfg.moe_aux_loss * stats["aux"].mean() + cfg.moe_router_z_loss * stats["z"].mean()
+        result = dict(result, loss_with_z=result["loss_with_z"] + balance, **moe_outputs(stats))
+    return result
+
+
+def moe_outputs(stats: dict) -> dict:
+    """The MoE layers' statistics as step outputs: moe/load (L_moe, E), moe/aux_loss, moe/router_z_loss,
+    moe/dropped (means over the layers)."""
+    return {"moe/load": stats["load"], "moe/aux_loss": stats["aux"].mean(),
+            "moe/router_z_loss": stats["z"].mean(), "moe/dropped": stats["dropped"].mean()}
+
+
+ROUTER_BIAS = ("moe_layers", "router_bias")      # the path of the MoE layers' stacked (L_moe, E) bias
+
+
+def update_router_bias(old_params, new_params, load, rate: float):
+    """DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer's router_bias becomes its value before
+    the step moved by `rate` (ModelConfig.moe_bias_update_rate) towards equal load (moe.bias_update);
+    load (L_moe, E). What the optimizer made of the bias (its gradient is 0, but weight decay or momentum
+    could move it) is discarded, so the bias is exactly the sum of these steps (and with rate 0 stays)."""
+    def one(path, old, new):
+        if tuple(pytree.names(path)[:2]) != ROUTER_BIAS:
+            return new
+        return moe.bias_update(old, load, rate) if rate else old
+
+    return jax.tree_util.tree_map_with_path(one, old_params, new_params)
 
 
 def eval_step(graphdef, params, batch, **options):

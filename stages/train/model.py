@@ -50,6 +50,7 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from stages.train import moe
 from stages.train.attention import attention
 from stages.train.configs import REMAT_NAMES, ModelConfig, param_layout
 from stages.train.sharding import target_platform, with_logical_constraint
@@ -132,17 +133,23 @@ class Transformer(nnx.Module):
         self.config = cfg
         layout, pd = param_layout(cfg), jnp.dtype(cfg.param_dtype)
         self.embed = param(rngs.params(), *layout["embed"], cfg.init_std, pd)
-        self.layers = Block(cfg, rngs=rngs)
+        if cfg.n_layers > cfg.n_moe_layers:
+            self.layers = Block(cfg, "layers", rngs=rngs)
+        if cfg.n_moe_layers:                       # a mixture of experts: the layers after the dense ones
+            self.moe_layers = Block(cfg, "moe_layers", rngs=rngs)
         self.final_norm = param(None, *layout["final_norm"], None, pd)
         if not cfg.tie_embeddings:
             self.unembedding = param(rngs.params(), *layout["unembedding"], cfg.init_std, pd)
 
-    def __call__(self, tokens, *, segment_ids=None, positions=None, cache: KVCache | None = None):
+    def __call__(self, tokens, *, segment_ids=None, positions=None, cache: KVCache | None = None,
+                 with_moe_stats: bool = False):
         """tokens (B, T) int -> (hidden (B, T, D) in cfg.dtype after the final norm, cache).
 
         segment_ids (B, T): packed documents (a token attends only within its id; ids >= 0); positions
         (B, T): RoPE positions, by default restarting at each segment, or continuing from cache.length.
-        With a cache, returns the cache with this chunk written; else returns None.
+        With a cache, returns the cache with this chunk written; else returns None. with_moe_stats: also
+        return the MoE layers' routing statistics, each stacked over those layers (load (L_moe, E); aux,
+        z, dropped (L_moe,); see moe.balance_terms), {} for a dense model.
         """
         cfg = self.config
         B, T = tokens.shape
@@ -166,22 +173,32 @@ class Transformer(nnx.Module):
         else:
             kv_seg = jnp.concatenate([cache.segment_ids, q_seg], axis=1)               # (B, S + T)
             layer_cache = (cache.k, cache.v)
-        x, new_kv = self._layers(x, sin, cos, q_seg, kv_seg, layer_cache)
+        new_kv, stats = [], {}
+        n_dense = cfg.n_layers - cfg.n_moe_layers
+        for name, lo, hi in (("layers", 0, n_dense), ("moe_layers", n_dense, cfg.n_layers)):
+            if hi > lo:
+                kv = None if layer_cache is None else tuple(c[lo:hi] for c in layer_cache)
+                x, kv, stats = self._layers(getattr(self, name), x, sin, cos, q_seg, kv_seg, kv)
+                new_kv.append(kv)
         x = rms_norm(x, self.final_norm[...], cfg.norm_eps)
         if cache is not None:
             S = cache.k.shape[2]
-            cache = KVCache(new_kv[0], new_kv[1], kv_seg[:, -S:], cache.length + T)
-        return x, cache
+            k, v = (jnp.concatenate([kv[j] for kv in new_kv]) for j in range(2))
+            cache = KVCache(k, v, kv_seg[:, -S:], cache.length + T)
+        return (x, cache, stats) if with_moe_stats else (x, cache)
 
-    def _layers(self, x, sin, cos, q_seg, kv_seg, layer_cache):
-        """Applies the L stacked layers: a scan over the Block's parameters (and the cache's layer axis)
-        or, with scan_layers=False, a Python loop over the same per-layer function."""
+    def _layers(self, block, x, sin, cos, q_seg, kv_seg, layer_cache):
+        """Applies one stack of layers (`block`'s parameters, stacked): a scan over them (and the cache's
+        layer axis) or, with scan_layers=False, a Python loop over the same per-layer function.
+        Returns (x, the stack's new (k, v) or None, its MoE statistics stacked over its layers)."""
         cfg = self.config
-        graphdef, stacked = nnx.split(self.layers)
+        graphdef, stacked = nnx.split(block)
+        n_layers = jax.tree.leaves(stacked)[0].shape[0]
 
         def one_layer(x, layer_state, kv):
             x = checkpoint_name(x, "layer_input")          # (B, T, D): what offload_full moves to the host
-            return nnx.merge(graphdef, layer_state)(cfg, x, sin, cos, q_seg, kv_seg, kv)
+            x, kv, stats = nnx.merge(graphdef, layer_state)(cfg, x, sin, cos, q_seg, kv_seg, kv)
+            return x, (kv, stats)
 
         if cfg.remat != "none":
             policy = remat_policy(cfg.remat)
@@ -190,15 +207,15 @@ class Transformer(nnx.Module):
         if cfg.scan_layers:
             def body(x, xs):
                 return one_layer(x, *xs)
-            return jax.lax.scan(body, x, (stacked, layer_cache))
+            x, (kv, stats) = jax.lax.scan(body, x, (stacked, layer_cache))
+            return x, kv, stats
         outs = []
-        for i in range(cfg.n_layers):
+        for i in range(n_layers):
             take = lambda a, i=i: a[i]                                             # noqa: E731
-            x, kv = one_layer(x, jax.tree.map(take, stacked), jax.tree.map(take, layer_cache))
-            outs.append(kv)
-        if layer_cache is None:
-            return x, None
-        return x, tuple(jnp.stack([kv[j] for kv in outs]) for j in range(2))
+            x, out = one_layer(x, jax.tree.map(take, stacked), jax.tree.map(take, layer_cache))
+            outs.append(out)
+        kv, stats = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        return x, kv, stats
 
     def unembed(self):
         """The (D, V) output matrix in cfg.dtype (the embedding transposed when tied), for a loss that
@@ -221,13 +238,15 @@ class Transformer(nnx.Module):
 
 
 class Block(nnx.Module):
-    """The decoder layers' parameters stacked on a leading "layers" axis (shapes and logical names from
-    `configs.param_layout`); `__call__` applies ONE layer (its parameters sliced by the scan, see
-    Transformer._layers)."""
+    """One stack of decoder layers, their parameters stacked on a leading "layers" axis (shapes and
+    logical names from `configs.param_layout` under `stack`: "layers" with the dense MLP, "moe_layers"
+    with a mixture of experts, stages/train/moe.py); `__call__` applies ONE layer (its parameters sliced
+    by the scan, see Transformer._layers)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        layout = {name.removeprefix("layers."): v for name, v in param_layout(cfg).items()
-                  if name.startswith("layers.")}
+    def __init__(self, cfg: ModelConfig, stack: str = "layers", *, rngs: nnx.Rngs):
+        self.moe = stack == "moe_layers"
+        layout = {name.removeprefix(f"{stack}."): v for name, v in param_layout(cfg).items()
+                  if name.startswith(f"{stack}.")}
         pd, std = jnp.dtype(cfg.param_dtype), cfg.init_std
         out_std = std / math.sqrt(2 * cfg.n_layers)   # GPT-2: residual branches sum over 2L additions
         # One creation call per parameter, in this order: the random streams (and the weights) depend on it.
@@ -237,13 +256,26 @@ class Block(nnx.Module):
         self.wv = param(rngs.params(), *layout["wv"], std, pd)
         self.wo = param(rngs.params(), *layout["wo"], out_std, pd)
         self.mlp_norm = param(None, *layout["mlp_norm"], None, pd)
-        self.w_gate = param(rngs.params(), *layout["w_gate"], std, pd)
-        self.w_up = param(rngs.params(), *layout["w_up"], std, pd)
-        self.w_down = param(rngs.params(), *layout["w_down"], out_std, pd)
+        if not self.moe:
+            self.w_gate = param(rngs.params(), *layout["w_gate"], std, pd)
+            self.w_up = param(rngs.params(), *layout["w_up"], std, pd)
+            self.w_down = param(rngs.params(), *layout["w_down"], out_std, pd)
+            return
+        self.router = param(rngs.params(), *layout["router"], std, pd)
+        # The balancing bias starts at 0; the training step moves it (moe.bias_update), not the optimizer.
+        self.router_bias = nnx.Param(jnp.zeros(*layout["router_bias"][:1], jnp.float32),
+                                     out_sharding=layout["router_bias"][1], eager_sharding=False)
+        self.experts_gate = param(rngs.params(), *layout["experts_gate"], std, pd)
+        self.experts_up = param(rngs.params(), *layout["experts_up"], std, pd)
+        self.experts_down = param(rngs.params(), *layout["experts_down"], out_std, pd)
+        if cfg.n_shared_experts:
+            self.shared_gate = param(rngs.params(), *layout["shared_gate"], std, pd)
+            self.shared_up = param(rngs.params(), *layout["shared_up"], std, pd)
+            self.shared_down = param(rngs.params(), *layout["shared_down"], out_std, pd)
 
     def __call__(self, cfg: ModelConfig, x, sin, cos, q_seg, kv_seg, cache_kv=None):
         """x (B, T, D); q_seg (B, T); kv_seg (B, S + T) with a cache, else (B, T); cache_kv: this layer's
-        (k, v), each (B, S, K, H). Returns (x, new (k, v) or None)."""
+        (k, v), each (B, S, K, H). Returns (x, new (k, v) or None, MoE statistics ({} when dense))."""
         dt = jnp.dtype(cfg.dtype)
         w = lambda p: p[...].astype(dt)                                    # noqa: E731
         h = rms_norm(x, self.attn_norm[...], cfg.norm_eps)
@@ -264,12 +296,25 @@ class Block(nnx.Module):
         o = checkpoint_name(jnp.einsum("btnh,nhd->btd", o, w(self.wo)), "out_proj")      # (B, T, D)
         x = x + o
         h = rms_norm(x, self.mlp_norm[...], cfg.norm_eps)
-        gate = checkpoint_name(jnp.einsum("btd,df->btf", h, w(self.w_gate)), "mlp_gate")  # (B, T, F)
-        up = checkpoint_name(jnp.einsum("btd,df->btf", h, w(self.w_up)), "mlp_up")
-        act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-        down = checkpoint_name(jnp.einsum("btf,fd->btd", act, w(self.w_down)), "mlp_out")
+        stats = {}
+        if self.moe:
+            weights = moe.ExpertWeights(self.router[...], self.router_bias[...], self.experts_gate[...],
+                                        self.experts_up[...], self.experts_down[...])
+            down, stats = moe.moe_ffn(cfg, h, weights)                                  # (B, T, D)
+            if cfg.n_shared_experts:
+                down = down + swiglu(h, w(self.shared_gate), w(self.shared_up), w(self.shared_down))
+        else:
+            down = swiglu(h, w(self.w_gate), w(self.w_up), w(self.w_down))
         x = with_logical_constraint(x + down, ("batch", "length", "embed"))
-        return x, new_kv
+        return x, new_kv, stats
+
+
+def swiglu(h, w_gate, w_up, w_down):
+    """h (B, T, D) -> (B, T, D): the dense SwiGLU MLP, its activations named for the remat policies."""
+    gate = checkpoint_name(jnp.einsum("btd,df->btf", h, w_gate), "mlp_gate")             # (B, T, F)
+    up = checkpoint_name(jnp.einsum("btd,df->btf", h, w_up), "mlp_up")
+    act = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return checkpoint_name(jnp.einsum("btf,fd->btd", act, w_down), "mlp_out")
 
 
 def num_params(cfg: ModelConfig) -> int:

@@ -28,7 +28,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 
 from stages.train import pytree
-from stages.train.configs import OptimizerConfig
+from stages.train.configs import LAYER_STACKS, OptimizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 NO_DECAY_KEYS = ("norm", "scale", "bias")
 # Muon orthogonalizes hidden matrices only; these (and every non-matrix) use its AdamW fallback.
 ADAM_KEYS = ("embed",) + NO_DECAY_KEYS
-# The scan axis: a parameter under a key named like this has a leading (L,) axis of stacked layers.
-LAYERS_KEY = "layers"
 # Muon's update RMS is rescaled to 0.2 * sqrt(max(fan_in, fan_out)) (Liu et al. 2025), which matches
 # AdamW's typical update RMS, so one `learning_rate` serves both the muon and the AdamW-fallback params.
 MUON_CONSISTENT_RMS = 0.2
@@ -88,13 +86,16 @@ def muon_dimension_numbers(params):
     (muon) or None (AdamW fallback).
 
     Embeddings (the unembedding too), norms, biases and anything with fewer than two matrix axes use
-    AdamW. Under a "layers" key the leading (L,) scan axis is a batch axis: optax vmaps the Newton-Schulz
-    iteration over it, so each layer's matrix is orthogonalized on its own. Of the remaining axes, an
+    AdamW. Under a "layers" (or "moe_layers") key the leading (L,) scan axis is a batch axis, and so is a
+    MoE layer's experts axis after it: optax vmaps the Newton-Schulz iteration over them, so each layer's
+    (and each expert's) matrix is orthogonalized on its own. Of the remaining axes, an
     output projection (key starting with "wo" or containing "out", e.g. (N, H, D)) reduces over all but
     the last axis; other kernels ((D, F), (D, N, H)) reduce over the first axis and output the rest."""
     def dims(path, x):
         names = _keys(path)
-        batch = 1 if LAYERS_KEY in names else 0
+        # Stacked layers' leading axis, and a MoE layer's experts axis after it, are batch axes.
+        batch = int(any(stack in names for stack in LAYER_STACKS))
+        batch += any(name.startswith("experts_") for name in names)
         k = _ndim(x) - batch
         if k < 2 or any(key in name for name in names for key in ADAM_KEYS):
             return None

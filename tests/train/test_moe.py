@@ -1,0 +1,285 @@
+"""The mixture-of-experts block (stages/train/moe.py): equal experts are the dense MLP, dropless and capacity
+paths agree when nothing is dropped, the grouped matmuls agree, gradients match a float64 reference, the
+balancing loss matches a hand computation, the router bias resumes exactly from a checkpoint, and expert
+parallelism on 8 simulated devices trains as one device does, step for step.
+
+    .venv/bin/python -m pytest tests/train/test_moe.py -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from stages.io import storage
+from stages.train import configs, moe
+from stages.train.checkpoint_arrays import CheckpointArrays
+from stages.train.configs import ModelConfig
+from stages.train.model import Transformer, swiglu
+from stages.train.stop import TrainingStopped
+from tests.conftest import run_on_simulated_devices
+from tests.train.test_loop import CONFIG, _losses, _rows, _train, shard  # noqa: F401 - shard: a fixture
+
+MOE = ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=64, max_seq_len=32,
+                  dtype="float32", attention_impl="xla", n_experts=8, n_experts_per_token=2, moe_mlp_dim=48,
+                  n_dense_layers=1)
+
+
+def _weights(key, cfg: ModelConfig, same: bool = False) -> moe.ExpertWeights:
+    D, E, F = cfg.d_model, cfg.n_experts, cfg.effective_moe_mlp_dim
+    k = jax.random.split(key, 5)
+    gate, up, down = (0.2 * jax.random.normal(k[i], s) for i, s in
+                      ((0, (E, D, F)), (1, (E, D, F)), (2, (E, F, D))))
+    if same:
+        gate, up, down = (jnp.broadcast_to(a[:1], a.shape) for a in (gate, up, down))
+    return moe.ExpertWeights(jax.random.normal(k[3], (D, E)), 0.1 * jax.random.normal(k[4], (E,)), gate, up,
+                             down)
+
+
+def _h(cfg, n=48, seed=1):
+    return jax.random.normal(jax.random.key(seed), (2, n // 2, cfg.d_model))
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_experts_holding_the_same_weights_are_the_dense_mlp(score):
+    cfg = dataclasses.replace(MOE, router_score=score, router_norm_topk=True)
+    w = _weights(jax.random.key(0), cfg, same=True)
+    h = _h(cfg)
+    y, stats = moe.moe_ffn(cfg, h, w)
+    dense = swiglu(h, w.gate[0], w.up[0], w.down[0])
+    np.testing.assert_allclose(y, dense, atol=2e-5, rtol=2e-5)
+    assert float(stats["dropped"]) == 0.0 and float(stats["load"].sum()) == pytest.approx(1.0)
+
+
+def test_a_model_whose_experts_are_one_mlp_is_the_dense_model():
+    """The whole decoder: a MoE model (every layer MoE, top-2 of 4 identical experts, normalized weights)
+    gives the logits of the dense model holding the same attention and MLP weights."""
+    cfg = dataclasses.replace(MOE, n_dense_layers=0, n_experts=4, router_norm_topk=True, moe_mlp_dim=64)
+    net = Transformer(cfg, rngs=nnx.Rngs(0))
+    dense = Transformer(dataclasses.replace(cfg, n_experts=0), rngs=nnx.Rngs(1))
+    m = net.moe_layers
+    for name in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm"):
+        getattr(dense.layers, name)[...] = getattr(m, name)[...]
+    for name, expert in (("w_gate", "experts_gate"), ("w_up", "experts_up"), ("w_down", "experts_down")):
+        getattr(dense.layers, name)[...] = getattr(m, expert)[:, 0]
+        getattr(m, expert)[...] = jnp.repeat(getattr(m, expert)[:, :1], cfg.n_experts, axis=1)
+    for name in ("embed", "final_norm", "unembedding"):
+        getattr(dense, name)[...] = getattr(net, name)[...]
+    tokens = jax.random.randint(jax.random.key(2), (2, 16), 0, cfg.vocab_size)
+    np.testing.assert_allclose(net.logits(net(tokens)[0]), dense.logits(dense(tokens)[0]), atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["tiled", "ragged_dot"])
+def test_dropless_and_capacity_paths_agree_when_nothing_is_dropped(impl):
+    cfg = dataclasses.replace(MOE, moe_impl=impl)
+    w, h = _weights(jax.random.key(0), cfg), _h(cfg)
+    dropless, s1 = moe.moe_ffn(cfg, h, w)
+    roomy = dataclasses.replace(cfg, moe_capacity_factor=cfg.n_experts / cfg.n_experts_per_token)   # C = n
+    with_capacity, s2 = moe.moe_ffn(roomy, h, w)
+    np.testing.assert_allclose(dropless, with_capacity, atol=1e-5)
+    assert float(s2["dropped"]) == 0.0
+    # A tight capacity drops assignments, says how many, and changes the output.
+    tight = dataclasses.replace(cfg, moe_capacity_factor=0.5)
+    dropped_out, s3 = moe.moe_ffn(tight, h, w)
+    assert 0.3 < float(s3["dropped"]) < 0.8
+    assert float(jnp.abs(dropped_out - dropless).max()) > 1e-3
+
+
+def test_the_grouped_matmuls_agree_with_ragged_dot_in_values_and_gradients():
+    rng = np.random.default_rng(0)
+    for M, E in ((64, 4), (1000, 8), (37, 16)):
+        x = jnp.asarray(rng.normal(size=(M, 16)), jnp.float32)
+        w = jnp.asarray(rng.normal(size=(E, 16, 24)), jnp.float32)
+        sizes = jnp.asarray(rng.multinomial(M - 3, [1 / E] * E), jnp.int32)     # 3 rows in no group: 0
+        ref = jax.lax.ragged_dot(x, w, sizes)
+        got = moe.grouped_matmul(x, w, sizes, "tiled")
+        np.testing.assert_allclose(got, ref, atol=1e-4)
+        assert float(jnp.abs(got[-3:]).max()) == 0.0
+
+        def loss(x, w, impl, sizes=sizes):
+            return (moe.grouped_matmul(x, w, sizes, impl) ** 2).sum()
+
+        for a, b in zip(jax.grad(loss, (0, 1))(x, w, "tiled"), jax.grad(loss, (0, 1))(x, w, "ragged_dot")):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+    assert moe.resolve_impl("auto") == "tiled"                     # on this CPU
+    with pytest.raises(ValueError, match=r"moe_impl='gmm' is not one of \('auto', 'ragged_dot'"):
+        moe.resolve_impl("gmm")
+    assert configs.MOE_IMPLS == moe.GROUPED_MATMULS
+
+
+def test_the_balancing_loss_and_load_match_a_hand_computation():
+    logits = jnp.array([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 1.0, 0.5], [1.0, 0.0, 2.0, 0.0]])
+    scores = jax.nn.softmax(logits, -1)
+    experts = jnp.array([[0, 1], [1, 2], [2, 0]])
+    routing = moe.Routing(experts, jnp.take_along_axis(scores, experts, -1), scores, logits)
+    got = moe.balance_terms(routing, 4)
+    # By hand: 6 assignments, expert 0 twice, 1 twice, 2 twice, 3 never.
+    load = np.array([2, 2, 2, 0]) / 6
+    p = np.asarray(scores).mean(0)
+    np.testing.assert_allclose(got["load"], load, rtol=1e-6)
+    assert float(got["aux"]) == pytest.approx(4 * float((load * p).sum()), rel=1e-6)
+    lse = np.log(np.exp(np.asarray(logits)).sum(-1))
+    assert float(got["z"]) == pytest.approx(float((lse ** 2).mean()), rel=1e-6)
+    # Perfect balance gives exactly 1.
+    flat = moe.Routing(jnp.array([[0, 1], [2, 3]]), jnp.ones((2, 2)) / 4, jnp.ones((2, 4)) / 4,
+                       jnp.zeros((2, 4)))
+    assert float(moe.balance_terms(flat, 4)["aux"]) == pytest.approx(1.0)
+    # The bias step: underloaded experts up, overloaded down.
+    np.testing.assert_allclose(moe.bias_update(jnp.zeros(4), jnp.asarray(load), 0.01),
+                               [-0.01, -0.01, -0.01, 0.01])
+
+
+def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups():
+    cfg = dataclasses.replace(MOE, n_experts=8, n_experts_per_token=2, router_groups=4, router_topk_groups=1)
+    w = _weights(jax.random.key(3), cfg)
+    routing = moe.route(cfg, _h(cfg).reshape(-1, cfg.d_model), w.router, w.bias)
+    groups = np.asarray(routing.experts) // 2
+    assert (groups[:, 0] == groups[:, 1]).all()                   # both experts from the one best group
+    free = moe.route(dataclasses.replace(cfg, router_groups=1), _h(cfg).reshape(-1, cfg.d_model), w.router,
+                     w.bias)
+    assert (np.asarray(free.experts) // 2)[:, 0].tolist() != (np.asarray(free.experts) // 2)[:, 1].tolist()
+
+
+X64_SCRIPT = textwrap.dedent("""
+    import dataclasses, json
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    from stages.train import moe
+    from stages.train.configs import ModelConfig
+
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2, dtype="float32",
+                      n_experts=6, n_experts_per_token=2, moe_mlp_dim=24, router_score="sigmoid",
+                      router_norm_topk=True)
+    k = jax.random.split(jax.random.key(0), 6)
+    D, E, F = 16, 6, 24
+    w64 = moe.ExpertWeights(jax.random.normal(k[0], (D, E), jnp.float64),
+                            0.1 * jax.random.normal(k[1], (E,), jnp.float64),
+                            0.3 * jax.random.normal(k[2], (E, D, F), jnp.float64),
+                            0.3 * jax.random.normal(k[3], (E, D, F), jnp.float64),
+                            0.3 * jax.random.normal(k[4], (E, F, D), jnp.float64))
+    h64 = jax.random.normal(k[5], (2, 20, D), jnp.float64)
+
+    def reference(h, w):        # every token through every expert, masked by its top-k weights (float64)
+        x = h.reshape(-1, D)
+        r = moe.route(cfg, x, w.router, w.bias)
+        mask = jnp.zeros((x.shape[0], E)).at[jnp.arange(x.shape[0])[:, None], r.experts].set(r.weights)
+        act = jax.nn.silu(jnp.einsum("nd,edf->nef", x, w.gate)) * jnp.einsum("nd,edf->nef", x, w.up)
+        y = jnp.einsum("nef,efd,ne->nd", act, w.down, mask)
+        return (y ** 2).sum()
+
+    def ours(cfg):
+        def f(h, w):
+            return (moe.moe_ffn(cfg, h, w)[0].astype(jnp.float32) ** 2).sum()
+        return f
+
+    ref = jax.grad(reference, (0, 1))(h64, w64)
+    to32 = lambda t: jax.tree.map(lambda a: a.astype(jnp.float32), t)
+    out = {}
+    for name, c in (("tiled", cfg), ("ragged_dot", dataclasses.replace(cfg, moe_impl="ragged_dot")),
+                    ("capacity", dataclasses.replace(cfg, moe_capacity_factor=3.0))):
+        got = jax.grad(ours(c), (0, 1))(to32(h64), to32(w64))
+        errs = [float(jnp.abs(a.astype(jnp.float64) - b).max() / (jnp.abs(b).max() + 1e-30))
+                for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))]
+        out[name] = errs
+    out["router_grad"] = float(jnp.abs(ref[1].router).max())
+    out["bias_grad"] = float(jnp.abs(ref[1].bias).max())
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_gradients_match_a_float64_reference():
+    r = run_on_simulated_devices(X64_SCRIPT, devices=1, timeout=300)
+    assert r["router_grad"] > 1e-3 and r["bias_grad"] == 0.0       # the router learns; the bias only selects
+    for name in ("tiled", "ragged_dot", "capacity"):
+        assert max(r[name]) < 1e-5, (name, r[name])
+
+
+# ------------------------------------------------------------------------------------ training end to end
+
+MOE_TRAIN = dataclasses.replace(
+    CONFIG, model=dataclasses.replace(MOE, n_experts=4, moe_bias_update_rate=1e-2, moe_aux_loss=1e-2,
+                                      moe_router_z_loss=1e-3, router_score="sigmoid", router_norm_topk=True))
+
+
+@pytest.mark.slow
+def test_a_stopped_moe_run_resumes_the_router_bias_exactly(tmp_path, shard):  # noqa: F811
+    whole = _train(str(tmp_path / "a"), shard, MOE_TRAIN)
+    root = str(tmp_path / "b")
+    with pytest.raises(TrainingStopped, match="stopped at step 6"):
+        _train(root, shard, dataclasses.replace(MOE_TRAIN, stop_after=6))
+    resumed = _train(root, shard, MOE_TRAIN)
+    assert _losses(resumed) == _losses(whole)
+    bias = [CheckpointArrays(storage.join(c.path, "checkpoint")).read("moe_layers.router_bias")
+            for c in (whole, resumed)]
+    np.testing.assert_array_equal(bias[0], bias[1])
+    # Ten steps of -0.01, 0 or +0.01 each (the optimizer never touched it): multiples of the rate, not all 0.
+    assert np.abs(bias[0]).max() > 0 and np.allclose(np.round(bias[0] / 0.01), bias[0] / 0.01, atol=1e-4)
+    rows = _rows(whole)
+    last = rows[-1]
+    assert len(last["moe/load"]) == 4 and sum(last["moe/load"]) == pytest.approx(1.0, abs=1e-4)
+    assert 1.0 <= last["moe/max_load"] <= 4.0 and last["moe/dropped"] == 0.0
+    assert last["moe/aux_loss"] > 0.5 and last["moe/router_z_loss"] > 0
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5                  # it learns
+
+
+EP_SCRIPT = textwrap.dedent("""
+    import dataclasses, json
+    import jax, jax.numpy as jnp, numpy as np
+    from stages.train import loop, sharding
+    from stages.train.configs import MeshConfig, ModelConfig, OptimizerConfig
+
+    mcfg = ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=64,
+                       max_seq_len=32, dtype="float32", attention_impl="xla", n_experts=8,
+                       n_experts_per_token=2, moe_mlp_dim=48, n_dense_layers=1, n_shared_experts=1,
+                       router_score="sigmoid", router_norm_topk=True, moe_aux_loss=1e-2,
+                       moe_router_z_loss=1e-3, moe_bias_update_rate=1e-2, remat="full")
+    ocfg = OptimizerConfig(learning_rate=1e-2, warmup_steps=2, total_steps=4)
+    options = {"eos_id": 1, "loss_chunk": 64, "z_loss": 0.0, "grad_accum_steps": 1, "skip_nonfinite": False,
+               "bias_rate": mcfg.moe_bias_update_rate}
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(2, 64, size=(8, 33)).astype(np.int32) for _ in range(4)]
+
+    def run(mesh_cfg, devices):
+        mesh = sharding.make_mesh(mesh_cfg, devices=devices)
+        graphdef, tx, init = loop.init_program(mcfg, ocfg, 0, mesh)
+        params, opt = init()
+        step, _ = loop.jit_steps(graphdef, tx, options, sharding.shardings_of(params),
+                                 sharding.shardings_of(opt), mesh)
+        losses, loads = [], []
+        with jax.set_mesh(mesh):
+            for b in batches:
+                params, opt, out = step(params, opt, sharding.global_batch(b, mesh))
+                losses.append(float(out["loss"]))
+                loads.append(np.asarray(out["moe/load"]).tolist())
+        spec = params["moe_layers"]["experts_gate"][...].sharding.spec
+        return losses, loads, jax.device_get(params), [str(a) for a in spec]
+
+    one = run(MeshConfig(), jax.devices()[:1])
+    out = {"one": one[0], "spec": None}
+    for name, m in (("expert4_fsdp2", MeshConfig(expert=4, fsdp=2)),
+                    ("expert2_fsdp2_tensor2", MeshConfig(expert=2, fsdp=2, tensor=2))):
+        got = run(m, jax.devices())
+        diffs = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), got[2], one[2])
+        out[name] = {"losses": got[0], "max_param_diff": max(jax.tree.leaves(diffs)), "spec": got[3],
+                     "load_diff": float(np.abs(np.asarray(got[1]) - np.asarray(one[1])).max())}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_expert_parallel_training_on_8_devices_equals_one_device_step_for_step():
+    r = run_on_simulated_devices(EP_SCRIPT, devices=8, timeout=600)
+    for name in ("expert4_fsdp2", "expert2_fsdp2_tensor2"):
+        got = r[name]
+        np.testing.assert_allclose(got["losses"], r["one"], rtol=2e-5)
+        assert got["max_param_diff"] < 2e-5 and got["load_diff"] < 1e-6, (name, got)
+    assert r["expert4_fsdp2"]["spec"][:3] == ["None", "expert", "fsdp"]      # (L, E, D, F): experts split
+    assert r["one"][-1] < r["one"][0]
