@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from pipeline import config
-from stages.train import aot, attention, sharding
+from stages.train import aot, attention, moe, sharding
 from stages.train.configs import MeshConfig
 from tests.conftest import REPO
 
@@ -59,3 +59,25 @@ def test_a_topology_compiles_for_one_device_per_chip(topology, chips):
     devices = aot._topology_devices(topology)
     assert len(devices) == chips and {d.core_on_chip for d in devices} == {0}
     assert len({tuple(d.coords) for d in devices}) == chips
+
+
+MOE = ("train.ModelConfig.n_experts=8", "train.ModelConfig.n_experts_per_token=2",
+       "train.ModelConfig.n_dense_layers=1", "train.ModelConfig.moe_mlp_dim=256",
+       'train.ModelConfig.dtype="bfloat16"', 'train.ModelConfig.remat="full"')
+
+
+@pytest.mark.parametrize("mesh", ["train.MeshConfig.expert=2 train.MeshConfig.fsdp=2",
+                                  "train.MeshConfig.fsdp=4"])
+def test_the_moe_train_step_compiles_for_a_tpu_topology(mesh):
+    """The mixture-of-experts train step compiled by the TPU compiler: with an expert axis (all-to-all of
+    the capacity buffers inside shard_map) and without (dropless, the Pallas megablox grouped matmul)."""
+    cfg = _tiny(*MOE, *mesh.split())
+    figures = aot.compile_train_step(cfg)
+    assert figures["argument"] > 0 and figures["temp"] > 0, figures
+    devices = aot._topology_devices(TOPOLOGY)
+    with jax.set_mesh(sharding.make_mesh(cfg.mesh, devices=devices)):
+        assert moe.resolve_impl("auto") == "megablox"
+        x = jax.ShapeDtypeStruct((256, 64), jnp.bfloat16)
+        w = jax.ShapeDtypeStruct((8, 64, 128), jnp.bfloat16)
+        sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+        assert "pallas_call" in str(jax.make_jaxpr(moe.grouped_matmul)(x, w, sizes))
