@@ -209,10 +209,18 @@ def test_every_run_file_has_a_tiny_twin_that_runs_the_whole_dag(size, twins_cach
     assert (twin.remat, twin.tie_embeddings, twin.rope_scaling) == (real.remat, real.tie_embeddings,
                                                                    real.rope_scaling)
     assert (twin.n_kv_heads < twin.n_heads) == (real.n_kv_heads < real.n_heads)
+    assert (bool(twin.n_experts), bool(twin.n_shared_experts), bool(twin.n_dense_layers), twin.router_score) \
+        == (bool(real.n_experts), bool(real.n_shared_experts), bool(real.n_dense_layers), real.router_score)
     done = cache.load(plan.cache_root, "evaluate", plan.stages["evaluate"].key)
     assert storage.read_json(done.file("eval.json"))["loss"] > 0
-    # Every twin exports, and so could the real run (no setting transformers' Llama lacks).
     exported = cache.load(plan.cache_root, "export", plan.stages["export"].key)
+    if real.n_experts:       # trained, every expert used; transformers' Llama cannot hold experts
+        trained = cache.load(plan.cache_root, "train", plan.stages["train"].key)
+        rows = [json.loads(line) for line in storage.read_text(trained.file("metrics.jsonl")).splitlines()]
+        assert rows[-1]["loss"] < rows[0]["loss"] and min(rows[-1]["moe/load"]) > 0, rows[-1]
+        assert "n_experts" in storage.read_text(exported.file("NOT_EXPORTED.md")) and hf.problem(real)
+        return
+    # Every dense twin exports, and so could the real run (no setting transformers' Llama lacks).
     hf_config = storage.read_json(exported.file("config.json"))
     assert (hf_config["num_hidden_layers"], hf_config["tie_word_embeddings"]) == (twin.n_layers,
                                                                                  twin.tie_embeddings)

@@ -36,7 +36,34 @@ def plots(rows: list[dict], out_dir: str) -> list[str]:
             ax.legend()
         storage.write_bytes(storage.join(out_dir, name), figures.png(fig))
         written.append(name)
-    return written + yardstick_plot(rows, out_dir)
+    return written + yardstick_plot(rows, out_dir) + moe_plot(rows, out_dir)
+
+
+MOE_CURVES = ("moe/max_load", "moe/aux_loss", "moe/dropped")     # stages/train/loop.py: moe_row
+
+
+def moe_plot(rows: list[dict], out_dir: str) -> list[str]:
+    """moe.png for a mixture of experts: balance over training on the left (the most loaded expert's share
+    x E, 1 = perfectly balanced; the balancing loss; the share of assignments dropped), each expert's share
+    of the assignments at the last logged step on the right; [] for a dense model."""
+    loads = [r for r in rows if "moe/load" in r]
+    if not loads:
+        return []
+    fig, (left, right) = figures.figure(width=10, ncols=2)
+    for name in MOE_CURVES:
+        pts = [(r["step"], r[name]) for r in loads if name in r and _finite(r[name])]
+        left.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, markersize=3,
+                  label=name.removeprefix("moe/").replace("_", " "))
+    left.set(title="Expert balance", xlabel="step", ylabel="1 = balanced (max load x E, aux loss)")
+    last = loads[-1]["moe/load"]
+    right.bar(range(len(last)), last)
+    right.axhline(1 / len(last), color="black", linewidth=0.8, linestyle="--", label="equal share")
+    right.set(title=f"Load per expert at step {loads[-1]['step']}", xlabel="expert", ylabel="share of tokens")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    storage.write_bytes(storage.join(out_dir, "moe.png"), figures.png(fig))
+    return ["moe.png"]
 
 
 def yardstick_plot(rows: list[dict], out_dir: str) -> list[str]:

@@ -20,8 +20,10 @@ Writes into `out_dir`:
     README.md                   the model card: every stage's key and one-line figures, the evaluation,
                                 the gin config that made it (card.py)
 
-A setting the model has and transformers' Llama lacks fails the stage with one line naming it
-(`hf.problem`), before anything is written; so does a tokenizer setting the fast tokenizer cannot express.
+A model transformers' Llama cannot express (a mixture of experts; `hf.problem` names the setting) is not
+converted: the stage writes the model card and NOT_EXPORTED.md saying why, and its summary line says so, so
+the DAG of an MoE run still ends (its weights stay in train's Orbax checkpoint). A tokenizer setting the
+fast tokenizer cannot express fails the stage with one line naming it, before anything is written.
 No JAX: the checkpoint is read with TensorStore (stages/train/checkpoint_arrays.py), so exporting the tiny
 model takes 0.2 s.
 """
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("", "float32", "bfloat16", "float16")
 GIGABYTE = 1_000_000_000
+NOT_EXPORTED = "NOT_EXPORTED.md"          # written instead of the weights when transformers cannot load them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,14 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     train, tok = inputs["train"], inputs["tokenizer"]
     summary = storage.read_json(train.file("summary.json"))
     mcfg = ModelConfig.from_json(summary["model"])
+    title = config.name or f"refinery-{train.key[:12]}"
     if why := hf.problem(mcfg):
-        raise ValueError(f"export: {why}")
+        log.warning("export: not exported: %s", why)
+        where = storage.join(train.path, "checkpoint")
+        storage.write_text(storage.join(out_dir, NOT_EXPORTED), f"# Not exported\n\n{why}.\n\nThe weights "
+                           f"are in the training stage's Orbax checkpoint: {where}\n")
+        storage.write_text(storage.join(out_dir, "README.md"), card.model_card(title, inputs, mcfg))
+        return
     sp_bytes = storage.read_bytes(tok.file("tokenizer.model"))
     sp = tokenizer_json.read_model(sp_bytes)
     if why := tokenizer_json.problem(sp):
@@ -126,7 +135,6 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mcfg.max_seq_len,
         "add_bos_token": bool(shard.get("add_bos")), "add_eos_token": False, "padding_side": "left",
         "clean_up_tokenization_spaces": False})
-    title = config.name or f"refinery-{train.key[:12]}"
     storage.write_text(storage.join(out_dir, "README.md"), card.model_card(title, inputs, mcfg))
     log.info("export: done in %.1f s", time.monotonic() - start)
 
@@ -147,6 +155,9 @@ def check_shapes(arrays, mcfg) -> None:
 
 def summary(out) -> str:
     """One line for the run summary, from a committed export (a `stages.io.committed.Committed`)."""
+    if NOT_EXPORTED in out.files:
+        why = storage.read_text(out.file(NOT_EXPORTED)).split("\n\n")[1].rstrip(".")
+        return f"not exported ({why}); model card {out.file('README.md')}"
     c = storage.read_json(out.file("config.json"))
     weights = sum(size for name, size in out.files.items() if name.endswith(".safetensors"))
     n_files = sum(name.endswith(".safetensors") for name in out.files)

@@ -283,3 +283,13 @@ def test_expert_parallel_training_on_8_devices_equals_one_device_step_for_step()
         assert got["max_param_diff"] < 2e-5 and got["load_diff"] < 1e-6, (name, got)
     assert r["expert4_fsdp2"]["spec"][:3] == ["None", "expert", "fsdp"]      # (L, E, D, F): experts split
     assert r["one"][-1] < r["one"][0]
+
+
+def test_the_report_plots_expert_balance_for_a_mixture_of_experts_only(tmp_path):
+    from stages.evaluate import report
+
+    rows = [{"step": s, "loss": 3.0 - s / 10, "moe/max_load": 2.0 - s / 10, "moe/aux_loss": 1.2,
+             "moe/dropped": 0.0, "moe/load": [0.4, 0.3, 0.2, 0.1]} for s in (1, 5, 10)]
+    assert report.moe_plot(rows, str(tmp_path)) == ["moe.png"]
+    assert (tmp_path / "moe.png").read_bytes()[:4] == b"\x89PNG"
+    assert report.moe_plot([{"step": 1, "loss": 3.0}], str(tmp_path / "dense")) == []
