@@ -45,6 +45,7 @@ LAYER_STACKS = ("layers", "moe_layers")        # the stacked (scanned) parameter
 LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
     "batch": BATCH_AXES,
     "length": None,
+    "sequence": "tensor",    # the residual stream's length under sequence parallelism (ModelConfig)
     "embed": "fsdp",
     "vocab": "tensor",
     "heads": "tensor",
@@ -84,6 +85,10 @@ class ModelConfig:
     remat: str = "none"                  # one of REMAT_NAMES
     scan_layers: bool = True             # False: a Python loop over the layers (debugging)
     init_std: float = 0.02
+    # Sequence parallelism (Megatron-SP, as MaxText): the residual stream, the norms and each layer's saved
+    # input are split over the tensor axis along the sequence instead of held whole on every tensor-parallel
+    # device; XLA gathers the sequence before the attention and MLP matmuls and reduce-scatters after them.
+    sequence_parallel: bool = False
     # Mixture of experts (stages/train/moe.py): every layer after the first n_dense_layers has a routed MoE
     # feed-forward block instead of the dense MLP. n_experts = 0: a dense model.
     n_experts: int = 0                   # routed experts per MoE layer

@@ -154,7 +154,7 @@ class Transformer(nnx.Module):
         cfg = self.config
         B, T = tokens.shape
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)          # (B, T, D)
-        x = with_logical_constraint(x, ("batch", "length", "embed"))
+        x = with_logical_constraint(x, residual_names(cfg))
         q_seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
         if positions is None:
             if cache is not None:
@@ -294,7 +294,7 @@ class Block(nnx.Module):
                       block_q=cfg.attention_block_q, block_k=cfg.attention_block_k)             # (B, T, N, H)
         o = checkpoint_name(o, "attention")
         o = checkpoint_name(jnp.einsum("btnh,nhd->btd", o, w(self.wo)), "out_proj")      # (B, T, D)
-        x = x + o
+        x = with_logical_constraint(x + o, residual_names(cfg))
         h = rms_norm(x, self.mlp_norm[...], cfg.norm_eps)
         stats = {}
         if self.moe:
@@ -305,8 +305,14 @@ class Block(nnx.Module):
                 down = down + swiglu(h, w(self.shared_gate), w(self.shared_up), w(self.shared_down))
         else:
             down = swiglu(h, w(self.w_gate), w(self.w_up), w(self.w_down))
-        x = with_logical_constraint(x + down, ("batch", "length", "embed"))
+        x = with_logical_constraint(x + down, residual_names(cfg))
         return x, new_kv, stats
+
+
+def residual_names(cfg: ModelConfig) -> tuple[str, str, str]:
+    """The residual stream's logical axes: its length split over the tensor axis under sequence
+    parallelism (ModelConfig.sequence_parallel), else whole on every tensor-parallel device."""
+    return ("batch", "sequence" if cfg.sequence_parallel else "length", "embed")
 
 
 def swiglu(h, w_gate, w_up, w_down):

@@ -81,3 +81,14 @@ def test_the_moe_train_step_compiles_for_a_tpu_topology(mesh):
         w = jax.ShapeDtypeStruct((8, 64, 128), jnp.bfloat16)
         sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
         assert "pallas_call" in str(jax.make_jaxpr(moe.grouped_matmul)(x, w, sizes))
+
+
+def test_sequence_parallelism_splits_the_saved_layer_inputs_over_the_tensor_axis():
+    """Full remat keeps each layer's input: identical on the tensor-parallel chips without sequence
+    parallelism, split over them with it. XLA's compiled scratch for the TPU shrinks accordingly."""
+    base = ('train.ModelConfig.dtype="bfloat16"', 'train.ModelConfig.remat="full"',
+            "train.Config.seq_len=256", "train.Config.global_batch=4", "train.ModelConfig.n_layers=8",
+            "train.MeshConfig.tensor=4")
+    whole = aot.compile_train_step(_tiny(*base))
+    split = aot.compile_train_step(_tiny(*base, "train.ModelConfig.sequence_parallel=True"))
+    assert split["temp"] < whole["temp"], (split, whole)

@@ -247,7 +247,7 @@ EP_SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     batches = [rng.integers(2, 64, size=(8, 33)).astype(np.int32) for _ in range(4)]
 
-    def run(mesh_cfg, devices):
+    def run(mesh_cfg, devices, mcfg=mcfg):
         mesh = sharding.make_mesh(mesh_cfg, devices=devices)
         graphdef, tx, init = loop.init_program(mcfg, ocfg, 0, mesh)
         params, opt = init()
@@ -264,9 +264,11 @@ EP_SCRIPT = textwrap.dedent("""
 
     one = run(MeshConfig(), jax.devices()[:1])
     out = {"one": one[0], "spec": None}
-    for name, m in (("expert4_fsdp2", MeshConfig(expert=4, fsdp=2)),
-                    ("expert2_fsdp2_tensor2", MeshConfig(expert=2, fsdp=2, tensor=2))):
-        got = run(m, jax.devices())
+    sp = dataclasses.replace(mcfg, sequence_parallel=True)
+    for name, m, c in (("expert4_fsdp2", MeshConfig(expert=4, fsdp=2), mcfg),
+                       ("expert2_fsdp2_tensor2", MeshConfig(expert=2, fsdp=2, tensor=2), mcfg),
+                       ("expert2_fsdp2_tensor2_sp", MeshConfig(expert=2, fsdp=2, tensor=2), sp)):
+        got = run(m, jax.devices(), c)
         diffs = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), got[2], one[2])
         out[name] = {"losses": got[0], "max_param_diff": max(jax.tree.leaves(diffs)), "spec": got[3],
                      "load_diff": float(np.abs(np.asarray(got[1]) - np.asarray(one[1])).max())}
@@ -276,8 +278,9 @@ EP_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_expert_parallel_training_on_8_devices_equals_one_device_step_for_step():
+    """And with the tensor axis and sequence parallelism (the residual stream split over tensor)."""
     r = run_on_simulated_devices(EP_SCRIPT, devices=8, timeout=600)
-    for name in ("expert4_fsdp2", "expert2_fsdp2_tensor2"):
+    for name in ("expert4_fsdp2", "expert2_fsdp2_tensor2", "expert2_fsdp2_tensor2_sp"):
         got = r[name]
         np.testing.assert_allclose(got["losses"], r["one"], rtol=2e-5)
         assert got["max_param_diff"] < 2e-5 and got["load_diff"] < 1e-6, (name, got)

@@ -29,7 +29,7 @@ FULL = train.Config(
                       n_dense_layers=1,
                       router_score="sigmoid", router_norm_topk=True, router_groups=2, router_topk_groups=2,
                       moe_capacity_factor=1.5, moe_impl="tiled", moe_aux_loss=0.01, moe_router_z_loss=1e-3,
-                      moe_bias_update_rate=1e-3),
+                      moe_bias_update_rate=1e-3, sequence_parallel=True),
     optimizer=OptimizerConfig(name="lion", learning_rate=1e-4, schedule="wsd", warmup_steps=10,
                               total_steps=300, min_lr_ratio=0.05, wsd_decay_fraction=0.3, b1=0.8, b2=0.99,
                               eps=1e-6, weight_decay=0.2, clip_norm=0.5, grad_accum_steps=2),
