@@ -17,11 +17,16 @@ from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, param_
 from tests.conftest import REPO
 
 FLAGSHIP = f"{REPO}/gin/600b.gin"
+DENSE = f"{REPO}/gin/600b_dense.gin"          # the dense 599B on the same slice, measured against XLA
 FITS = "verdict: fits on 1,024 x TPU v5p (95.0 GiB each), topology v5p:8x8x16"
 
 
 def _flagship(*overrides: str):
     return config.load([FLAGSHIP], list(overrides)).stages["train"].config
+
+
+def _dense(*overrides: str):
+    return config.load([DENSE], list(overrides)).stages["train"].config
 
 
 def test_one_device_holds_every_parameter_gradient_and_both_adam_moments():
@@ -51,7 +56,7 @@ def test_sharding_divides_the_state_the_way_training_places_it():
 
 
 def test_heavier_remat_keeps_less():
-    cfg = _flagship()
+    cfg = _dense()
     kept = {r: planner.activation_bytes(dataclasses.replace(cfg.model, remat=r), 1, 8192, 8, lanes=128,
                                         splash=True)
             for r in planner.REMAT_NAMES}
@@ -67,19 +72,20 @@ def test_heavier_remat_keeps_less():
         assert full_input < device < kept[r.removeprefix("offload_")][0] and host > 0
 
 
-def test_the_flagship_fits_its_slice_and_an_undersized_layout_is_told_what_would():
-    p = planner.plan(_flagship())
+def test_the_dense_600b_fits_its_slice_and_an_undersized_layout_is_told_what_would():
+    p = planner.plan(_dense())
     assert p.fits and p.chips == 1024 and p.device.name == "tpu-v5p"
     assert p.render().splitlines()[-1] == "  " + FITS
-    small = planner.plan(_flagship("train.MeshConfig.fsdp=16"))
+    small = planner.plan(_dense("train.MeshConfig.fsdp=16"))
     assert not small.fits
     assert "does NOT fit" in small.render() and "It would fit with train.MeshConfig.fsdp=64" in small.advice
-    unsplit = planner.plan(_flagship("train.MeshConfig.fsdp=16", "train.MeshConfig.tensor=1"))
+    unsplit = planner.plan(_dense("train.MeshConfig.fsdp=16", "train.MeshConfig.tensor=1"))
     assert "does not split over data x fsdp = 1024 devices" in unsplit.problem
     assert "train.MeshConfig.tensor=8" in unsplit.advice
 
 
-# The issue's layout: the flagship on four v5p-8192 slices, whose compile XLA refused (issue 15).
+# The issue's layout: the dense 600B (then the flagship) on four v5p-8192 slices, whose compile XLA refused
+# (issue 15).
 FOUR_SLICES = ('train.HardwareConfig.topology="v5p:16x16x16"', "train.HardwareConfig.num_slices=4",
                "train.MeshConfig.dcn_data=4", "train.MeshConfig.fsdp=512", "train.MeshConfig.tensor=8",
                "train.Config.global_batch=8192")
@@ -91,7 +97,7 @@ LIBTPU_OOM = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory re
 def test_xla_running_out_of_memory_is_a_does_not_fit_verdict_quoting_its_figure():
     from stages.train import aot
 
-    p = planner.plan(_flagship(*FOUR_SLICES))
+    p = planner.plan(_dense(*FOUR_SLICES))
     oom = aot._out_of_memory(LIBTPU_OOM)
     assert oom.figures["total"] == round(362.47 * 2**30) and oom.figures["hbm"] == round(95.74 * 2**30)
     lines = p.render(xla=oom.figures, xla_note=oom.said).splitlines()
@@ -134,19 +140,19 @@ def test_make_plan_never_says_fits_when_the_tpu_compile_runs_out_of_memory():
 
 def test_a_batch_that_cannot_split_over_the_chips_is_never_told_to_use_more_chips():
     """More chips means more batch shards: the advice names a change that leaves every shard a sequence."""
-    p = planner.plan(_flagship(*FOUR_SLICES[:-1]))          # 128 sequences a micro-batch, 2,048 shards
+    p = planner.plan(_dense(*FOUR_SLICES[:-1]))             # 128 sequences a micro-batch, 2,048 shards
     assert "does not split over data x fsdp = 2048 devices" in p.problem
     assert "more chips" not in p.advice
     assert p.advice.endswith("over these 16,384 chips and fits: use fewer chips (at most 128 data x fsdp "
                              "shards, each a whole sequence) or a smaller model."), p.advice
     # 256 shards for 128 sequences: two micro-batches a step instead of four split, before any mesh layout.
-    half = planner.plan(_flagship("train.MeshConfig.tensor=4"))
+    half = planner.plan(_dense("train.MeshConfig.tensor=4"))
     assert half.problem
     assert half.advice.startswith("It would fit with train.OptimizerConfig.grad_accum_steps=2 ")
 
 
 def test_a_layout_that_cannot_run_is_not_compiled_and_the_verdict_stays_last():
-    lines = train.plan(_flagship("train.MeshConfig.fsdp=16", "train.MeshConfig.tensor=1")).splitlines()
+    lines = train.plan(_dense("train.MeshConfig.fsdp=16", "train.MeshConfig.tensor=1")).splitlines()
     assert lines[-2] == "  XLA: not compiled: this layout cannot run (the verdict says why)", lines
     assert lines[-1].startswith("  verdict: does NOT fit: a micro-batch of 128 sequences"), lines
 
@@ -155,7 +161,7 @@ def test_the_loss_and_the_layers_backward_pass_are_phases_that_never_overlap():
     """The loss (forward and backward, one chunk of logits at a time) runs before the layers' backward pass:
     the device total holds the larger of the two, not their sum (1B, full remat: the sum was 19% above
     XLA's figure, benchmarks/RESULTS.md)."""
-    d = planner.plan(_flagship()).per_device
+    d = planner.plan(_dense()).per_device
     held = sum(d[k] for k in planner.ALWAYS)
     backward = d["grads"] + d["gathered"] + d["recompute"]
     assert d["total"] == held + max(backward, d["loss"]) < held + backward + d["loss"]
@@ -191,8 +197,8 @@ def test_the_plan_is_within_ten_percent_of_xla_cpu_on_8_simulated_devices(case):
 
 
 def test_offloaded_activations_count_in_host_memory_not_in_hbm():
-    full = planner.plan(_flagship())
-    offload = planner.plan(_flagship('train.ModelConfig.remat="offload_full"'))
+    full = planner.plan(_dense())
+    offload = planner.plan(_dense('train.ModelConfig.remat="offload_full"'))
     layer_inputs = 120 * 8192 * 20480 * 2                                   # L x T x D in bfloat16
     assert full.host == 0 and full.per_device["activations"] == layer_inputs
     assert offload.host == layer_inputs and offload.fits
@@ -240,7 +246,7 @@ def test_offloading_more_than_the_host_holds_does_not_fit():
 
 
 def test_training_refuses_a_config_that_cannot_fit_unless_told_to_try():
-    cfg = _flagship("train.MeshConfig.fsdp=16")
+    cfg = _dense("train.MeshConfig.fsdp=16")
     with pytest.raises(ValueError, match="Refusing to train a config that does not fit"):
         train.check_fits(cfg)
     train.check_fits(dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, allow_unfit=True)))
@@ -319,5 +325,5 @@ def test_every_run_file_fits_its_hardware(run_file):
 
 def test_every_run_file_has_a_twin():
     runs = {f for f in RUN_FILES if "/" not in f and f != "tiny.gin"}
-    assert runs == {"124m.gin", "1b.gin", "9b.gin", "600b.gin"}
+    assert runs == {"124m.gin", "1b.gin", "9b.gin", "600b.gin", "600b_dense.gin"}
     assert {f"twins/{f}" for f in runs} <= set(RUN_FILES)
