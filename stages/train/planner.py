@@ -13,7 +13,8 @@ Per device, in bytes, under the configured mesh (`train.MeshConfig`) on the conf
     optimizer    AdamW and muon's fallback 2 moments, lion and muon 1, adafactor factored row/column
                  statistics
     activations  what one micro-batch keeps in device memory for the backward pass under the remat policy
-                 (`activation_bytes`; an offload_* policy keeps it in host memory instead: `Plan.host`)
+                 (`activation_bytes`; an offload_* policy keeps it in host memory instead: `Plan.host`), an
+                 MoE layer's routing and dispatch buffers with it (`moe_buffers`, `MOE_KEPT`)
     weights      the compute-dtype copy of this device's shard of the matmul weights (XLA casts the stacked
                  layers once, before the scan, and gathers the cast copy layer by layer)
     accumulated  with gradient accumulation, the running sum of the micro-batches' gradients
@@ -23,7 +24,9 @@ layers' backward pass begins):
 
     backward     grads (every parameter's gradient, in the parameters' layout and dtype), gathered (with
                  FSDP, one layer's parameters gathered whole and their gradient before it is reduce-
-                 scattered) and recompute (the layer being recomputed: its activations and their gradients)
+                 scattered) and recompute (the layer being recomputed: its activations and their gradients;
+                 an MoE layer's with its dispatch buffers, the (E, C, D) capacity buffers sent to the experts,
+                 their (E, C, F) hidden activations and the outputs returned)
     loss         one chunk of logits and what the chunked cross entropy holds with it (`loss_bytes`),
                  and with a data axis across slices what XLA gathers for it: the whole micro-batch's
                  hidden states and a receive buffer for the logits' cross-slice sum
@@ -34,6 +37,11 @@ from its compiled step: through the loss, the layers' zero-filled gradient stack
 copies of the output matrix (`xla_cpu_bytes`); and a third phase, the optimizer update, where every
 parameter's update is computed before any is applied (grads + updates, one more copy of the parameters,
 held with the state but not the activations, which the backward pass has freed).
+
+A mixture of experts (`ModelConfig.n_experts`) is planned from the same table (`configs.param_layout`: its
+"moe_layers" stack, the experts split over the mesh's expert axis), its time from the active parameters
+(`configs.active_params`), and its plan adds the bytes the expert axis's all-to-all moves a step
+(`all_to_all_bytes`).
 
 The figures are estimates from first principles, so they can be read without a compiler; `--compile`
 (stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them, and where it
@@ -54,8 +62,10 @@ from stages.train import devices
 from stages.train.configs import (
     AXES,
     BATCH_AXES,
+    LAYER_STACKS,
     REMAT_NAMES,
     ModelConfig,
+    active_params,
     batch_axes_named,
     flops_per_token,
     mesh_axes,
@@ -85,6 +95,18 @@ KEPT = {
     "full": {"input"},
 }
 assert set(KEPT) == set(REMAT_ORDER)
+# What each policy keeps of an MoE layer's routing and dispatch (rows of `moe_buffers`; the attention's and
+# the shared experts' activations are `KEPT`'s). Only the router's matmul has no batch dimension (the
+# experts' einsums batch over the experts), and no policy names the dispatch buffers; save_dots keeps the
+# experts' einsums of the capacity path, not a dropless grouped matmul (no dot_general: `_MOE_DOTS`).
+MOE_KEPT = {
+    "none": {"logits", "scores", "sent", "received", "gate", "up", "act", "down", "returned", "combined"},
+    "save_dots": {"logits", "gate", "up", "down"},
+    "dots_no_batch": {"logits"},
+    "minimal": set(), "save_qkv_proj": set(), "full": set(),
+}
+assert set(MOE_KEPT) == set(REMAT_ORDER)
+_MOE_DOTS = {"gate", "up", "down"}      # the experts' einsums: save_dots keeps them on the capacity path only
 ALWAYS = ("params", "optimizer", "activations", "weights", "accumulated")    # held through the whole step
 
 
@@ -147,11 +169,17 @@ class Plan:
         slices = f" x {hw.num_slices} slices" if hw.num_slices > 1 else ""
         if hw.topology:
             where += f", topology {hw.topology}{slices}"
+        moe = m.n_experts > 0
+        active = (f"; active {_count(active_params(m))} of {_count(total_params)} a token (top-"
+                  f"{m.n_experts_per_token} of {m.n_experts} routed experts"
+                  + (f" + {m.n_shared_experts} shared" if m.n_shared_experts else "")
+                  + f" in {m.n_moe_layers} of {m.n_layers} layers)") if moe else ""
         rows = [
             f"train plan: {total_params / 1e9:,.3g}B parameters on {where}",
-            "  parameters: " + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in self.params.items() if v),
-            f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP (6N + causal attention at "
-            f"T={cfg.seq_len})",
+            "  parameters: " + ", ".join(f"{k} {v / 1e6:,.1f}M" for k, v in self.params.items() if v)
+            + active,
+            f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP "
+            f"({'6 x active N' if moe else '6N'} + causal attention at T={cfg.seq_len})",
             f"  mesh: {_mesh_row(self.mesh)}"
             f"{_slices(cfg.mesh, self.chips)}; "
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
@@ -168,8 +196,10 @@ class Plan:
         elif m.remat.startswith(OFFLOAD):
             rows.append(f"  host memory: {self.device.label} has none to offload to; remat {m.remat} runs "
                         f"as {m.remat.removeprefix(OFFLOAD)} (training logs the same)")
-        rows.append(f"  time: {self.step_s:,.3g} s/step, {_tokens(self.tokens_per_s)}/s, "
-                    f"{self.days:,.3g} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU")
+        if moved := self.all_to_all_row():
+            rows.append(moved)
+        rows.append(f"  time: {_num(self.step_s)} s/step, {_tokens(self.tokens_per_s)}/s, "
+                    f"{_num(self.days)} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU")
         oom = xla is not None and "hbm" in xla          # the compile ran out of memory (aot.OutOfMemory)
         needs = "at least " if oom else ""
         if oom:
@@ -201,6 +231,24 @@ class Plan:
     @property
     def tokens_per_s(self) -> float:
         return self.config.global_batch * self.config.seq_len / self.step_s
+
+    def all_to_all_row(self) -> str:
+        """What an MoE model's expert axis moves per step (`all_to_all_bytes`), and the least time that takes
+        at the chips' ICI bandwidth (a device keeps 1 / expert of each buffer and sends and receives the
+        rest); "" without an expert axis."""
+        buffer, count = all_to_all_bytes(self.config, self.mesh, self.micro_batch)
+        if not count:
+            return ""
+        m, ep = self.config.model, self.mesh["expert"]
+        rows = moe_rows(m, self.micro_batch * self.config.seq_len, ep) // m.n_experts
+        seconds = count * 2 * buffer * (ep - 1) / ep / self.device.ici_bytes_per_s
+        passes = "forward, backward" + ("" if m.remat == "none" else " and the remat's recompute")
+        accum = self.config.optimizer.grad_accum_steps
+        return (f"  all-to-all over expert {ep}: {_gib(count * buffer)} per device per step, {count:,} of "
+                f"the (E, C, D) = ({m.n_experts}, {rows:,}, {m.d_model:,}) capacity buffer ({_gib(buffer)}): "
+                f"{m.n_moe_layers} MoE layers x {accum} micro-batch{'es' if accum > 1 else ''} x to the "
+                f"experts and back x {passes}; at least {_num(seconds)} s of the {_num(self.step_s)} s "
+                f"step at {self.device.label}'s {self.device.ici_bytes_per_s / 1e9:,.0f} GB/s ICI")
 
 
 # What to try when XLA's figure, not the estimate, is over: the changes that shrink what XLA holds most.
@@ -243,13 +291,14 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
     lanes, splash = (TPU_LANES if tpu else 1), tpu and m.attention_impl in ("auto", "splash")
     # A platform without host memory of its own (CPU) runs an offload policy as the one it is named after.
     m = dataclasses.replace(m, remat=m.remat if device.host_bytes else m.remat.removeprefix(OFFLOAD))
-    kept, host = activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes, splash=splash)
+    kept, host = activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes, splash=splash,
+                                  expert=mesh["expert"])
     out = {"params": params, "optimizer": optimizer_bytes(m, mesh, pbytes, cfg.optimizer.name),
            "activations": kept, "weights": cast_bytes(m, mesh),
            "accumulated": params if cfg.optimizer.grad_accum_steps > 1 else 0,
            "grads": params, "gathered": gathered_bytes(m, mesh),
            "recompute": recompute_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes,
-                                        splash=splash),
+                                        splash=splash, expert=mesh["expert"]),
            "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh),
            "xla_cpu": xla_cpu_bytes(m, mesh, pbytes) if cpu else 0,
            "updates": params if cpu else 0,
@@ -275,7 +324,7 @@ def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name
     total = 0
     for pname, (shape, names) in param_layout(m).items():
         local = _shard_size(shape, names, mesh)
-        matrix_dims = len(shape) - (1 if pname.startswith("layers.") else 0)
+        matrix_dims = len(shape) - (1 if _stacked(pname) else 0)
         if name == "adamw":
             total += 2 * local
         elif name == "lion":
@@ -289,41 +338,87 @@ def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name
 
 
 def gathered_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
-    """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor)
-    from the compute-dtype copy (`cast_bytes`), and its gradient, in the compute dtype, before it is
-    reduce-scattered."""
+    """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor, and
+    an MoE layer's experts over expert: E / expert of them) from the compute-dtype copy (`cast_bytes`), and
+    its gradient, in the compute dtype, before it is reduce-scattered; the larger of a dense and an MoE
+    layer (one layer is gathered at a time)."""
     if mesh["fsdp"] == 1:
         return 0
     unsharded = dict(mesh, fsdp=1)
-    layer = sum(_shard_size(shape[1:], names[1:], unsharded)
-                for name, (shape, names) in param_layout(m).items() if name.startswith("layers."))
+    layout = param_layout(m)
+    layer = max(sum(_shard_size(shape[1:], names[1:], unsharded) for name, (shape, names) in layout.items()
+                    if name.startswith(f"{stack}.")) for stack, _ in _stacks(m))
     return layer * 2 * DTYPE_BYTES[m.dtype]
 
 
 def cast_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
-    """The compute-dtype copy of this device's shard of every matmul weight (the layers and the output
-    matrix), which XLA makes once per step; none when the parameters are already in the compute dtype."""
+    """The compute-dtype copy of this device's shard of every matmul weight (the layers, dense and MoE, and
+    the output matrix), which XLA makes once per step; none when the parameters are already in the compute
+    dtype. An MoE router and its bias are read in float32 (stages/train/moe.py `route`): never cast."""
     if m.param_dtype == m.dtype:
         return 0
     return sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
-               if name.startswith("layers.") or name == _output_matrix(m)) * DTYPE_BYTES[m.dtype]
+               if (_stacked(name) and not name.partition(".")[2].startswith("router"))
+               or name == _output_matrix(m)) * DTYPE_BYTES[m.dtype]
 
 
-def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1) -> dict[str, int]:
+def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1, stack: str = "layers") -> dict[str, int]:
     """One layer's activations per token on one device, in elements (N, K heads of H, MLP width F; heads
     and F split over `tensor` where it divides them, as training does): the layer input and its normed copy
     (2D), q, k, v after RoPE (NH + 2KH), attention's output and its projection (NH + D), the residual sum
     and its normed copy (2D), gate, up and their product (3F) and the down projection (D). `lanes`: the
-    tile of the minor dimension (TPU_LANES on a TPU), to which a per-head array's head dim is rounded up."""
-    D, F = m.d_model, m.effective_mlp_dim
+    tile of the minor dimension (TPU_LANES on a TPU), to which a per-head array's head dim is rounded up.
+    `stack` "moe_layers": an MoE layer, whose F is its shared experts' width (0 without them); its routed
+    experts' activations depend on the device's tokens, not per token: `moe_buffers`."""
+    D = m.d_model
+    F = m.n_shared_experts * m.effective_moe_mlp_dim if stack == "moe_layers" else m.effective_mlp_dim
     N, K, F = (n // tensor if n % tensor == 0 else n for n in (m.n_heads, m.n_kv_heads, F))
     H = -(-m.effective_head_dim // lanes) * lanes
     return {"input": D, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
             "residual": D, "normed2": D, "gate": F, "up": F, "act": F, "down": D}
 
 
+def moe_rows(m: ModelConfig, tokens: int, expert: int) -> int:
+    """Rows of an MoE layer's expert buffers on one device with `tokens` tokens (stages/train/moe.py): the
+    n * k assignments sorted by expert (dropless, no expert axis), else E capacity buffers of
+    C = ceil(factor * n * k / E) rows (C = n dropless with an expert axis); after the all-to-all a device
+    holds E / expert experts' buffers from all `expert` devices: E * C rows again."""
+    E, k = m.n_experts, m.n_experts_per_token
+    if not _capacity_path(m, expert):
+        return tokens * k
+    if not m.moe_capacity_factor:
+        return E * tokens
+    return E * min(tokens, max(1, math.ceil(m.moe_capacity_factor * tokens * k / E)))
+
+
+def moe_buffers(m: ModelConfig, tokens: int, tensor: int, expert: int) -> dict[str, int]:
+    """One MoE layer's routing and routed experts on one device with `tokens` (n) tokens, in bytes (R rows
+    of `moe_rows`, the expert width Fe split over `tensor` where it divides it, as the shard_map does):
+    the router's float32 logits and scores (n, E); the tokens dispatched (R, D) and, with an expert axis,
+    the buffer the all-to-all receives; the experts' gate, up and their product (R, Fe); their down
+    projection (R, D) and, with an expert axis, the buffer the all-to-all returns; each token's k outputs
+    (n, k, D) before they are weighted and summed. Empty for a dense model."""
+    if not m.n_experts:
+        return {}
+    cdt, D, E, k = DTYPE_BYTES[m.dtype], m.d_model, m.n_experts, m.n_experts_per_token
+    Fe = m.effective_moe_mlp_dim
+    Fe = Fe // tensor if Fe % tensor == 0 else Fe
+    rows, moved = moe_rows(m, tokens, expert), expert > 1
+    return {"logits": tokens * E * 4, "scores": tokens * E * 4, "sent": rows * D * cdt,
+            "received": rows * D * cdt if moved else 0, "gate": rows * Fe * cdt, "up": rows * Fe * cdt,
+            "act": rows * Fe * cdt, "down": rows * D * cdt, "returned": rows * D * cdt if moved else 0,
+            "combined": tokens * k * D * cdt}
+
+
+def moe_kept(m: ModelConfig, expert: int) -> set[str]:
+    """The rows of `moe_buffers` that `m`'s remat policy (or the one its offload_* policy is named after)
+    keeps for the backward pass."""
+    base = m.remat.removeprefix(OFFLOAD)
+    return MOE_KEPT[base] - (_MOE_DOTS if base == "save_dots" and not _capacity_path(m, expert) else set())
+
+
 def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, lanes: int = 1,
-                     splash: bool = False) -> tuple[int, int]:
+                     splash: bool = False, expert: int = 1) -> tuple[int, int]:
     """(device bytes, host bytes) that one micro-batch of `batch` sequences keeps for the backward pass.
 
     The scan keeps, of every layer, what the remat policy saves (`KEPT`: everything but the down
@@ -333,34 +428,67 @@ def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, l
     SiLU's output. `splash` (TPU splash attention): a policy that keeps k and v also holds them in the
     kernel's (B, K, T, H) layout, the head dim minor. An offload_<policy> keeps what <policy> keeps in
     pinned host memory (unpadded), all but the layer input, which only offload_full moves there; the
-    device holds two layers of it in flight (one leaving or arriving while the next is computed).
+    device holds two layers of it in flight (one leaving or arriving while the next is computed). An MoE
+    layer also keeps what the policy keeps of its routing and dispatch (`MOE_KEPT`, `moe_buffers`, with
+    `expert` the mesh's expert axis).
     """
     base = m.remat.removeprefix(OFFLOAD)
     kept = KEPT[base]
     offloaded = set() if base == m.remat else kept if base == "full" else kept - {"input"}
-    layer, unpadded = layer_activations(m, tensor, lanes), layer_activations(m, tensor)
     cdt, tokens = DTYPE_BYTES[m.dtype], batch * seq_len
-    per_layer = sum(layer[k] for k in kept - offloaded) * cdt
-    if base == "none":
-        per_layer += 2 * 2 * layer["input"] * 4 + layer["act"] * cdt
-    if splash and {"k", "v"} <= kept - offloaded:
-        per_layer += (layer["k"] + layer["v"]) * cdt
-    in_flight = 2 * sum(layer[k] for k in offloaded) * cdt
-    host = m.n_layers * tokens * sum(unpadded[k] for k in offloaded) * cdt
-    return m.n_layers * tokens * per_layer + tokens * in_flight, host
+    device = host = in_flight = 0
+    for stack, n_layers in _stacks(m):
+        layer = layer_activations(m, tensor, lanes, stack)
+        unpadded = layer_activations(m, tensor, stack=stack)
+        per_layer = sum(layer[k] for k in kept - offloaded) * cdt
+        if base == "none":
+            per_layer += 2 * 2 * layer["input"] * 4 + layer["act"] * cdt
+        if splash and {"k", "v"} <= kept - offloaded:
+            per_layer += (layer["k"] + layer["v"]) * cdt
+        moving = tokens * sum(layer[k] for k in offloaded) * cdt
+        device += n_layers * tokens * per_layer
+        host += n_layers * tokens * sum(unpadded[k] for k in offloaded) * cdt
+        if stack == "moe_layers":        # routing and dispatch: per device, not per token; never lane-padded
+            buffers, moe = moe_buffers(m, tokens, tensor, expert), moe_kept(m, expert)
+            away = moe if offloaded else set()
+            device += n_layers * sum(buffers[k] for k in moe - away)
+            host += n_layers * sum(buffers[k] for k in away)
+            moving += sum(buffers[k] for k in away)
+        in_flight = max(in_flight, 2 * moving)
+    return device + in_flight, host
 
 
 def recompute_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, lanes: int = 1,
-                    splash: bool = False) -> int:
+                    splash: bool = False, expert: int = 1) -> int:
     """The backward pass of one layer: the layer being recomputed, its activations and their gradients
-    (none without remat: every activation is kept); with `splash`, the kernel's fused backward also writes
-    one partial dq per key block (seq_len / attention_block_k of them, each the size of q) and sums them."""
+    (none without remat: every activation is kept), an MoE layer's with its routing and dispatch buffers
+    (`moe_buffers`), the larger of a dense and an MoE layer; with `splash`, the kernel's fused backward
+    also writes one partial dq per key block (seq_len / attention_block_k of them, each the size of q) and
+    sums them."""
     tokens, cdt = batch * seq_len, DTYPE_BYTES[m.dtype]
     layer = layer_activations(m, tensor, lanes)
-    out = 0 if m.remat == "none" else 2 * tokens * sum(layer_activations(m, tensor).values()) * cdt
+    out = 0
+    if m.remat != "none":
+        out = 2 * max(tokens * sum(layer_activations(m, tensor, stack=stack).values()) * cdt
+                      + (sum(moe_buffers(m, tokens, tensor, expert).values()) if stack == "moe_layers" else 0)
+                      for stack, _ in _stacks(m))
     if splash:
         out += -(-seq_len // min(m.attention_block_k, seq_len)) * tokens * layer["q"] * cdt
     return out
+
+
+def all_to_all_bytes(cfg, mesh: dict[str, int], micro_batch: int) -> tuple[int, int]:
+    """(bytes of one all-to-all's buffer on one device, all-to-alls per step) of an MoE model whose experts
+    are split over an expert axis (0, 0 without one): each MoE layer sends its (E, C, D) capacity buffer to
+    the experts' devices and gets their outputs back the same way, in the compute dtype, for each
+    micro-batch: twice forward, twice backward (the transposes), and twice more where a remat policy
+    recomputes the layer's forward pass."""
+    m = cfg.model
+    if not m.n_experts or mesh["expert"] == 1:
+        return 0, 0
+    buffer = moe_rows(m, micro_batch * cfg.seq_len, mesh["expert"]) * m.d_model * DTYPE_BYTES[m.dtype]
+    passes = 2 + 2 + (0 if m.remat == "none" else 2)
+    return buffer, m.n_moe_layers * cfg.optimizer.grad_accum_steps * passes
 
 
 def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int]) -> int:
@@ -418,7 +546,7 @@ def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int
     forward pass and accumulates that matrix's gradient in the transposed layout, then transposes it back:
     two more float32 copies of this device's shard of it."""
     layers = sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
-                 if name.startswith("layers."))
+                 if _stacked(name))
     return layers * dtype_bytes + 2 * _output_matrix_bytes(m, mesh)
 
 
@@ -532,6 +660,23 @@ def _output_matrix_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
     return _shard_size(*param_layout(m)[_output_matrix(m)], mesh) * 4
 
 
+def _stacked(name: str) -> bool:
+    """Whether a `param_layout` name is a scanned layer stack's ("layers.wq", "moe_layers.experts_up")."""
+    return name.partition(".")[0] in LAYER_STACKS
+
+
+def _stacks(m: ModelConfig) -> list[tuple[str, int]]:
+    """(stack, its layers) for each layer stack `m` has: the dense layers, then the MoE layers."""
+    counts = {"layers": m.n_layers - m.n_moe_layers, "moe_layers": m.n_moe_layers}
+    return [(stack, counts[stack]) for stack in LAYER_STACKS if counts[stack]]
+
+
+def _capacity_path(m: ModelConfig, expert: int) -> bool:
+    """Whether an MoE layer runs through capacity buffers (a capacity factor, or an expert axis) rather than
+    the dropless grouped matmul (stages/train/moe.py)."""
+    return bool(m.moe_capacity_factor) or expert > 1
+
+
 def _shard_size(shape, names, mesh: dict[str, int]) -> int:
     axes = mesh_axes(names, shape, mesh)
     return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
@@ -571,6 +716,16 @@ def _explicit_chips(mesh) -> int:
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**27 else f"{n / 2**20:,.1f} MiB"
+
+
+def _num(x: float) -> str:
+    """3 significant figures without an exponent: "0.6", "29.3", "478", "3,130"."""
+    return f"{x:,.3g}" if x < 1000 else f"{float(f'{x:.3g}'):,.0f}"
+
+
+def _count(n: float) -> str:
+    """A parameter count: "30.2B", "2.13M"."""
+    return _tokens(n) if n >= 1e9 or n < 1e6 else f"{n / 1e6:,.3g}M"
 
 
 def _tokens(n: float) -> str:

@@ -252,6 +252,73 @@ def test_training_refuses_a_config_that_cannot_fit_unless_told_to_try():
     train.check_fits(dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, allow_unfit=True)))
 
 
+def _tiny_moe(**fields):
+    """3 layers (1 dense, 2 MoE of 8 experts, top-2) on 8 devices: data 1 x fsdp 2 x expert 4, one 128-token
+    sequence a device."""
+    m = ModelConfig(vocab_size=1024, d_model=256, n_layers=3, n_heads=4, n_kv_heads=4, max_seq_len=128,
+                    n_experts=8, n_experts_per_token=2, moe_mlp_dim=64, n_dense_layers=1,
+                    moe_capacity_factor=1.25, remat="full", **fields)
+    return train.Config(model=m, seq_len=128, global_batch=8, mesh=MeshConfig(fsdp=2, expert=4),
+                        hardware=HardwareConfig(device="h100", chips=8))
+
+
+def test_experts_are_split_over_the_expert_axis_and_everything_else_is_not():
+    cfg = _tiny_moe()
+    split = planner.plan(cfg)
+    whole = planner.plan(dataclasses.replace(cfg, mesh=MeshConfig(data=4, fsdp=2)))
+    experts = 2 * 3 * 8 * 256 * 64                     # 2 MoE layers x gate, up, down x E x D x Fe
+    # fsdp 2 splits every parameter's embed dim; expert 4 splits the experts 4 ways more, and only them.
+    assert whole.per_device["params"] - split.per_device["params"] == 4 * (experts // 2 - experts // 8)
+    assert split.mesh == {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+
+
+def test_an_moe_layer_holds_its_dispatch_buffers_in_the_backward_pass_and_moves_them_by_all_to_all():
+    cfg = _tiny_moe()
+    m, n, D, bf16 = cfg.model, 128, 256, 2
+    # A device's 128 tokens x top-2 into 8 experts' buffers of C = ceil(1.25 x 128 x 2 / 8) = 40 rows.
+    rows = 8 * 40
+    assert planner.moe_rows(m, n, expert=4) == rows
+    assert planner.moe_rows(dataclasses.replace(m, moe_capacity_factor=0.0), n, expert=1) == n * 2  # dropless
+    assert planner.moe_rows(dataclasses.replace(m, moe_capacity_factor=0.0), n, expert=4) == 8 * n   # C = n
+    buffers = planner.moe_buffers(m, n, tensor=1, expert=4)
+    assert buffers == {"logits": n * 8 * 4, "scores": n * 8 * 4, "sent": rows * D * bf16,
+                       "received": rows * D * bf16, "gate": rows * 64 * bf16, "up": rows * 64 * bf16,
+                       "act": rows * 64 * bf16, "down": rows * D * bf16, "returned": rows * D * bf16,
+                       "combined": n * 2 * D * bf16}
+    assert planner.moe_buffers(m, n, tensor=1, expert=1)["received"] == 0             # no all-to-all
+    # Full remat keeps only each layer's input; recomputing an MoE layer holds its buffers and their
+    # gradients, more than the larger dense layer's activations here.
+    kept, _ = planner.activation_bytes(m, 1, n, 1, expert=4)
+    assert kept == 3 * n * D * bf16
+    moe_layer = n * sum(planner.layer_activations(m, 1, stack="moe_layers").values()) * bf16 + sum(
+        buffers.values())
+    assert planner.recompute_bytes(m, 1, n, 1, expert=4) == 2 * moe_layer
+    # Without remat every layer keeps everything: the MoE layers their buffers too.
+    none = dataclasses.replace(m, remat="none")
+    dense_only = dataclasses.replace(none, n_experts=0, n_dense_layers=0)
+    assert planner.activation_bytes(none, 1, n, 1, expert=4)[0] > 2 * sum(buffers.values())
+    assert planner.activation_bytes(dense_only, 1, n, 1)[0] < planner.activation_bytes(none, 1, n, 1,
+                                                                                        expert=4)[0]
+    # Each MoE layer: to the experts and back, forward, backward and full remat's recompute.
+    assert planner.all_to_all_bytes(cfg, planner.plan(cfg).mesh, 1) == (rows * D * bf16, 2 * 6)
+    assert planner.all_to_all_bytes(cfg, {"data": 4, "fsdp": 2, "expert": 1, "tensor": 1}, 1) == (0, 0)
+
+
+def test_the_moe_layers_are_gathered_cast_and_optimized_as_a_layer_stack():
+    cfg = _tiny_moe()
+    mesh = planner.plan(cfg).mesh
+    m = cfg.model
+    moe_only = dataclasses.replace(m, n_dense_layers=0, n_layers=2)
+    # No dense layer at all: FSDP still gathers one MoE layer (4 of its 8 experts' weights here) and XLA
+    # casts the MoE stack to bfloat16 (its router, read in float32, excepted).
+    layer = (4 * 256 * 256 + 2 * 256) + 256 * 8 + 8 + 3 * 2 * 256 * 64          # attention, router, 2 experts
+    assert planner.gathered_bytes(moe_only, mesh) == layer * 2 * 2
+    stack = 2 * ((4 * 256 * 256 + 2 * 256) // 2 + 3 * 2 * 256 * 64 // 2)        # split over fsdp 2, expert 4
+    unembed = 256 * 1024 // 2
+    assert planner.cast_bytes(moe_only, mesh) == (stack + unembed) * 2
+    assert planner.optimizer_bytes(moe_only, mesh, 4, "adamw") == 2 * planner.param_bytes(moe_only, mesh, 4)
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env=None if env is None else {**os.environ, **env})
