@@ -13,10 +13,10 @@ from benchmarks import plan_vs_xla
 from pipeline import config
 from stages import train
 from stages.train import planner
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, param_counts
+from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, active_params, param_counts
 from tests.conftest import REPO
 
-FLAGSHIP = f"{REPO}/gin/600b.gin"
+FLAGSHIP = f"{REPO}/gin/600b.gin"            # a ~600B mixture of experts
 DENSE = f"{REPO}/gin/600b_dense.gin"          # the dense 599B on the same slice, measured against XLA
 FITS = "verdict: fits on 1,024 x TPU v5p (95.0 GiB each), topology v5p:8x8x16"
 
@@ -250,6 +250,24 @@ def test_training_refuses_a_config_that_cannot_fit_unless_told_to_try():
     with pytest.raises(ValueError, match="Refusing to train a config that does not fit"):
         train.check_fits(cfg)
     train.check_fits(dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, allow_unfit=True)))
+
+
+def test_the_flagship_is_a_600b_mixture_of_experts_that_trains_2t_tokens_within_30_days_on_its_slice():
+    cfg = _flagship()
+    m = cfg.model
+    assert 590e9 < sum(param_counts(m).values()) < 610e9 and 25e9 < active_params(m) < 35e9
+    p = planner.plan(cfg)
+    assert p.fits and p.chips == 1024 and p.days <= 30 and p.tokens >= 2e12 and cfg.hardware.mfu <= 0.33
+    assert p.mesh == {"data": 1, "fsdp": 16, "expert": 64, "tensor": 1} and p.micro_batch == 1
+    lines = p.render().splitlines()
+    assert lines[1].endswith("; active 30.2B of 598B a token (top-8 of 256 routed experts + 1 shared in 52 "
+                             "of 55 layers)"), lines[1]
+    assert "GFLOP (6 x active N + causal attention at T=8192)" in lines[2]
+    # One 8K sequence a chip: C = ceil(1.25 x 8192 x 8 / 256) = 320 rows an expert; 52 layers x (to the
+    # experts and back) x (forward, backward, full remat's recompute) = 312 all-to-alls of 1.1 GiB.
+    assert lines[5].startswith("  all-to-all over expert 64: 341.2 GiB per device per step, 312 of the (E, "
+                               "C, D) = (256, 320, 7,168) capacity buffer (1.1 GiB): "), lines[5]
+    assert lines[-1] == "  " + FITS
 
 
 def _tiny_moe(**fields):
