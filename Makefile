@@ -40,8 +40,9 @@ status: .venv/installed
 gc: .venv/installed
 	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES" --gc
 
+# DAYS=N: also the smallest slice of the configured TPU generation that trains the configured tokens in N days.
 plan: .venv/installed
-	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)
+	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)$(if $(DAYS), --days $(DAYS))
 
 test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed .venv/hf-installed
 	$(PY) -m pytest $(PYTEST_ARGS)

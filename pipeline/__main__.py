@@ -4,6 +4,7 @@
                               [--stage tokenizer] [--force] [--workers N] [--scheduler HOST:PORT]
     python -m pipeline status --gin gin/tiny.gin      # stage, key, cached?, size, wall time, path
     python -m pipeline plan   --gin gin/tiny.gin      # the keys, what a run would execute, the train plan
+    python -m pipeline plan   --gin gin/600b.gin --days 30   # and the smallest TPU slice that trains it in 30
     python -m pipeline sweep  --gin gin/sweeps/lr.gin # every variant in one build, then a comparison
 
 T5X habits work too: `--gin_file=F` is `--gin F` and `--gin.NAME=VALUE` is `--gin-param NAME=VALUE`.
@@ -67,11 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         try:
             _stage_plans(plan, _targets(args), compile=False)    # fails before any output, and fast
+            slices = _smallest_slice(plan, _targets(args), args.days)
         except ValueError as e:
             return _error(str(e))
         print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
         for line in _stage_plans(plan, _targets(args), args.compile):
             print(line)
+        if slices:
+            print(slices)
         return 0
     if problem := checks.cannot_run(plan, _to_run(plan, args)):
         return _error(problem)
@@ -131,6 +135,20 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None) 
         except ValueError as e:      # the config cannot be planned (a mesh that does not tile the chips)
             raise ValueError(f"{stage}: {e}") from None
     return out
+
+
+def _smallest_slice(plan: run_plan.Plan, targets: list[str], days: float | None) -> str:
+    """`plan --days N`: the smallest TPU slice of the configured generation that trains the configured tokens
+    in N days and fits (stages/train/planner.py `smallest_slice`); "" without --days."""
+    if days is None:
+        return ""
+    if "train" not in dag.closure(*targets):
+        raise ValueError(f"--days {days:g} plans the train stage, which --stage does not build")
+    if not days > 0:
+        raise ValueError(f"--days {days:g} must be > 0")
+    from stages.train import planner
+
+    return planner.smallest_slice(plan.stages["train"].config, days).render()
 
 
 def _run(plan: run_plan.Plan, args, start: float) -> int:
@@ -335,6 +353,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="plan: also compile the train step for train.HardwareConfig.topology ahead of time "
                         "(default: when a topology is named)")
+    p.add_argument("--days", type=float, metavar="N",
+                   help="plan: also the smallest slice of the configured TPU generation that trains the "
+                        "configured tokens in N days at the configured MFU and fits (make plan DAYS=N)")
     return p
 
 

@@ -1,9 +1,11 @@
 """Will this training config fit its hardware, and how long will it take? Answered from the config alone.
 
     make plan GIN=gin/600b.gin                      (prints `plan(config).render()` for the train stage)
+    make plan GIN=gin/600b.gin DAYS=30              (and `smallest_slice(config, 30).render()`)
     p = planner.plan(train_config)                  # a stages.train.Config
     p.fits, p.per_device["total"], p.days          # the verdict, bytes per device, the run's length
     print(p.render())
+    planner.smallest_slice(train_config, 30).found # the smallest TPU slice that trains it in 30 days, or None
 
 Per device, in bytes, under the configured mesh (`train.MeshConfig`) on the configured hardware
 (`train.HardwareConfig`), held for the whole step:
@@ -43,6 +45,10 @@ A mixture of experts (`ModelConfig.n_experts`) is planned from the same table (`
 (`configs.active_params`), and its plan adds the bytes the expert axis's all-to-all moves a step
 (`all_to_all_bytes`).
 
+The reverse question, which slice trains the configured tokens in N days and fits, is `smallest_slice`: the
+documented slices of the configured TPU generation (`SLICES`), smallest first, the mesh's tensor and expert
+sizes kept and FSDP grown until it fits.
+
 The figures are estimates from first principles, so they can be read without a compiler; `--compile`
 (stages/train/aot.py) puts XLA's own per-device figure for the real train step beside them, and where it
 exists it wins: a compile that runs out of memory (`aot.OutOfMemory`) or needs more than the usable HBM
@@ -64,6 +70,8 @@ from stages.train.configs import (
     BATCH_AXES,
     LAYER_STACKS,
     REMAT_NAMES,
+    TPU_GENERATIONS,
+    MeshConfig,
     ModelConfig,
     active_params,
     batch_axes_named,
@@ -249,6 +257,183 @@ class Plan:
                 f"{m.n_moe_layers} MoE layers x {accum} micro-batch{'es' if accum > 1 else ''} x to the "
                 f"experts and back x {passes}; at least {_num(seconds)} s of the {_num(self.step_s)} s "
                 f"step at {self.device.label}'s {self.device.ici_bytes_per_s / 1e9:,.0f} GB/s ICI")
+
+
+# The single slices each TPU generation comes in, smallest first, from Cloud TPU's documentation (the v4 and
+# v5p pages' topology tables, the v5e and v6e pages' slice shapes): power-of-two chip counts, then the
+# largest a job may take (v4: the 4,096-chip pod; v5p: 16x16x24, 6,144 chips). generation -> (the
+# accelerator type's prefix, TensorCores a chip: v4 and v5p name a slice by its cores, v5p-8 = 4 chips, v5e
+# and v6e by their chips; the topologies).
+SLICES = {
+    "v4": ("v4", 2, ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16",
+                     "8x16x16", "16x16x16")),
+    "v5p": ("v5p", 2, ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16",
+                       "8x16x16", "16x16x16", "16x16x24")),
+    "v5e": ("v5litepod", 1, ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    "v6e": ("v6e", 1, ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+}
+assert set(SLICES) == set(TPU_GENERATIONS)
+
+
+def slice_name(topology: str) -> str:
+    """"v5p:8x8x16" -> "v5p-2048" (the accelerator type Cloud TPU names it by)."""
+    generation = topology.partition(":")[0]
+    prefix, cores, _ = SLICES[generation]
+    return f"{prefix}-{topology_chips(topology) * cores}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceSearch:
+    """What `smallest_slice` found: each slice of one TPU generation tried (smallest first) with its best
+    plan or why it cannot run, the first that trains the tokens in time and fits, and, where none does,
+    the smallest slice of each other generation that would."""
+
+    config: object                                     # the stages.train.Config searched for
+    days: float
+    generation: str
+    tried: tuple[tuple[str, Plan | None, str], ...]   # (topology, its plan or None, why it cannot run)
+    found: Plan | None                                 # the smallest slice that does it; None: none does
+    elsewhere: tuple[Plan, ...] = ()                   # where none does: other generations' smallest
+
+    def render(self) -> str:
+        cfg = self.config
+        tokens = cfg.steps * cfg.global_batch * cfg.seq_len
+        tensor, expert = _kept_sizes(cfg.mesh)
+        kept = f"tensor {tensor}" + (f" and expert {expert}" if cfg.model.n_experts else "")
+        rows = [f"smallest TPU {self.generation} slice that trains {_tokens(tokens)} tokens in "
+                f"{self.days:,.3g} days at {cfg.hardware.mfu:.0%} MFU and fits (one slice; {kept} kept, fsdp "
+                f"{cfg.mesh.fsdp} where it fits, else the least that does; data the rest):"]
+        width = max(len(slice_name(t)) for t, _, _ in self.tried)
+        for topology, p, why in self.tried:
+            head = f"    {slice_name(topology):<{width}} {topology_chips(topology):>6,} chips"
+            if p is None:
+                rows.append(f"{head}: cannot run: {why}")
+                continue
+            fits = f"fits, {_mesh_row(p.mesh)}" if p.fits else "does NOT fit"
+            rows.append(f"{head}: {p.days:>9,.1f} days{' (too long)' if p.days > self.days else ''}; {fits}, "
+                        f"{_gib(p.per_device['total'])} of {_gib(p.budget)} per chip")
+        if self.found is not None:
+            rows.append(f"  answer: {_slice_answer(self.found)}")
+            return "\n".join(rows)
+        runnable = [(t, p) for t, p, _ in self.tried if p is not None]
+        if runnable:
+            topology, p = runnable[-1]
+            over = [f"would need {_num(p.days)} days" if p.days > self.days else f"takes {_num(p.days)} days"]
+            if not p.fits:
+                over.append(f"does NOT fit ({_gib(p.per_device['total'])} per chip with its best mesh > "
+                            f"{_gib(p.budget)} usable)")
+            reason = (f"the largest {self.generation} slice that can run it, {slice_name(topology)} "
+                      f"({topology_chips(topology):,} chips), {' and '.join(over)}")
+            larger = [(t, why) for t, p, why in self.tried if p is None and topology_chips(t) >
+                      topology_chips(topology)]
+            if larger:
+                reason += f"; larger ones cannot run it ({slice_name(larger[0][0])}: {larger[0][1]})"
+        else:
+            topology, _, why = self.tried[-1]
+            reason = f"no {self.generation} slice can run it: {why} ({slice_name(topology)})"
+        rows.append(f"  answer: none on TPU {self.generation}: {reason}")
+        for p in self.elsewhere:
+            rows.append(f"  elsewhere: {_slice_answer(p, device=True)}")
+        rows.append("  (not tried: several slices, train.HardwareConfig.num_slices; a larger global batch; "
+                    "other tensor or expert sizes; a smaller model or fewer tokens)")
+        return "\n".join(rows)
+
+
+def smallest_slice(cfg, days: float, *, elsewhere: bool = True) -> SliceSearch:
+    """The smallest single slice of `cfg`'s TPU generation (its topology's, else its device's; `SLICES`)
+    that trains its tokens (steps x global batch x seq_len) in `days` at its MFU and fits in memory:
+
+        s = planner.smallest_slice(train_config, 30)      # make plan DAYS=30
+        s.found                                           # that slice's Plan, or None
+        print(s.render())
+
+    Each slice keeps the mesh's tensor and expert sizes and its fsdp where that fits, else the least FSDP
+    that does (data takes the rest); where a micro-batch does not split over the slice's batch shards, fewer
+    micro-batches a step (the same global batch). Where no slice of the generation does it (`elsewhere`),
+    the smallest of each other generation that would. ValueError for a device that is not a TPU."""
+    hw = cfg.hardware
+    generation = hw.topology.partition(":")[0] if hw.topology else next(
+        (g for g, (device, _) in TPU_GENERATIONS.items() if device == hw.device), "")
+    if generation not in SLICES:
+        raise ValueError(f"train.HardwareConfig.device={hw.device!r} is not a TPU, and the smallest slice "
+                         "is searched among a TPU generation's: set train.HardwareConfig.device to one of "
+                         f"{', '.join(repr(d) for d, _ in TPU_GENERATIONS.values())} (or a topology such as "
+                         '"v5p:2x2x1")')
+    tensor, expert = _kept_sizes(cfg.mesh)
+    tried = []
+    for grid in SLICES[generation][2]:
+        topology = f"{generation}:{grid}"
+        chips = topology_chips(topology)
+        if chips % (tensor * expert):
+            tried.append((topology, None, f"the mesh's tensor {tensor} x expert {expert} needs a multiple of "
+                                          f"{tensor * expert} chips"))
+            continue
+        hardware = dataclasses.replace(hw, device=TPU_GENERATIONS[generation][0], topology=topology, chips=0,
+                                       num_slices=1)
+        p, why = _best_layout(dataclasses.replace(cfg, hardware=hardware), chips, tensor, expert)
+        tried.append((topology, p, why))
+        if p is not None and p.fits and p.days <= days:
+            return SliceSearch(cfg, days, generation, tuple(tried), p)
+    others = ()
+    if elsewhere:
+        searches = (smallest_slice(dataclasses.replace(cfg, hardware=dataclasses.replace(
+            hw, device=TPU_GENERATIONS[g][0], topology="")), days, elsewhere=False)
+            for g in SLICES if g != generation)
+        others = tuple(found for found in (s.found for s in searches) if found is not None)
+    return SliceSearch(cfg, days, generation, tuple(tried), None, others)
+
+
+def _kept_sizes(mesh) -> tuple[int, int]:
+    """The whole mesh's tensor and expert sizes, which `smallest_slice` keeps."""
+    return mesh.tensor * mesh.dcn_tensor, mesh.expert * mesh.dcn_expert
+
+
+def _best_layout(cfg, chips: int, tensor: int, expert: int) -> tuple[Plan | None, str]:
+    """(the plan of `cfg` on one slice of `chips` with the configured fsdp if it fits, else the least fsdp
+    that fits, else the least memory; why none can run) keeping `tensor` and `expert`."""
+    rest = chips // (tensor * expert)
+    sizes = _divisors(rest)
+    order = ([cfg.mesh.fsdp] if cfg.mesh.fsdp in sizes else []) + sizes
+    best, why = None, ""
+    for f in order:
+        layout = MeshConfig(data=-1, fsdp=f, expert=expert, tensor=tensor)
+        p = _splitting(dataclasses.replace(cfg, mesh=layout))
+        if p is None:
+            why = (f"a global batch of {cfg.global_batch} sequences does not split over its "
+                   f"{rest * expert:,} batch shards ({batch_axes_named({'expert': expert})})")
+            continue
+        if p.fits:
+            return p, ""
+        if best is None or p.per_device["total"] < best.per_device["total"]:
+            best = p
+    return best, why
+
+
+def _splitting(cfg) -> Plan | None:
+    """`cfg`'s plan with the most micro-batches a step, up to the configured number, whose micro-batch splits
+    over the batch shards; None when none does."""
+    k = cfg.optimizer.grad_accum_steps
+    while k >= 1:
+        if cfg.global_batch % k == 0:
+            fewer = dataclasses.replace(cfg.optimizer, grad_accum_steps=k)
+            p = _try(dataclasses.replace(cfg, optimizer=fewer))
+            if p is not None and not p.problem:
+                return p
+        k //= 2
+    return None
+
+
+def _slice_answer(p: Plan, device: bool = False) -> str:
+    """"v5p-2048 (1,024 chips, 29.3 days, 46.0 GiB per chip, data 1 x fsdp 16 x ...): <bindings>"."""
+    cfg = p.config
+    bindings = [f'train.HardwareConfig.device="{cfg.hardware.device}"'] if device else []
+    bindings += [f'train.HardwareConfig.topology="{cfg.hardware.topology}"', "train.MeshConfig.data=-1",
+                 f"train.MeshConfig.fsdp={cfg.mesh.fsdp}"]
+    if cfg.optimizer.grad_accum_steps != 1:
+        bindings.append(f"train.OptimizerConfig.grad_accum_steps={cfg.optimizer.grad_accum_steps}")
+    return (f"{slice_name(cfg.hardware.topology)} ({p.chips:,} chips, {_num(p.days)} days, "
+            f"{_gib(p.per_device['total'])} of {_gib(p.budget)} per chip, {_mesh_row(p.mesh)}): "
+            + " ".join(bindings))
 
 
 # What to try when XLA's figure, not the estimate, is over: the changes that shrink what XLA holds most.

@@ -337,6 +337,60 @@ def test_the_moe_layers_are_gathered_cast_and_optimized_as_a_layer_stack():
     assert planner.optimizer_bytes(moe_only, mesh, 4, "adamw") == 2 * planner.param_bytes(moe_only, mesh, 4)
 
 
+def test_the_smallest_slice_for_the_flagship_in_30_days_is_its_own():
+    found = planner.smallest_slice(_flagship(), 30)
+    p = found.found
+    assert p is not None and p.config.hardware.topology == "v5p:8x8x16" and p.days <= 30
+    assert p.mesh == {"data": 1, "fsdp": 16, "expert": 64, "tensor": 1}
+    lines = found.render().splitlines()
+    assert lines[0].startswith("smallest TPU v5p slice that trains 2.01T tokens in 30 days at 33% MFU and "
+                               "fits")
+    assert lines[1] == ("    v5p-8         4 chips: cannot run: the mesh's tensor 1 x expert 64 needs a "
+                        "multiple of 64 chips")
+    assert lines[-1] == ('  answer: v5p-2048 (1,024 chips, 29.3 days, 46.0 GiB of 85.5 GiB per chip, data 1 '
+                         'x fsdp 16 x expert 64 x tensor 1): train.HardwareConfig.topology="v5p:8x8x16" '
+                         "train.MeshConfig.data=-1 train.MeshConfig.fsdp=16")
+    # In 60 days v5p-1024 is fast enough (58.6 days) but its 512 chips cannot hold the state.
+    sixty = planner.smallest_slice(_flagship(), 60)
+    assert sixty.found.chips == 1024
+    assert "v5p-1024    512 chips:      58.6 days; does NOT fit, 90.1 GiB of 85.5 GiB per chip" \
+        in sixty.render()
+    # In 10 days no v5p slice does it: the largest that can run a 1,024-sequence batch needs 29.3.
+    ten = planner.smallest_slice(_flagship(), 10)
+    assert ten.found is None and ten.elsewhere == ()
+    assert ("  answer: none on TPU v5p: the largest v5p slice that can run it, v5p-2048 (1,024 chips), would "
+            "need 29.3 days; larger ones cannot run it (v5p-4096: a global batch of 1024 sequences does not "
+            "split over its 2,048 batch shards (data x fsdp x expert))") in ten.render().splitlines()
+
+
+# "600B on a TPU v4-32 in 30 days": the flagship on 16 v4 chips, its experts split 16 ways.
+V4_32 = ('train.HardwareConfig.topology="v4:2x2x4" train.HardwareConfig.device="tpu-v4" '
+         "train.MeshConfig.expert=16 train.MeshConfig.fsdp=1")
+
+
+def test_600b_on_a_v4_32_in_30_days_is_refused_with_the_memory_the_days_and_what_would_do_it():
+    out = _cli("plan", "--gin", FLAGSHIP, "--no-compile", "--overrides", V4_32, "--days", "30")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    verdict = next(line for line in lines if line.startswith("  verdict: "))
+    assert verdict.startswith("  verdict: does NOT fit: 2,230.4 GiB per device > 28.8 GiB usable. "), verdict
+    assert "  time: 1,130 s/step, 7.45K/s, 3,130 days for 2.01T tokens at 33% MFU" in lines
+    assert ("    v4-32       16 chips:   3,129.7 days (too long); does NOT fit, 2,230.4 GiB of 28.8 GiB per "
+            "chip") in lines
+    answer = next(line for line in lines if line.startswith("  answer: "))
+    assert answer.startswith("  answer: none on TPU v4: the largest v4 slice that can run it, v4-2048 (1,024 "
+                             "chips), would need 48.9 days and does NOT fit (38.1 GiB per chip"), answer
+    assert ('  elsewhere: v5p-2048 (1,024 chips, 29.3 days, 76.1 GiB of 85.5 GiB per chip, data 4 x fsdp 16 '
+            'x expert 16 x tensor 1): train.HardwareConfig.device="tpu-v5p" train.HardwareConfig.topology='
+            '"v5p:8x8x16" train.MeshConfig.data=-1 train.MeshConfig.fsdp=16') in lines
+
+
+def test_days_on_a_device_that_is_not_a_tpu_is_one_line():
+    out = _cli("plan", "--gin", f"{REPO}/gin/tiny.gin", "--days", "30")
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: train.HardwareConfig.device='cpu' is not a TPU"), out.stderr
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env=None if env is None else {**os.environ, **env})
