@@ -23,10 +23,15 @@ import time
 from pipeline import config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOE_124M = ["include 'model/124m.gin'", "train.ModelConfig.n_experts = 8",
+            "train.ModelConfig.n_experts_per_token = 2", "train.ModelConfig.n_dense_layers = 2",
+            "train.ModelConfig.moe_mlp_dim = 1024", "train.ModelConfig.n_shared_experts = 1",
+            "train.Config.seq_len = 1024", "train.Config.global_batch = 16"]
 # name -> (gin file, overrides)
 CASES = {
-    "600b_v5p-2048_fsdp128_tp8_full": ("gin/600b.gin", []),
-    "600b_v5p-2048_fsdp128_tp8_offload_full": ("gin/600b.gin", ["train.ModelConfig.remat = 'offload_full'"]),
+    "600b_v5p-2048_fsdp128_tp8_full": ("gin/600b_dense.gin", []),
+    "600b_v5p-2048_fsdp128_tp8_offload_full": ("gin/600b_dense.gin",
+                                               ["train.ModelConfig.remat = 'offload_full'"]),
     "1b_v5p-16_fsdp8_full": ("gin/tiny.gin", [
         "include 'model/1b.gin'", "train.ModelConfig.max_seq_len = 4096", "train.ModelConfig.remat = 'full'",
         "train.Config.seq_len = 4096", "train.Config.global_batch = 16", "train.MeshConfig.fsdp = 8"]),
@@ -49,8 +54,20 @@ CASES = {
     "9b_2x_v5p-512_dcn2_fsdp32_tp8": ("gin/9b.gin", [
         "train.HardwareConfig.num_slices = 2", "train.MeshConfig.dcn_data = 2", "train.MeshConfig.fsdp = 32",
         "train.MeshConfig.tensor = 8"]),
+    # Mixtures of experts: the flagship (expert 64 x fsdp 16, all-to-all of capacity buffers), and the 124M
+    # with 8 experts (top-2, one shared, two dense layers first) through each dispatch path.
+    "600b-moe_v5p-2048_expert64_fsdp16_full": ("gin/600b.gin", []),
+    "124m-moe8_v5p-8_expert2_fsdp2_capacity_full": ("gin/tiny.gin", MOE_124M + [
+        "train.ModelConfig.moe_capacity_factor = 1.25", "train.MeshConfig.expert = 2",
+        "train.MeshConfig.fsdp = 2", "train.ModelConfig.remat = 'full'"]),
+    "124m-moe8_v5p-8_fsdp4_dropless_minimal": ("gin/tiny.gin", MOE_124M + [
+        "train.MeshConfig.fsdp = 4", "train.ModelConfig.remat = 'minimal'"]),
+    "124m-moe8_v5p-8_expert4_capacity_none": ("gin/tiny.gin", MOE_124M + [
+        "train.ModelConfig.moe_capacity_factor = 1.25", "train.MeshConfig.expert = 4",
+        "train.ModelConfig.remat = 'none'"]),
 }
-TOPOLOGY = {"1b": "v5p:2x2x2", "124m": "v5p:2x2x1"}     # model size -> the slice it is compiled for
+# model size -> the slice it is compiled for
+TOPOLOGY = {"1b": "v5p:2x2x2", "124m": "v5p:2x2x1", "124m-moe8": "v5p:2x2x1"}
 # Compiled for this machine's CPU as 8 simulated devices (a subprocess, so the device count is set before
 # JAX starts), float32 as CPU runs train.
 CPU_DEVICES = 8

@@ -168,7 +168,8 @@ def _local(cfg: ModelConfig, x, w: ExpertWeights, dt, *, batch_axes, expert_axis
         out, kept = _with_capacity(cfg, x, routing, gate, up, down, expert_axis, tensor_axis)
         psum = (lambda v: jax.lax.psum(v, batch_axes)) if batch_axes else (lambda v: v)
         stats["dropped"] = 1.0 - psum(kept.sum()) / psum(jnp.float32(n * k))
-    y = jnp.einsum("nkd,nk->nd", out.astype(jnp.float32), routing.weights)
+    # The k outputs summed in float32 without a float32 copy of them (n, k, D).
+    y = jnp.einsum("nkd,nk->nd", out, routing.weights.astype(dt), preferred_element_type=jnp.float32)
     return y.astype(dt), stats
 
 

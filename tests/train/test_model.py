@@ -252,7 +252,7 @@ def load_gin_model(name: str) -> C.ModelConfig:
 
 
 # name -> the published size of the model each config imitates
-NOMINAL = {"124m": 124.4e6, "1b": 1.236e9, "9b": 9.24e9, "600b": 600e9}
+NOMINAL = {"124m": 124.4e6, "1b": 1.236e9, "9b": 9.24e9, "600b": 600e9, "600b_dense": 600e9}
 
 
 # Every model file but the shared base, found by glob so that a new size cannot go untested.

@@ -76,7 +76,7 @@ def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the
     bf16[2,1048576,20480] (80 GiB) in its loss with 8K-token chunks and half that with 16K chunks; not
     with one slice, and not more with more layers; the 1B, with several chunks a device, twice."""
     def plan(*overrides):
-        return planner.plan(config.load([f"{REPO}/gin/600b.gin"], [
+        return planner.plan(config.load([f"{REPO}/gin/600b_dense.gin"], [
             "train.Config.global_batch=1024", *overrides]).stages["train"].config, advise=False)
 
     two = ["train.HardwareConfig.num_slices=2", "train.MeshConfig.dcn_data=2"]
@@ -103,7 +103,7 @@ def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_sli
     # micro-batch of 128 sequences; the advice never adds chips, and a mesh layout binds the sizes within
     # a slice (1,024 chips each).
     # With one micro-batch a step (none fewer to try), a mesh layout is what splits it.
-    cfg = config.load([f"{REPO}/gin/600b.gin"], ["train.HardwareConfig.num_slices=2",
+    cfg = config.load([f"{REPO}/gin/600b_dense.gin"], ["train.HardwareConfig.num_slices=2",
                                                  "train.MeshConfig.dcn_data=2"]).stages["train"].config
     p = planner.plan(cfg)
     assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "expert": 1, "tensor": 8} and not p.fits

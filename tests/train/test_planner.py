@@ -10,7 +10,10 @@ import sys
 import pytest
 
 from benchmarks import plan_vs_xla
-from pipeline import config
+
+# sweep: gin/twins/fineweb_recipe.gin includes a sweep file, whose `sweep.*` bindings parse once the module
+# has registered them (as `python -m pipeline` does on start)
+from pipeline import config, sweep  # noqa: F401
 from stages import train
 from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, active_params, param_counts
