@@ -32,6 +32,9 @@ CASES = {
     "600b_v5p-2048_fsdp128_tp8_full": ("gin/600b_dense.gin", []),
     "600b_v5p-2048_fsdp128_tp8_offload_full": ("gin/600b_dense.gin",
                                                ["train.ModelConfig.remat = 'offload_full'"]),
+    # Sequence parallelism: the saved layer inputs split over the 8 tensor-parallel chips.
+    "600b_v5p-2048_fsdp128_tp8_full_sequence_parallel": ("gin/600b_dense.gin",
+                                                         ["train.ModelConfig.sequence_parallel = True"]),
     "1b_v5p-16_fsdp8_full": ("gin/tiny.gin", [
         "include 'model/1b.gin'", "train.ModelConfig.max_seq_len = 4096", "train.ModelConfig.remat = 'full'",
         "train.Config.seq_len = 4096", "train.Config.global_batch = 16", "train.MeshConfig.fsdp = 8"]),

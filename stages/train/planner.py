@@ -554,13 +554,16 @@ def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1, stack: str = 
     and its normed copy (2D), gate, up and their product (3F) and the down projection (D). `lanes`: the
     tile of the minor dimension (TPU_LANES on a TPU), to which a per-head array's head dim is rounded up.
     `stack` "moe_layers": an MoE layer, whose F is its shared experts' width (0 without them); its routed
-    experts' activations depend on the device's tokens, not per token: `moe_buffers`."""
+    experts' activations depend on the device's tokens, not per token: `moe_buffers`. With
+    ModelConfig.sequence_parallel the input and the residual sum are split over `tensor` too."""
     D = m.d_model
     F = m.n_shared_experts * m.effective_moe_mlp_dim if stack == "moe_layers" else m.effective_mlp_dim
     N, K, F = (n // tensor if n % tensor == 0 else n for n in (m.n_heads, m.n_kv_heads, F))
     H = -(-m.effective_head_dim // lanes) * lanes
-    return {"input": D, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
-            "residual": D, "normed2": D, "gate": F, "up": F, "act": F, "down": D}
+    # Sequence parallelism splits the residual stream (the layer input, the residual sum) over tensor.
+    R = D // tensor if m.sequence_parallel and D % tensor == 0 else D
+    return {"input": R, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
+            "residual": R, "normed2": D, "gate": F, "up": F, "act": F, "down": D}
 
 
 def moe_rows(m: ModelConfig, tokens: int, expert: int) -> int:
@@ -649,14 +652,19 @@ def recompute_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, la
     (none without remat: every activation is kept), an MoE layer's with its routing and dispatch buffers
     (`moe_buffers`), the larger of a dense and an MoE layer; with `splash`, the kernel's fused backward
     also writes one partial dq per key block (seq_len / attention_block_k of them, each the size of q) and
-    sums them."""
+    sums them. With sequence parallelism the recomputed layer's activations are whole along the sequence
+    (gathered for the matmuls), and its input and residual sum are held gathered beside their split
+    copies (two more (tokens, D) arrays; measured on the dense 600B at tensor 8)."""
     tokens, cdt = batch * seq_len, DTYPE_BYTES[m.dtype]
     layer = layer_activations(m, tensor, lanes)
+    sp = m.sequence_parallel and tensor > 1
+    whole = dataclasses.replace(m, sequence_parallel=False)
     out = 0
     if m.remat != "none":
-        out = 2 * max(tokens * sum(layer_activations(m, tensor, stack=stack).values()) * cdt
+        out = 2 * max(tokens * sum(layer_activations(whole, tensor, stack=stack).values()) * cdt
                       + (sum(moe_buffers(m, tokens, tensor, expert).values()) if stack == "moe_layers" else 0)
                       for stack, _ in _stacks(m))
+        out += 2 * tokens * m.d_model * cdt if sp else 0
     if splash:
         out += -(-seq_len // min(m.attention_block_k, seq_len)) * tokens * layer["q"] * cdt
     return out
