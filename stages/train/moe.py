@@ -115,7 +115,7 @@ def bias_update(bias, load, rate: float):
     return (bias + rate * jnp.sign(target - load)).astype(bias.dtype)
 
 
-def capacity(cfg: ModelConfig, tokens: int, expert_axis: int = 1) -> int:
+def capacity(cfg: ModelConfig, tokens: int) -> int:
     """Rows per expert of a device's capacity buffer for `tokens` tokens: ceil(factor * tokens * k / E), or
     `tokens` (nothing can be dropped) when dropless."""
     if not cfg.moe_capacity_factor:

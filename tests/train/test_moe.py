@@ -296,3 +296,34 @@ def test_the_report_plots_expert_balance_for_a_mixture_of_experts_only(tmp_path)
     assert report.moe_plot(rows, str(tmp_path)) == ["moe.png"]
     assert (tmp_path / "moe.png").read_bytes()[:4] == b"\x89PNG"
     assert report.moe_plot([{"step": 1, "loss": 3.0}], str(tmp_path / "dense")) == []
+
+
+def test_the_layer_loop_equals_the_scan_and_accumulated_micro_batches_move_the_bias():
+    from stages.train import loop, sharding
+    from stages.train.configs import MeshConfig, OptimizerConfig
+
+    cfg = dataclasses.replace(MOE, n_shared_experts=1, moe_bias_update_rate=0.01)
+    tokens = jax.random.randint(jax.random.key(4), (2, 16), 0, cfg.vocab_size)
+    scanned = Transformer(cfg, rngs=nnx.Rngs(0))
+    looped = Transformer(dataclasses.replace(cfg, scan_layers=False), rngs=nnx.Rngs(0))
+    (a, _, sa), (b, _, sb) = scanned(tokens, with_moe_stats=True), looped(tokens, with_moe_stats=True)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(sa["load"], sb["load"], atol=1e-6)
+    assert sa["load"].shape == (cfg.n_moe_layers, cfg.n_experts)
+
+    mesh = sharding.make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    ocfg = OptimizerConfig(learning_rate=1e-2, warmup_steps=1, total_steps=2, grad_accum_steps=2)
+    graphdef, tx, init = loop.init_program(cfg, ocfg, 0, mesh)
+    params, opt = init()
+    options = {"eos_id": 1, "loss_chunk": 64, "z_loss": 0.0, "grad_accum_steps": 2, "skip_nonfinite": True,
+               "bias_rate": 0.01}
+    step, _ = loop.jit_steps(graphdef, tx, options, sharding.shardings_of(params), sharding.shardings_of(opt),
+                             mesh)
+    batch = np.asarray(jax.random.randint(jax.random.key(5), (4, 17), 2, cfg.vocab_size), np.int32)
+    with jax.set_mesh(mesh):
+        new, _, out = step(params, opt, sharding.global_batch(batch, mesh))
+    bias = np.asarray(new["moe_layers"]["router_bias"][...])
+    assert out["moe/load"].shape == (cfg.n_moe_layers, cfg.n_experts)
+    # One bias step after the two micro-batches' mean load: each entry -0.01, 0 or +0.01.
+    assert np.isin(np.round(np.abs(bias) * 100), (0.0, 1.0)).all()
+    assert np.abs(bias).max() == pytest.approx(0.01)
