@@ -193,7 +193,7 @@ def _dropless(cfg, x, routing: Routing, gate, up, down, tensor_axis):
     sizes = jnp.bincount(flat, length=cfg.n_experts).astype(jnp.int32)      # (E,)
     impl = resolve_impl(cfg.moe_impl)
     out = _swiglu(xs, gate, up, down, lambda a, b: grouped_matmul(a, b, sizes, impl), tensor_axis)
-    unsorted = jnp.zeros_like(out).at[order].set(out)                       # (n * k, D) in token order
+    unsorted = _gather_rows(out, _inverse(order, n * k))                    # (n * k, D) in token order
     return unsorted.reshape(n, k, -1)
 
 
@@ -211,17 +211,29 @@ def _with_capacity(cfg, x, routing: Routing, gate, up, down, expert_axis, tensor
     rank = jnp.zeros_like(rank_sorted).at[order].set(rank_sorted)           # place within its expert
     kept = rank < C
     slot = jnp.where(kept, slot_major * C + rank, E * C)                    # E * C: the dropped row
-    token = jnp.arange(k * n) % n
-    buffer = jnp.zeros((E * C + 1, D), x.dtype).at[slot].set(jnp.take(x, token, axis=0))[:-1]
-    buffer = buffer.reshape(E, C, D)
+    filler = _inverse(slot, E * C)                                          # (E * C,) k * n: an empty row
+    buffer = _gather_rows(x, jnp.where(filler < k * n, filler % n, n)).reshape(E, C, D)
     if expert_axis:
         buffer = jax.lax.all_to_all(buffer, expert_axis, 0, 1, tiled=True)   # (E / ep, ep * C, D)
     out = _swiglu(buffer, gate, up, down, lambda a, b: jnp.einsum("ecd,edf->ecf", a, b), tensor_axis)
     if expert_axis:
         out = jax.lax.all_to_all(out, expert_axis, 1, 0, tiled=True)         # (E, C, D)
-    rows = jnp.concatenate([out.reshape(E * C, D), jnp.zeros((1, D), out.dtype)])
-    back = jnp.take(rows, slot, axis=0).reshape(k, n, D).swapaxes(0, 1)     # (n, k, D)
+    back = _gather_rows(out.reshape(E * C, D), slot).reshape(k, n, D).swapaxes(0, 1)    # (n, k, D)
     return back, kept.reshape(k, n).T.astype(jnp.float32)
+
+
+def _inverse(dest, size: int):
+    """dest (M,) int, where each of M rows goes (`size` or more: nowhere) -> (size,) int32, the row that
+    lands at each place (M where none does). The routed tokens move by gathers through this map: a
+    gather's gradient is a scatter-add that keeps nothing but the indices, where scattering the rows
+    themselves (`.at[dest].set(x)`) keeps masks and copies of them for the backward pass."""
+    M = dest.shape[0]
+    return jnp.full((size,), M, jnp.int32).at[dest].set(jnp.arange(M, dtype=jnp.int32), mode="drop")
+
+
+def _gather_rows(x, index):
+    """x (M, D), index (R,) -> (R, D): x[index], zeros where index is M or more."""
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
 
 
 # ---------------------------------------------------------------------------------------- grouped matmul
@@ -271,16 +283,17 @@ def _tiled(x, w, group_sizes):
     inside = group < E
     g = jnp.minimum(group, E - 1)
     dest = jnp.where(inside, padded_ends[g] - padded[g] + row - (ends[g] - sizes[g]), n_tiles * tile)
-    xp = jnp.zeros((n_tiles * tile + 1, K), x.dtype).at[dest].set(x)[:-1].reshape(n_tiles, tile, K)
+    xp = _gather_rows(x, _inverse(dest, n_tiles * tile)).reshape(n_tiles, tile, K)
     tile_group = jnp.minimum(jnp.searchsorted(padded_ends, jnp.arange(n_tiles) * tile, side="right"), E - 1)
 
+    # Rematerialized, so the backward pass slices w[gi] again rather than keeping every tile's (K, N) slice.
+    @jax.checkpoint
     def one(_, inputs):
         xt, gi = inputs
         return None, jnp.dot(xt, w[gi], preferred_element_type=jnp.float32).astype(x.dtype)
 
     _, out = jax.lax.scan(one, None, (xp, tile_group))                      # (n_tiles, tile, N)
-    out = jnp.concatenate([out.reshape(n_tiles * tile, N), jnp.zeros((1, N), x.dtype)])
-    return jnp.take(out, dest, axis=0)
+    return _gather_rows(out.reshape(n_tiles * tile, N), dest)
 
 
 @functools.cache

@@ -107,14 +107,19 @@ assert set(KEPT) == set(REMAT_ORDER)
 # the shared experts' activations are `KEPT`'s). Only the router's matmul has no batch dimension (the
 # experts' einsums batch over the experts), and no policy names the dispatch buffers; save_dots keeps the
 # experts' einsums of the capacity path, not a dropless grouped matmul (no dot_general: `_MOE_DOTS`).
+# Without remat, what the backward pass reads: the experts' input (what the all-to-all received, else what
+# was sent), gate, up and their product, and the k outputs the combine weights; not the down projection
+# or what the all-to-alls and gathers move (their transposes read only indices). XLA also keeps three
+# more (rows, Fe) arrays for SiLU's gradient (`MOE_SILU_KEPT`; seen in TPU buffer assignment, 124M-MoE).
 MOE_KEPT = {
-    "none": {"logits", "scores", "sent", "received", "gate", "up", "act", "down", "returned", "combined"},
+    "none": {"logits", "scores", "sent", "received", "gate", "up", "act", "combined"},
     "save_dots": {"logits", "gate", "up", "down"},
     "dots_no_batch": {"logits"},
     "minimal": set(), "save_qkv_proj": set(), "full": set(),
 }
 assert set(MOE_KEPT) == set(REMAT_ORDER)
 _MOE_DOTS = {"gate", "up", "down"}      # the experts' einsums: save_dots keeps them on the capacity path only
+MOE_SILU_KEPT = 3                       # (rows, Fe) arrays beyond MOE_KEPT["none"] for SiLU's gradient
 ALWAYS = ("params", "optimizer", "activations", "weights", "accumulated")    # held through the whole step
 
 
@@ -602,7 +607,8 @@ def moe_kept(m: ModelConfig, expert: int) -> set[str]:
     """The rows of `moe_buffers` that `m`'s remat policy (or the one its offload_* policy is named after)
     keeps for the backward pass."""
     base = m.remat.removeprefix(OFFLOAD)
-    return MOE_KEPT[base] - (_MOE_DOTS if base == "save_dots" and not _capacity_path(m, expert) else set())
+    kept = MOE_KEPT[base] - (_MOE_DOTS if base == "save_dots" and not _capacity_path(m, expert) else set())
+    return kept - {"sent"} if expert > 1 and "received" in kept else kept
 
 
 def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, lanes: int = 1,
@@ -618,7 +624,7 @@ def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, l
     pinned host memory (unpadded), all but the layer input, which only offload_full moves there; the
     device holds two layers of it in flight (one leaving or arriving while the next is computed). An MoE
     layer also keeps what the policy keeps of its routing and dispatch (`MOE_KEPT`, `moe_buffers`, with
-    `expert` the mesh's expert axis).
+    `expert` the mesh's expert axis), and without remat SiLU's residuals (`MOE_SILU_KEPT`).
     """
     base = m.remat.removeprefix(OFFLOAD)
     kept = KEPT[base]
@@ -639,7 +645,8 @@ def activation_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, l
         if stack == "moe_layers":        # routing and dispatch: per device, not per token; never lane-padded
             buffers, moe = moe_buffers(m, tokens, tensor, expert), moe_kept(m, expert)
             away = moe if offloaded else set()
-            device += n_layers * sum(buffers[k] for k in moe - away)
+            device += n_layers * (sum(buffers[k] for k in moe - away)
+                                  + (MOE_SILU_KEPT * buffers["act"] if base == "none" else 0))
             host += n_layers * sum(buffers[k] for k in away)
             moving += sum(buffers[k] for k in away)
         in_flight = max(in_flight, 2 * moving)
