@@ -8,7 +8,10 @@ parallelism on 8 simulated devices trains as one device does, step for step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import re
 import textwrap
 
 import jax
@@ -200,6 +203,27 @@ def test_gradients_match_a_float64_reference():
     assert r["router_grad"] > 1e-3 and r["bias_grad"] == 0.0       # the router learns; the bias only selects
     for name in ("tiled", "ragged_dot", "capacity"):
         assert max(r[name]) < 1e-5, (name, r[name])
+
+
+@pytest.mark.parametrize("path", [{"moe_impl": "tiled"}, {"moe_capacity_factor": 1.25}])
+def test_the_backward_pass_keeps_no_copy_of_the_routed_rows_or_of_the_expert_weights_per_tile(path):
+    """The tokens move by gathers (their gradients read only indices), so no boolean mask and no copy of
+    the n * k assignments' rows is saved for the backward pass; the tiled matmul slices each tile's weight
+    again rather than saving a stack of (D, F) slices."""
+    cfg = dataclasses.replace(MOE, **path)
+    w, h = _weights(jax.random.key(0), cfg), _h(cfg, n=256)
+    n, k, D = 256, cfg.n_experts_per_token, cfg.d_model
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        jax.ad_checkpoint.print_saved_residuals(lambda h, w: moe.moe_ffn(cfg, h, w)[0].sum(), h, w)
+    saved = [(dtype, tuple(int(d) for d in dims.split(",") if d))     # "bf16[8192,768] output of ..."
+             for dtype, dims in re.findall(r"^(\w+)\[([\d,]*)\]", printed.getvalue(), re.M)]
+    assert saved and not [s for s in saved if s[0] == "bool"], saved
+    assert (cfg.n_experts, D, cfg.effective_moe_mlp_dim) in [s[1] for s in saved]    # the weights, once
+    assert not [s for s in saved if len(s[1]) == 3 and s[1][1:] in ((D, cfg.effective_moe_mlp_dim),
+                                                                  (cfg.effective_moe_mlp_dim, D))
+                and s[1][0] != cfg.n_experts], saved
+    assert (n * k, D) not in [s[1] for s in saved], saved
 
 
 # ------------------------------------------------------------------------------------ training end to end
