@@ -26,7 +26,7 @@ from stages.clean import contamination, tally
 from stages.clean.config import Config, build_filters
 from stages.io import figures, storage
 
-SAMPLE_CHARS = 300          # of each rejected document shown in report.md
+EXCERPT_CHARS = 300          # of each rejected document shown in report.md
 UNKNOWN = "other"           # the step of a reason that no step names
 META_FIELDS, META_CHARS = 4, 40   # a sample's metadata summary: its first fields, each value cut to this
 # CommonMark lets a backslash escape any ASCII punctuation; these are the ones that can start markup
@@ -180,7 +180,7 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
                          f"{got['docs_contaminated']:,} | {example} |")
         lines.append("")
     lines += ["## Rejected samples", "",
-              f"Up to {config.samples_per_reason} per reason, smallest ids first, the first {SAMPLE_CHARS} "
+              f"Up to {config.samples_per_reason} per reason, smallest ids first, the first {EXCERPT_CHARS} "
               "characters of the text as the filter saw it (⏎ marks a line break).", ""]
     for step, reason in order:
         shown = samples.get(reason, [])
@@ -190,8 +190,8 @@ def markdown(stats: dict, order: list[tuple[str, str]], samples: dict[str, list[
             lines += [f"{len(shown)} shown, from [{file}]({file}):", ""]
         for s in shown:
             text = s.get("text")
-            excerpt = "(no text)" if text is None else _escape(_one_line(text[:SAMPLE_CHARS])) + (
-                "…" if len(text) > SAMPLE_CHARS else "")
+            excerpt = "(no text)" if text is None else _escape(_one_line(text[:EXCERPT_CHARS])) + (
+                "…" if len(text) > EXCERPT_CHARS else "")
             url = f" {_escape(str(s['url']))}" if s.get("url") else ""
             meta = metadata_summary(s.get("metadata"))
             meta = f" ({_escape(meta)})" if meta else ""

@@ -17,7 +17,7 @@ import json
 from stages.clean.order import doc_order
 from stages.io import storage
 
-SAMPLE_CHARS = 500
+REJECTED_TEXT_CHARS = 500   # of each rejected document kept in rejected/ (report.md shows fewer)
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class Tally:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
         self.dropped_chars[reason] = self.dropped_chars.get(reason, 0) + chars
         text = doc.get("text")
-        text = text[:SAMPLE_CHARS] if isinstance(text, str) else None
+        text = text[:REJECTED_TEXT_CHARS] if isinstance(text, str) else None
         self._offer(reason, {"id": doc.get("id"), "url": doc.get("url"), "source": doc.get("source"),
                              "reason": reason, "text": text})
 

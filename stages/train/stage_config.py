@@ -8,7 +8,7 @@ gin binds them as `train.Config.<field>` and `train.LaunchConfig.<field>` (CONFI
 `__init__`). They live here, not in the package `__init__` or `launch.py`, so that `spec.py` (the worker's
 schema), `launch.py` and `worker.py` can import them without importing the package or each other: no
 module of the training stage imports the package, and the imports among them have no cycle
-(tests/train/test_import_cycles.py). Import-light: the standard library, `configs.py` and `stages.io.storage`.
+(tests/test_import_cycles.py). Import-light: the standard library, `configs.py` and `stages.io.storage`.
 """
 
 from __future__ import annotations

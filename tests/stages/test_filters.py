@@ -176,7 +176,7 @@ def test_samples_are_truncated_and_reason_names_become_safe_file_names():
     t = tally.Tally(samples_per_reason=1)
     t.drop("too_long", {"id": "a", "text": "y" * 10_000}, 10_000)
     assert t.samples["too_long"] == [{"id": "a", "url": None, "source": None, "reason": "too_long",
-                                      "text": "y" * tally.SAMPLE_CHARS}]
+                                      "text": "y" * tally.REJECTED_TEXT_CHARS}]
     assert tally.file_name("http 404/not found") == "http_404_not_found"
     assert tally.file_name("../x") == "_x"
     assert tally.file_name("invalid_utf8") == "invalid_utf8"
