@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stages.evaluate import scoring
+from stages.train import scoring
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
 from stages.yardsticks import tasks, tokenized

@@ -63,7 +63,7 @@ class RefineryLM(LM):
 
     def __init__(self, net, sp, eos_id: int, *, rows: int = 8, length: int | None = None, seed: int = 0):
         super().__init__()
-        from stages.evaluate import scoring
+        from stages.train import scoring
 
         self.net, self.sp, self.eos_id, self.seed = net, sp, int(eos_id), seed
         self.scorer = scoring.Scorer(net, prefix_id=self.eos_id, rows=rows, length=length)

@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stages.evaluate import scoring
 from stages.io import llmc, storage
-from stages.train import checkpoint, data, loop, model
+from stages.train import checkpoint, data, loop, model, scoring
 from stages.train.configs import ModelConfig
 from stages.yardsticks import score, tokenized
 

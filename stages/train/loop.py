@@ -37,9 +37,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from stages.evaluate import scoring
 from stages.io import storage
-from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, sharding
+from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, scoring, sharding
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
 from stages.train.stop import TrainingStopped, stop_requests

@@ -1,6 +1,6 @@
 """Reference text in bits per byte: a yardstick that no data or tokenizer choice can move.
 
-    from stages.evaluate import scoring
+    from stages.train import scoring
 from stages.yardsticks import reference
     scorer = scoring.Scorer(net, prefix_id=eos_id)
     docs = reference.embedded_documents()                   # [(title, text)], from package data

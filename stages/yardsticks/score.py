@@ -1,6 +1,6 @@
 """Scores tokenized yardsticks with a model: the numbers eval.json and the in-loop metrics rows hold.
 
-    from stages.evaluate import scoring
+    from stages.train import scoring
     from stages.yardsticks import score, tokenized
     y = tokenized.load(committed_yardsticks)
     result = score.score(scoring.Scorer(net, prefix_id=y.eos_id), y)

@@ -13,9 +13,9 @@ from flax import nnx
 from pipeline import __main__ as cli
 from pipeline import cache, config
 from stages import evaluate, yardsticks
-from stages.evaluate import measure, report, scoring
+from stages.evaluate import measure, report
 from stages.io import storage
-from stages.train import model
+from stages.train import model, scoring
 from stages.train.configs import ModelConfig
 from stages.yardsticks import tasks, tokenized
 from tests.conftest import REPO

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from stages.download import embedded
-from stages.evaluate import scoring
+from stages.train import scoring
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
 from stages.yardsticks import reference, texts

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stages.evaluate import scoring
+from stages.train import scoring
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
 
@@ -225,7 +225,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from stages.evaluate import scoring
+from stages.train import scoring
 from stages.train import sharding, worker
 from stages.train.configs import MeshConfig, ModelConfig
 from stages.train.model import Transformer
