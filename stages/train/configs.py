@@ -111,10 +111,13 @@ class ModelConfig:
                      "attention_block_q", "attention_block_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 1")
-        for name in ("head_dim", "mlp_dim", "rope_original_max_len", "n_experts", "n_shared_experts",
-                     "moe_mlp_dim", "n_dense_layers"):
+        # What 0 means differs: a size derived from the others, or none of the thing (a dense model).
+        for name, zero in (("head_dim", "derived"), ("mlp_dim", "derived"),
+                           ("rope_original_max_len", "derived"), ("moe_mlp_dim", "derived"),
+                           ("n_experts", "a dense model"),
+                           ("n_shared_experts", "none"), ("n_dense_layers", "none")):
             if getattr(self, name) < 0:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = derived)")
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = {zero})")
         if self.head_dim == 0 and self.d_model % self.n_heads:
             raise ValueError(f"ModelConfig: n_heads={self.n_heads} does not divide d_model={self.d_model}; "
                              f"pick n_heads dividing d_model or set head_dim explicitly")
@@ -442,6 +445,19 @@ class MeshConfig:
         return dict(zip(AXES, self.shape(n_devices)))
 
 
+def expert_split_problem(model: ModelConfig, mesh: MeshConfig) -> str:
+    """Why a mixture of experts' experts do not split evenly over the mesh's expert axis (its size within a
+    slice x the slices it spans), or "": each device holds n_experts / expert of them (stages/train/moe.py),
+    which training would find only when it starts, after the data half."""
+    experts = mesh.expert * mesh.dcn_expert
+    if not model.n_experts or model.n_experts % experts == 0:
+        return ""
+    return (f"ModelConfig.n_experts={model.n_experts} does not split over the mesh's expert axis of "
+            f"{experts} (train.MeshConfig.expert={mesh.expert} x dcn_expert={mesh.dcn_expert}): each device "
+            f"holds n_experts / {experts} experts; pick n_experts a multiple of {experts}, or an expert size "
+            f"that divides {model.n_experts}")
+
+
 def batch_axes_named(sizes: Mapping[str, int]) -> str:
     """"data x fsdp" (with " x expert" where the mesh has an expert axis): what a batch is split over."""
     return " x ".join(a for a in BATCH_AXES if a != "expert" or sizes.get("expert", 1) > 1)
@@ -513,6 +529,8 @@ class HardwareConfig:
             raise ValueError(f"HardwareConfig: topology={self.topology!r} names TPU generation "
                              f"{generation!r}, not one of {tuple(TPU_GENERATIONS)} (a topology such as "
                              '"v5p:8x8x16")')
+        if self.topology and (problem := topology_problem(self.topology)):
+            raise ValueError(f"HardwareConfig: topology={self.topology!r} {problem}")
 
 
 # TPU generations a topology may name ("v5p:8x8x16") -> (their row in devices.DEVICES, megacore: whether a
@@ -520,6 +538,34 @@ class HardwareConfig:
 # asked for megacore (stages/train/aot.py asks), v5p as megacore already; v5e and v6e have one TensorCore.
 TPU_GENERATIONS = {"v4": ("tpu-v4", True), "v5e": ("tpu-v5e", False), "v5p": ("tpu-v5p", True),
                    "v6e": ("tpu-v6e", False)}
+
+
+# The chip grids a single TPU slice comes in (Cloud TPU's v4, v5p, v5e and v6e pages). A v4 or v5p slice is a
+# 3D torus: one of the small grids, else every side a multiple of 4 (a whole 4x4x4 cube and more), up to the
+# largest slice a job may take (v4: the 4,096-chip pod; v5p: 16x16x24, 6,144 chips); v5e and v6e come in the
+# listed 2D shapes. stages/train/planner.py's SLICES (the slices a search tries) follows them (a test checks).
+TPU_SMALL_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
+TPU_MAX_CHIPS_3D = {"v4": 4096, "v5p": 6144}
+TPU_GRIDS_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+
+
+def topology_problem(topology: str) -> str:
+    """Why "<generation>:<grid>" names no slice of that TPU generation ("" when it does), so a grid such as
+    v5p:3x3x3 is refused rather than planned as 27 chips."""
+    generation, _, grid = topology.partition(":")
+    if generation not in TPU_GENERATIONS:
+        return ""                         # the caller names the generation itself
+    sides = [int(n) if n.isdigit() else 0 for n in grid.split("x")]
+    if generation in TPU_MAX_CHIPS_3D:
+        cap = TPU_MAX_CHIPS_3D[generation]
+        if len(sides) == 3 and (grid in TPU_SMALL_3D or all(n and n % 4 == 0 for n in sides)
+                                and math.prod(sides) <= cap):
+            return ""
+        return (f"is not a {generation} slice: its grids are {', '.join(TPU_SMALL_3D)}, or AxBxC with every "
+                f"side a multiple of 4 (4x4x4, 4x4x8, 8x8x16, ...) up to {cap:,} chips")
+    if grid in TPU_GRIDS_2D:
+        return ""
+    return f"is not a {generation} slice: its grids are {', '.join(TPU_GRIDS_2D)}"
 
 
 def topology_chips(topology: str) -> int:

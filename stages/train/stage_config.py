@@ -16,7 +16,14 @@ from __future__ import annotations
 import dataclasses
 
 from stages.io import storage
-from stages.train.configs import NAN_POLICIES, HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
+from stages.train.configs import (
+    NAN_POLICIES,
+    HardwareConfig,
+    MeshConfig,
+    ModelConfig,
+    OptimizerConfig,
+    expert_split_problem,
+)
 
 LAUNCH_KINDS = ("inprocess", "local", "tpu_vm")
 
@@ -103,6 +110,8 @@ class Config:
                              f"HardwareConfig.num_slices="
                              f"{self.hardware.num_slices}; the dcn sizes must multiply to the number of "
                              f"slices (e.g. train.MeshConfig.dcn_data={self.hardware.num_slices})")
+        if problem := expert_split_problem(self.model, self.mesh):
+            raise ValueError(problem)
         if self.global_batch % self.optimizer.grad_accum_steps:
             raise ValueError(f"global_batch={self.global_batch} must be a multiple of "
                              f"OptimizerConfig.grad_accum_steps={self.optimizer.grad_accum_steps} "
