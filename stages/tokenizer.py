@@ -128,6 +128,30 @@ def pretrained_file(pretrained: str) -> str:
     return pretrained if pretrained.endswith(".model") else storage.join(pretrained, "tokenizer.model")
 
 
+def check(config: Config) -> str:
+    """What stops `config` before any stage runs, in one line, or "": a `pretrained` file that cannot be read
+    or is not a sentencepiece model (it is loaded here: a model is megabytes, and random bytes failed only
+    when the stage ran)."""
+    if not config.pretrained:
+        return ""
+    import sentencepiece as spm
+
+    path = pretrained_file(config.pretrained)
+    where = f"tokenizer.Config.pretrained={config.pretrained!r}"
+    try:
+        model = storage.read_bytes(path)
+    except Exception as e:  # noqa: BLE001 - however the store fails, one line naming the file
+        return f"{where}: cannot read {path} ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+    try:                # an empty proto parses as a model of no pieces, which nothing can encode with
+        pieces = spm.SentencePieceProcessor(model_proto=model).get_piece_size() if model else 0
+    except RuntimeError:
+        pieces = 0
+    if pieces < 1:
+        return (f"{where}: {path} ({len(model):,} bytes) is not a sentencepiece model; name a "
+                "tokenizer.model file (or a directory holding one) that sentencepiece wrote")
+    return ""
+
+
 def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 

@@ -6,6 +6,7 @@ memory-mapped, with numpy only: no torch, no `safetensors` package.
                       metadata={"format": "pt"})      # each array is asked for, written and dropped in turn
     with safetensors.Reader("out/model.safetensors") as f:
         f.names(); f.spec("model.norm.weight"); f.array("model.norm.weight")   # a read-only memory map
+    safetensors.read_specs("gs://b/model.safetensors")    # {name: Spec}: the header alone, by ranged reads
 
 The file: 8 bytes (little-endian u64) giving the header's length, the header (JSON: name -> dtype, shape,
 data_offsets [begin, end) relative to the data that follows; "__metadata__": str -> str), padded with spaces
@@ -14,6 +15,13 @@ Because every offset follows from the shapes and dtypes, the header is written f
 has to be held whole: peak memory is one tensor (`write`). `plan_shards` splits a model's tensors into files
 under a size limit, as `save_pretrained` does, with the index (`model.safetensors.index.json`) that names
 each tensor's file.
+
+A file from outside (train.Config.init_from) is trusted for nothing: `parse_header` checks the length
+against the file's size and a limit, that the header is a UTF-8 JSON object, that every dtype is one this
+module reads, and that every tensor's data_offsets lie inside the data and span exactly dtype x shape
+bytes without overlapping another's, and raises ValueError naming the file and the tensor. `read_specs`
+does this for any storage path by reading only the first 8 + header-length bytes, so a checkpoint of
+hundreds of gigabytes is checked before any work for the price of two small reads a file.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 from collections.abc import Callable, Iterable, Mapping
 
@@ -35,6 +44,9 @@ DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F6
 _NUMPY = {v: k for k, v in DTYPES.items()}
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+# The safetensors library's own limit on a header (its MAX_HEADER_SIZE): a length above it is damage, and
+# reading it would ask for that much memory (a header length of 2^62 was a MemoryError).
+MAX_HEADER_BYTES = 100_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,15 +128,93 @@ def index(files: list[list[Spec]]) -> dict:
             "weight_map": {s.name: names[i] for i, group in enumerate(files) for s in group}}
 
 
+def read_specs(path: str) -> dict[str, Spec]:
+    """Every tensor's Spec from the header of the safetensors file at `path` (local, gs://, hf://), checked
+    as `parse_header` checks it; reads the 8-byte length and the header, never the tensors."""
+    fs, p = storage.filesystem(path)
+    size = fs.size(p)
+    head = fs.cat_file(p, start=0, end=min(size, 8))
+    n = header_length(path, head, size)
+    _, entries = parse_header(path, fs.cat_file(p, start=8, end=8 + n), size)
+    return {name: Spec(name, tuple(e["shape"]), _NUMPY[e["dtype"]]) for name, e in entries.items()}
+
+
+def header_length(path: str, first: bytes, size: int) -> int:
+    """The header length that the file's first 8 bytes (`first`) give, checked against the file's `size`;
+    ValueError naming `path` when the file cannot hold it."""
+    if size < 8 or len(first) < 8:
+        raise ValueError(f"{path}: {size} bytes, too short for the 8-byte header length of a safetensors "
+                         "file (truncated, or not safetensors)")
+    (n,) = struct.unpack("<Q", first[:8])
+    if n > size - 8:
+        raise ValueError(f"{path}: its header length {n:,} runs past the end of the file ({size:,} bytes): "
+                         "truncated, or not a safetensors file")
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"{path}: its header length {n:,} is over the {MAX_HEADER_BYTES:,} bytes any "
+                         "safetensors header may have: damaged, or not a safetensors file")
+    if n < 2:
+        raise ValueError(f"{path}: its header length {n} cannot hold a JSON object: not a safetensors file")
+    return n
+
+
+def parse_header(path: str, raw: bytes, size: int) -> tuple[dict, dict[str, dict]]:
+    """(metadata, {tensor name: entry}) from the header bytes `raw` of the `size`-byte file `path`, every
+    entry checked (dtype known, shape of non-negative ints, data_offsets inside the data, spanning dtype x
+    shape, overlapping no other tensor); ValueError naming the file and the tensor."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: its header is not UTF-8 (byte {e.start} of {len(raw)}): damaged, or not "
+                         "a safetensors file") from None
+    try:
+        head = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: its header is not JSON ({e.msg} at character {e.pos}): damaged, or not a "
+                         "safetensors file") from None
+    if not isinstance(head, dict):
+        raise ValueError(f"{path}: its header is a JSON {type(head).__name__}, not an object of tensors")
+    metadata = head.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}: its __metadata__ is a JSON {type(metadata).__name__}, not an object")
+    data = size - 8 - len(raw)
+    spans = []
+    for name, e in head.items():
+        where = f"{path}: tensor {name}"
+        if not isinstance(e, dict):
+            raise ValueError(f"{where}: its header entry is {e!r}, not {{dtype, shape, data_offsets}}")
+        if e.get("dtype") not in _NUMPY:
+            raise ValueError(f"{where} has dtype {e.get('dtype')!r}, not one of {', '.join(sorted(_NUMPY))}")
+        shape, offsets = e.get("shape"), e.get("data_offsets")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"{where} has shape {shape!r}, not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"{where} has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end")
+        if offsets[1] > data:
+            raise ValueError(f"{where} has data_offsets {offsets} past the end of the file's {data:,} bytes "
+                             "of data (truncated?)")
+        need = Spec(name, tuple(shape), _NUMPY[e["dtype"]]).nbytes
+        if offsets[1] - offsets[0] != need:
+            raise ValueError(f"{where} spans {offsets[1] - offsets[0]:,} bytes (data_offsets {offsets}); "
+                             f"{e['dtype']}{shape} needs {need:,}")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise ValueError(f"{path}: tensor {second}'s data overlaps tensor {first}'s")
+    return metadata, head
+
+
 class Reader:
-    """A local safetensors file, memory-mapped: `array(name)` reads only that tensor's pages."""
+    """A local safetensors file, memory-mapped: `array(name)` reads only that tensor's pages. The header is
+    checked as `parse_header` checks it when the file is opened."""
 
     def __init__(self, path: str):
         self.path = storage.local_path(path)
+        size = os.path.getsize(self.path)
         with open(self.path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            head = json.loads(f.read(n))
-        self.metadata = head.pop("__metadata__", {}) or {}
+            n = header_length(self.path, f.read(8), size)
+            self.metadata, head = parse_header(self.path, f.read(n), size)
         self._entries = head
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=8 + n) if head else None
 

@@ -53,7 +53,8 @@ def resolve(config: Config, bound: frozenset[str]) -> Config:
 
 
 def key_inputs(config: Config) -> dict | None:
-    """What training starts from outside the cache: init_from's files and their versions, or None."""
+    """What training starts from outside the cache: the init_from files it reads and their versions (from a
+    listing: config.json, the index, the weight files it names, the tokenizer file), or None."""
     if not config.init_from:
         return None
     from stages.train import init_from
@@ -107,13 +108,20 @@ def check(config: Config) -> str:
     """What stops `config` before anything runs, in one line, or "" (the command line asks before any stage
     starts, so a wrong mesh does not wait for the data half): a CPU run whose mesh or batch does not fit
     the devices its processes will have (`configs.cpu_run_problem`), a config the planner says cannot fit
-    its hardware (unless `train.HardwareConfig.allow_unfit`)."""
+    its hardware (unless `train.HardwareConfig.allow_unfit`), a checkpoint (`init_from`) whose safetensors
+    headers are damaged or do not hold the model its config.json describes (init_from.problem: headers
+    only, never the weights)."""
     if problem := cpu_run_problem(config, os.environ):
         return problem
     p = planner.plan(config)
     if not p.fits and not config.hardware.allow_unfit:
         verdict = p.render().splitlines()[-1].strip()
         return f"{verdict} (train.HardwareConfig.allow_unfit=True trains anyway; make plan shows the plan)"
+    if config.init_from:
+        from stages.train import init_from
+
+        if problem := init_from.problem(config.init_from, config.model):
+            return f"train.Config.init_from={config.init_from!r}: {problem}"
     return ""
 
 

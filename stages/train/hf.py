@@ -104,15 +104,48 @@ def model_fields(config: dict, where: str = "config.json") -> dict:
     for name, want in fixed.items():
         if config.get(name, want) != want:
             raise ValueError(f"{where}: {name}={config[name]!r}; Refinery's decoder has {name}={want!r}")
-    heads = config["num_attention_heads"]
-    fields = {"vocab_size": config["vocab_size"], "d_model": config["hidden_size"],
-              "n_layers": config["num_hidden_layers"], "n_heads": heads,
-              "n_kv_heads": config.get("num_key_value_heads") or heads,
-              "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-              "mlp_dim": config["intermediate_size"], "max_seq_len": config["max_position_embeddings"],
+    size = {name: _count(config, name, where) for name in REQUIRED}
+    heads = size["num_attention_heads"]
+    optional = {name: _count(config, name, where, required=False)
+                for name in ("num_key_value_heads", "head_dim")}
+    fields = {"vocab_size": size["vocab_size"], "d_model": size["hidden_size"],
+              "n_layers": size["num_hidden_layers"], "n_heads": heads,
+              "n_kv_heads": optional["num_key_value_heads"] or heads,
+              "head_dim": optional["head_dim"] or size["hidden_size"] // heads,
+              "mlp_dim": size["intermediate_size"], "max_seq_len": size["max_position_embeddings"],
               "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
-              "norm_eps": float(config.get("rms_norm_eps", 1e-6))}
-    return fields | _rope_fields(config, where)
+              "norm_eps": _number(config, "rms_norm_eps", 1e-6, where)}
+    try:
+        return fields | _rope_fields(config, where)
+    except (KeyError, TypeError) as e:        # a rope setting missing or of the wrong kind
+        raise ValueError(f"{where}: its rope settings cannot be read ({type(e).__name__}: {e}): "
+                         f"rope_scaling={config.get('rope_scaling')!r}") from None
+
+
+# The sizes every Llama config.json states (transformers' defaults for them describe a 7B model: never
+# assumed). Each must be a positive integer.
+REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings")
+
+
+def _count(config: dict, name: str, where: str, required: bool = True) -> int:
+    """`config[name]` as a positive int (0 when absent or null and not `required`); ValueError naming the
+    file and the setting otherwise."""
+    value = config.get(name)
+    if value is None and not required:
+        return 0
+    if name not in config:
+        raise ValueError(f"{where} has no {name} (a Llama config.json states {', '.join(REQUIRED)})")
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{where}: {name}={value!r} must be a positive integer")
+    return value
+
+
+def _number(config: dict, name: str, default: float, where: str) -> float:
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}: {name}={value!r} must be a positive number")
+    return float(value)
 
 
 def _rope_fields(config: dict, where: str) -> dict:

@@ -1,12 +1,21 @@
 """Training that starts from a Hugging Face Llama checkpoint: `train.Config.init_from`.
 
-    make pipeline OVERRIDES='train.Config.init_from = "/models/my-llama"'   # or gs://..., hf://owner/name@<sha>
+    make pipeline OVERRIDES='train.Config.init_from = "/models/my-llama"'   # gs://..., hf://owner/name@<sha>
 
 What happens, and where:
     the model config   is the checkpoint's config.json (`resolve`, called when the gin config is loaded):
                        a train.ModelConfig field gin binds to a different value is an error naming both
-    the cache key      holds init_from and `fingerprint`: every file of the directory and its version (local:
-                       size and mtime; gs://: generation; hf://: the blob id), as download keys its files
+    the files          are named by the directory alone: config.json, model.safetensors or the files
+                       model.safetensors.index.json's weight_map names, tokenizer.model or tokenizer.json. A
+                       name in the index must be a plain file name in the directory: no '..', no absolute
+                       path, no sub-directory, no URL (`weight_files`), so a checkpoint never reads, and no
+                       key misses, a file outside it
+    the cache key      holds init_from and `fingerprint`: each file that is read and its version from one
+                       listing (local: size and mtime; gs://: generation; hf://: the blob id), as download
+                       keys its files; no other file of the directory counts
+    before any stage   `problem` reads every safetensors header (two ranged reads a file, never the weights)
+                       and checks it against the file and the model config: train.check, so a damaged or
+                       mismatched checkpoint is one line before the data half runs, naming file and tensor
     the tokenizer      must be the one the weights were trained with: `tokenizer_problem` compares the run's
                        sentencepiece pieces with the checkpoint's tokenizer.model (or tokenizer.json's
                        vocabulary) before training starts; to use the checkpoint's own tokenizer, set
@@ -19,6 +28,7 @@ What happens, and where:
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -29,36 +39,127 @@ from stages.train import hf
 log = logging.getLogger(__name__)
 
 
+CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")      # the first one present is the one read
+FLOATING = ("float32", "bfloat16", "float16", "float64")    # what a weight may be stored as
+
+
 def model_fields(source: str) -> dict:
     """ModelConfig fields from `source`'s config.json; ValueError naming the file and the setting."""
-    path = storage.join(source, "config.json")
-    if not storage.exists(path):
-        raise ValueError(f"train.Config.init_from={source!r} has no config.json (a Hugging Face model "
-                         "directory: config.json, *.safetensors, the tokenizer)")
-    return hf.model_fields(storage.read_json(path), where=path)
+    path = storage.join(source, CONFIG)
+    if not _storage(storage.exists, path):
+        raise ValueError(f"train.Config.init_from={source!r} has no {CONFIG} (a Hugging Face model "
+                         f"directory: {CONFIG}, *.safetensors, the tokenizer)")
+    config = _json(path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is a JSON {type(config).__name__}, not an object of settings (a Hugging "
+                         "Face config.json: model_type, hidden_size, num_attention_heads, ...)")
+    return hf.model_fields(config, where=path)
 
 
-def fingerprint(source: str) -> dict[str, str]:
-    """Every file directly in `source` -> its version (storage.versions), for the cache key."""
-    found = storage.versions(storage.join(source, "*"))
+def listing(source: str) -> dict[str, str]:
+    """Every file directly in `source` -> its version (storage.versions: one listing, nothing opened)."""
+    found = _storage(storage.versions, storage.join(source, "*"))
     if not found:
         raise ValueError(f"train.Config.init_from={source!r} holds no files")
     return {path.rsplit("/", 1)[-1]: version for path, version in found.items()}
 
 
+def weight_files(source: str, listed: dict[str, str]) -> list[str]:
+    """The names of the checkpoint's safetensors files: those model.safetensors.index.json's weight_map
+    names, else model.safetensors; `listed` is `listing(source)`. ValueError naming the index and the name
+    when one is not a plain file name in `source` ('..', an absolute path, a sub-directory, a URL) or is
+    missing from it."""
+    index = storage.join(source, safetensors.INDEX)
+    if safetensors.INDEX not in listed:
+        if safetensors.SINGLE in listed:
+            return [safetensors.SINGLE]
+        raise ValueError(f"init_from {source}: no {safetensors.SINGLE} or {safetensors.INDEX} (only "
+                         "safetensors weights are read; save with safe_serialization=True)")
+    weight_map = weight_map_of(source)
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+            raise ValueError(f"{index} names the weight file {name!r}, which is not a file name in {source}: "
+                             "a checkpoint is read from its own directory only (no '..', absolute path, "
+                             "sub-directory or URL)")
+        if name not in listed:
+            raise ValueError(f"{index} names the weight file {name!r}, which is not in {source} (it holds "
+                             f"{', '.join(sorted(listed))})")
+    return names
+
+
+def weight_map_of(source: str) -> dict[str, str]:
+    """model.safetensors.index.json's weight_map (tensor name -> file name); ValueError naming the file when
+    it is not JSON or not such an object."""
+    index = storage.join(source, safetensors.INDEX)
+    data = _json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if (not isinstance(weight_map, dict) or not weight_map
+            or not all(isinstance(v, str) for v in weight_map.values())):
+        raise ValueError(f"{index} has no weight_map of tensor name -> file name (as transformers' "
+                         "save_pretrained writes it)")
+    return weight_map
+
+
+def fingerprint(source: str) -> dict[str, str]:
+    """Each file of `source` that is read (config.json, the index, the weight files, the tokenizer file) ->
+    its version (storage.versions), for the cache key: what the run reads, and nothing else."""
+    listed = listing(source)
+    if CONFIG not in listed:
+        raise ValueError(f"train.Config.init_from={source!r} has no {CONFIG}")
+    names = [CONFIG, *[n for n in (safetensors.INDEX,) if n in listed], *weight_files(source, listed),
+             *[n for n in TOKENIZER_FILES if n in listed][:1]]
+    return {name: listed[name] for name in names}
+
+
+def problem(source: str, mcfg) -> str:
+    """Why the checkpoint at `source` cannot start `mcfg` (the model config resolved from it), in one line
+    naming the file and the tensor, or "": every safetensors header is read (its length and JSON only) and
+    checked (safetensors.read_specs), every tensor the index maps must be in its file, and every tensor the
+    model needs (hf.tensors) must be there with its shape and a floating dtype."""
+    try:
+        listed = listing(source)
+        names = weight_files(source, listed)
+        specs = {name: _storage(safetensors.read_specs, storage.join(source, name)) for name in names}
+        weight_map = weight_map_of(source) if safetensors.INDEX in listed else {}
+    except ValueError as e:
+        return str(e)
+    for tensor, name in weight_map.items():
+        if tensor not in specs[name]:
+            return (f"{storage.join(source, safetensors.INDEX)} maps tensor {tensor} to {name}, whose header "
+                    "has no such tensor")
+    where = {tensor: name for name in names for tensor in specs[name]} | weight_map
+    for t in hf.tensors(mcfg):
+        if t.name not in where:
+            return (f"init_from {source}: tensor {t.name} is in none of its safetensors files "
+                    f"({', '.join(names)}); {CONFIG}'s model needs it")
+        path, spec = storage.join(source, where[t.name]), specs[where[t.name]][t.name]
+        if spec.shape != t.shape:
+            return f"{path}: tensor {t.name} is {spec.shape}, the model of {CONFIG} needs {t.shape}"
+        if spec.dtype not in FLOATING:
+            return f"{path}: tensor {t.name} is {spec.dtype}; a weight is one of {', '.join(FLOATING)}"
+    return ""
+
+
 def resolve(model_config, bound: frozenset[str], source: str):
     """`model_config` with every field config.json expresses taken from `source`; ValueError when a field in
-    `bound` (the ModelConfig fields gin set) holds another value, naming both."""
+    `bound` (the ModelConfig fields gin set) holds another value, naming both, or when the index names a
+    weight file outside `source` (weight_files: so that is found when the config loads, before any key)."""
     import dataclasses
 
     fields = model_fields(source)
+    weight_files(source, listing(source))
     for name, value in fields.items():
         mine = getattr(model_config, name)
         if name in bound and mine != value:
             raise ValueError(f"train.ModelConfig.{name} = {mine!r} (gin) conflicts with {value!r} in "
-                             f"{storage.join(source, 'config.json')}; the model config is taken from "
+                             f"{storage.join(source, CONFIG)}; the model config is taken from "
                              "train.Config.init_from: remove the binding")
-    return dataclasses.replace(model_config, **fields)
+    try:
+        return dataclasses.replace(model_config, **fields)
+    except ValueError as e:           # ModelConfig's own checks: say where the values came from
+        raise ValueError(f"{e} (from {storage.join(source, CONFIG)})") from None
 
 
 def tokenizer_problem(sp_model: bytes, source: str) -> str:
@@ -101,7 +202,8 @@ def load_params(source: str, mcfg, params):
     by_param: dict[str, list[hf.Tensor]] = {}
     for t in hf.tensors(mcfg):
         by_param.setdefault(t.param, []).append(t)
-    files = _weight_files(source)
+    names = weight_files(source, listing(source))
+    files = {name: storage.join(source, name) for name in names}
     with storage.local_files(list(files.values())) as local:
         readers = {name: safetensors.Reader(path) for name, path in zip(files, local)}
         arrays = {tensor: r.array(tensor) for r in readers.values() for tensor in r.names()}   # views
@@ -137,14 +239,23 @@ def load_params(source: str, mcfg, params):
     return loaded
 
 
-def _weight_files(source: str) -> dict[str, str]:
-    """File name -> path of the checkpoint's safetensors files (from the index when there is one)."""
-    index = storage.join(source, safetensors.INDEX)
-    if storage.exists(index):
-        names = sorted(set(storage.read_json(index)["weight_map"].values()))
-    elif storage.exists(storage.join(source, safetensors.SINGLE)):
-        names = [safetensors.SINGLE]
-    else:
-        raise ValueError(f"init_from {source}: no {safetensors.SINGLE} or {safetensors.INDEX} (only "
-                         "safetensors weights are read; save with safe_serialization=True)")
-    return {name: storage.join(source, name) for name in names}
+
+def _storage(call, path: str):
+    """`call(path)`, with whatever stops the store (an offline hub, a missing bucket, no permission) as one
+    ValueError naming `path` instead of a library's traceback."""
+    try:
+        return call(path)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every way storage fails ends the same: one line, the path
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot read {path} ({type(e).__name__}: {why})") from None
+
+
+def _json(path: str):
+    """The JSON in `path`; ValueError naming the file when it cannot be read or is not JSON."""
+    raw = _storage(storage.read_bytes, path)
+    try:
+        return json.loads(raw)
+    except ValueError as e:          # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path} is not JSON ({e})") from None
