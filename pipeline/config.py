@@ -80,10 +80,10 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     gin_errors.check_sources(gin_files)
     # Files, then each override on its own (what parse_config_files_and_bindings does, less the joining of
     # the overrides into one text), so that an error names the override it is in.
-    with gin_errors.quiet_include_search():
+    with gin_errors.includes_beside_their_files() as read:
         for path in gin_files:
             try:
-                gin.parse_config_file(path)
+                read(path)
             except gin_errors.GIN_ERRORS as e:
                 raise ConfigError(gin_errors.explain(e, registry, gin_errors.where(gin_files, gin_params))) \
                     from None

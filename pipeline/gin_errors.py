@@ -16,10 +16,10 @@ import dataclasses
 import difflib
 import glob
 import io
-import logging
 import os
 import re
 import tokenize
+from collections.abc import Callable, Iterator
 
 import gin
 
@@ -34,20 +34,42 @@ class ConfigError(ValueError):
 GIN_ERRORS = (ValueError, KeyError, SyntaxError, ImportError, OSError, tokenize.TokenError)
 
 
-class quiet_include_search(contextlib.AbstractContextManager):
-    """Gin looks for `include 'model/tiny.gin'` relative to the working directory before gin/, and logs
-    every miss on the root logger as an ERROR ("Path not found"); a miss followed by a hit is no error."""
+@contextlib.contextmanager
+def includes_beside_their_files() -> Iterator[Callable[[str], object]]:
+    """While it lasts, gin reads each `include` from the file `find_include` names for the file that holds
+    it, and skips a UTF-8 byte-order mark at the start of every file. Yields `read(path)`, which parses one
+    gin file (a run's own, as given) that way.
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = str(record.msg)
-        return not msg.startswith(("Path not found", "system_path_file_exists"))
+    Gin itself looks an include up relative to the working directory first, then on its search paths, and
+    tries each place with every registered reader, including one that reads `data/embedded.gin` as the
+    file `embedded.gin` of a Python package `data`: a folder named data, model or recipe where the run
+    starts made every shipped gin file fail with a TypeError. Gin passes an include's name and not the
+    file it is in, so its own lookup (`gin.config.parse_config_file`, which gin calls for every include)
+    is replaced for the duration."""
+    original = gin.config.parse_config_file
+    reading: list[str | None] = [None]           # the file being parsed; None: an override
 
-    def __enter__(self):
-        logging.getLogger().addFilter(self)
-        return self
+    def read(path: str, skip_unknown=False) -> object:
+        reading.append(path)
+        try:
+            with open(path, encoding="utf-8-sig") as f:     # -sig: a byte-order mark is not gin
+                includes, imports = gin.config.parse_config(f, skip_unknown=skip_unknown)
+        finally:
+            reading.pop()
+        return gin.config.ParsedConfigFileIncludesAndImports(path, imports, includes)
 
-    def __exit__(self, *exc):
-        logging.getLogger().removeFilter(self)
+    def include(name: str, skip_unknown=False, print_includes_and_imports=False) -> object:
+        found = find_include(name, reading[-1])
+        if found is None:
+            raise OSError(f"include {name!r} not found; includes are {looked_up(reading[-1])}"
+                          f"{similar_gin_files(name)}")
+        return read(found, skip_unknown)
+
+    gin.config.parse_config_file = include
+    try:
+        yield read
+    finally:
+        gin.config.parse_config_file = original
 
 
 def explain(e: Exception, registry: dict[str, type], where: str) -> str:
@@ -131,7 +153,7 @@ def check_sources(gin_files: tuple[str, ...]) -> None:
         if real in done:
             return
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:     # a byte-order mark at the start is skipped
                 text = f.read()
         except UnicodeDecodeError as e:
             raise ConfigError(f"gin file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
@@ -139,11 +161,10 @@ def check_sources(gin_files: tuple[str, ...]) -> None:
             raise ConfigError(f"cannot read gin file {path}: {e.strerror or e}") from None
         includes, problem = scan(text)
         for line, name in includes:       # gin reads an include where it stands, before the rest of the file
-            found = find_include(name)
+            found = find_include(name, path)
             if found is None:
-                raise ConfigError(f"{path} line {line}: include {name!r} not found; includes are looked up "
-                                  f"relative to the working directory ({os.getcwd()}), then in the gin/ "
-                                  f"directory ({GIN_DIR}){similar_gin_files(name)}")
+                raise ConfigError(f"{path} line {line}: include {name!r} not found; includes are "
+                                  f"{looked_up(path)}{similar_gin_files(name)}")
             here = (*chain, (path, real))
             starts = [i for i, (_, r) in enumerate(here) if r == os.path.realpath(found)]
             if starts:
@@ -197,11 +218,33 @@ def scan(text: str) -> tuple[list[tuple[int, str]], str]:
     return includes, ""
 
 
-def find_include(name: str) -> str | None:
-    """The file gin reads for `include name`: an absolute path as it is, else the first of the working
-    directory and the search paths (gin/) that holds it."""
-    prefixes = [""] if os.path.isabs(name) else gin.config._LOCATION_PREFIXES
-    return next((os.path.join(p, name) for p in prefixes if os.path.isfile(os.path.join(p, name))), None)
+def find_include(name: str, including: str | None = None) -> str | None:
+    """The file `include name` in the gin file `including` (None: an override) reads, or None: an absolute
+    path as it is, else the first of `include_dirs(including)` that holds it. The working directory plays
+    no part, so what it holds cannot change what a gin file means."""
+    dirs = [""] if os.path.isabs(name) else include_dirs(including)
+    return next((os.path.join(d, name) for d in dirs if os.path.isfile(os.path.join(d, name))), None)
+
+
+def include_dirs(including: str | None) -> list[str]:
+    """Where a relative include is looked up, in order: the directory of the file that holds it, then the
+    repository's gin/. A file under gin/ (every shipped one: gin/twins/600b.gin includes '600b.gin', the
+    run it is the twin of) writes its includes relative to gin/ alone; an override has no directory."""
+    if including is None:
+        return [GIN_DIR]
+    here = os.path.dirname(os.path.abspath(including))
+    if os.path.realpath(here) == os.path.realpath(GIN_DIR) or \
+            os.path.realpath(here).startswith(os.path.realpath(GIN_DIR) + os.sep):
+        return [GIN_DIR]
+    return [here, GIN_DIR]
+
+
+def looked_up(including: str | None) -> str:
+    """How an include of `including` is looked up, for an error ("looked up relative to ... then in ...")."""
+    dirs = include_dirs(including)
+    if len(dirs) == 1:
+        return f"looked up in the gin/ directory ({GIN_DIR})"
+    return f"looked up relative to the including file ({dirs[0]}), then in the gin/ directory ({GIN_DIR})"
 
 
 def similar_gin_files(name: str) -> str:
