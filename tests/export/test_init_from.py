@@ -75,6 +75,22 @@ def test_a_transformers_checkpoint_round_trips_through_init_from_and_export(tmp_
     assert np.abs(np.asarray(net.logits(hidden)) - expected).max() <= 1e-4
 
 
+def test_what_transformers_saves_sharded_in_bfloat16_passes_the_header_checks_and_loads(tmp_path, sp_model):
+    """The checks before work (init_from.problem) accept what save_pretrained writes: shards under an index,
+    bfloat16, its metadata; the key names exactly those files; the weights load from them."""
+    hf = _hf_checkpoint(tmp_path / "hf", sp_model).to(torch.bfloat16)
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True, max_shard_size="100KB")
+    shards = sorted(p.name for p in (tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "hf" / safetensors.INDEX).exists()
+    mcfg = ModelConfig(**init_from.model_fields(str(tmp_path / "hf")))
+    assert init_from.problem(str(tmp_path / "hf"), mcfg) == ""
+    read = {"config.json", safetensors.INDEX, "tokenizer.model", *shards}
+    assert set(init_from.fingerprint(str(tmp_path / "hf"))) == read
+    _, params = _loaded(tmp_path / "hf")
+    expected = hf.state_dict()["model.norm.weight"].float().numpy()
+    assert np.array_equal(np.asarray(params["final_norm"][...]), expected)
+
+
 def test_training_two_steps_from_a_checkpoint_runs(tmp_path, sp_model, shard):
     # weights 25 times larger than a fresh init: a loss far above ln(320) shows where training started
     _hf_checkpoint(tmp_path / "hf", sp_model, initializer_range=0.5)
