@@ -182,7 +182,7 @@ def parse_header(path: str, raw: bytes, size: int) -> tuple[dict, dict[str, dict
         where = f"{path}: tensor {name}"
         if not isinstance(e, dict):
             raise ValueError(f"{where}: its header entry is {e!r}, not {{dtype, shape, data_offsets}}")
-        if e.get("dtype") not in _NUMPY:
+        if not isinstance(e.get("dtype"), str) or e["dtype"] not in _NUMPY:
             raise ValueError(f"{where} has dtype {e.get('dtype')!r}, not one of {', '.join(sorted(_NUMPY))}")
         shape, offsets = e.get("shape"), e.get("data_offsets")
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):

@@ -145,6 +145,8 @@ CASES = [
             lambda h: h["model.norm.weight"].update(data_offsets=[NORM, NORM + 64])))),
     _ck("unknown_dtype", "tensor model.norm.weight has dtype 'F8_E4M3', not one of BF16, BOOL, F16",
         weights=_weights(header=_edited(lambda h: h["model.norm.weight"].update(dtype="F8_E4M3")))),
+    _ck("dtype_not_a_string", "tensor model.norm.weight has dtype [16], not one of BF16",
+        weights=_weights(header=_edited(lambda h: h["model.norm.weight"].update(dtype=[16])))),
     _ck("offsets_overlap", "tensor model.embed_tokens.weight's data overlaps tensor model.norm.weight's",
         weights=_weights(header=_edited(lambda h: h["model.norm.weight"].update(data_offsets=[0, 32])))),
     # ---- headers that are whole but do not hold config.json's model
