@@ -7,10 +7,11 @@
 catches everything a config alone can get wrong) and prints the first problem as one `error:` line with
 exit status 2. They cover what needs the command line, the cache root, the inputs or the machine: the
 Luigi workers and scheduler, a cache root with an unknown scheme or that cannot be reached or written,
-inputs that cannot be listed, a stage's own plan that cannot be made and its own `check(config)` (the
-training mesh against the devices its processes will have; download's files: a glob that matches a
-directory, an extension no reader takes, a first record without the text field). Every check is cheap:
-a listing, a connection, a probe file, the first record of a file. tests/pipeline/test_bad_config.py holds
+a regular file where a stage's directory should be, inputs that cannot be listed, a stage's own plan that
+cannot be made and its own `check(config)` (the training mesh against the devices its processes will have;
+download's files: a glob that matches a directory, an extension no reader takes, a first record without the
+text field; yardsticks' reference files: none with text). Every check is cheap: a listing, a connection, a
+probe file, the first record of a file. tests/pipeline/test_bad_config.py and test_bad_inputs.py hold
 one case of each.
 """
 
@@ -48,7 +49,8 @@ def arguments(workers: int, scheduler: str | None) -> str:
 
 
 def unreachable(plan: Plan) -> str:
-    """Why the cache root cannot be used, in one line, or "" when it can be reached."""
+    """Why the cache root cannot be used, in one line, or "" when it can be reached (and no stage's
+    directory in it is a file)."""
     if problem := storage.scheme_problem(plan.cache_root):
         return f"cannot reach the cache root {plan.cache_root}: {problem} (pipeline.Settings.cache_root)"
     try:
@@ -56,6 +58,20 @@ def unreachable(plan: Plan) -> str:
         storage.check_reachable(plan.cache_root)
     except Exception as e:  # noqa: BLE001 - any failure to reach storage ends the same way: one clear line
         return f"cannot reach the cache root {plan.cache_root}: {type(e).__name__}: {e}".splitlines()[0]
+    return stage_directories(plan)
+
+
+def stage_directories(plan: Plan) -> str:
+    """A regular file where a stage's directory `<cache_root>/<stage>` must be, named in one line, or ""
+    (every read of the cache, planning's included, would fail on it with NotADirectoryError). Local roots
+    only: a bucket holds an object and a prefix of the same name side by side."""
+    if not storage.is_local(plan.cache_root):
+        return ""
+    for stage in plan.stages:
+        path = storage.join(plan.cache_root, stage)
+        if os.path.exists(storage.local_path(path)) and not os.path.isdir(storage.local_path(path)):
+            return (f"{path} is a file, not a directory: the cache keeps the {stage} stage's outputs there; "
+                    "move the file away, or set pipeline.Settings.cache_root to another directory")
     return ""
 
 

@@ -218,6 +218,81 @@ def scan(text: str) -> tuple[list[tuple[int, str]], str]:
     return includes, ""
 
 
+def repeated_key(gin_files: tuple[str, ...], params: tuple[str, ...], name: str) -> str:
+    """Where a dict bound to `name` (`sweep.variants = {...}`) names a key twice, in a gin file, a file it
+    includes or an override, as "F line N: name names 'k' twice (first on line M)...", or "". Gin, like
+    Python, keeps the last value of a repeated key and drops the first without a word, so the source is
+    read."""
+    sources, seen = [], set()
+
+    def walk(path: str) -> None:
+        if os.path.realpath(path) in seen:
+            return
+        seen.add(os.path.realpath(path))
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+        for _, include in scan(text)[0]:
+            if (found := find_include(include, path)) is not None:
+                walk(found)
+        sources.append((path, text))
+
+    for path in gin_files:
+        walk(path)
+    sources += [(f"override {p!r}", p) for p in params]
+    for where, text in sources:
+        for line, value in _bound_values(text, name):
+            try:
+                tree = ast.parse(value, mode="eval").body
+            except SyntaxError:
+                continue
+            if not isinstance(tree, ast.Dict):
+                continue
+            first: dict = {}
+            for key in tree.keys:
+                try:
+                    k = ast.literal_eval(key) if key is not None else None
+                except ValueError:
+                    continue
+                at = line + key.lineno - 1 if key is not None else line
+                if k in first:
+                    before = f" (first on line {first[k]})" if first[k] != at else ""
+                    return (f"{where} line {at}: {name} names {k!r} twice{before}; gin would keep the last "
+                            "and drop the first without a word: give each entry its own name")
+                first[k] = at
+    return ""
+
+
+def _bound_values(text: str, name: str) -> list[tuple[int, str]]:
+    """(line, source of the value) of every `name = value` statement in gin source `text`."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    out, statement, depth = [], [], 0
+
+    def take():
+        names = [t.string for t in statement]
+        if "=" in names:
+            eq = names.index("=")
+            if "".join(names[:eq]) == name and eq + 1 < len(statement):
+                (r0, c0), (r1, c1) = statement[eq + 1].start, statement[-1].end
+                out.append((r0, text[starts[r0 - 1] + c0:starts[r1 - 1] + c1]))
+
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER) and depth == 0:
+                if statement:
+                    take()
+                statement = []
+            elif tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+                statement.append(tok)
+                depth += tok.string in "([{" if tok.type == tokenize.OP else 0
+                depth -= tok.string in ")]}" if tok.type == tokenize.OP else 0
+    except tokenize.TokenError:     # an unclosed bracket: gin has reported it before this is asked
+        pass
+    return out
+
+
 def find_include(name: str, including: str | None = None) -> str | None:
     """The file `include name` in the gin file `including` (None: an override) reads, or None: an absolute
     path as it is, else the first of `include_dirs(including)` that holds it. The working directory plays

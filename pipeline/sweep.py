@@ -28,10 +28,13 @@ import dataclasses
 import os
 
 import gin
-from pipeline import config
+from pipeline import config, gin_errors
 from pipeline import plan as run_plan
 
 SEED_BINDING = "train.Config.seed"   # what a sweep's seed sets: parameter init and data order
+# Each seed trains every variant once, and planning builds a config per run before anything starts: a bound
+# keeps a typo (sweep.seeds = 1000000000) a one-line error instead of a planner that never finishes.
+MAX_SEEDS = 100
 
 
 @gin.configurable("sweep")
@@ -54,9 +57,9 @@ class Run:
 
 def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[str]], int]:
     """(variants: name -> bindings, seeds) read from the gin files; ConfigError naming the file and the
-    binding when `sweep.variants` is not a dict of names to lists of binding strings, `sweep.seeds` not an
-    int >= 1 or `sweep.cumulative` not a bool. With `cumulative`, each variant's bindings are those of
-    every variant before it (in the file's order) followed by its own."""
+    binding when `sweep.variants` is not a dict of names to lists of binding strings or names one twice,
+    `sweep.seeds` not an int in [1, MAX_SEEDS] or `sweep.cumulative` not a bool. With `cumulative`, each
+    variant's bindings are those of every variant before it (in the file's order) followed by its own."""
     config.load(gin_files, params)   # validates the base config and parses the sweep bindings
     files = ", ".join(gin_files)
     try:
@@ -66,12 +69,15 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[st
     if not isinstance(found, dict) or not found:
         raise config.ConfigError(f"{files}: sweep.variants must be a non-empty dict name -> [bindings], "
                                  f"got {found!r}")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise config.ConfigError(f"{files}: sweep.seeds = {seeds!r} must be an int >= 1 (each variant trains "
-                                 f"with {SEED_BINDING} = 0, 1, ..., seeds - 1; 1 keeps the base seed)")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise config.ConfigError(f"{files}: sweep.seeds = {seeds!r} must be an int in [1, {MAX_SEEDS}] (each "
+                                 f"variant trains with {SEED_BINDING} = 0, 1, ..., seeds - 1; 1 keeps the "
+                                 "base seed)")
     if not isinstance(cumulative, bool):
         raise config.ConfigError(f"{files}: sweep.cumulative = {cumulative!r} must be True (each variant "
                                  "adds its bindings to those of the variants before it) or False (default)")
+    if problem := gin_errors.repeated_key(tuple(gin_files), tuple(params), "sweep.variants"):
+        raise config.ConfigError(problem)
     out, before = {}, []
     for name, bindings in found.items():
         bindings = [bindings] if isinstance(bindings, str) else bindings

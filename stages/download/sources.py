@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import zlib
 from collections.abc import Iterator, Mapping
 from importlib import metadata
@@ -99,7 +100,7 @@ class Files:
 
     def fingerprint(self) -> dict[str, str]:
         """Every matched file -> its version (`storage.versions`: local size and mtime, gs:// generation)."""
-        return _fingerprint("download.Files.paths", self.paths)
+        return _fingerprint("download.Files.paths", self.paths, "*.jsonl")
 
     def check(self) -> str:
         """What would fail the run, found before it starts, in one line ("" when nothing): a glob that
@@ -330,7 +331,8 @@ class Warc:
             library = metadata.version(self.extractor)
         except metadata.PackageNotFoundError:
             library = "not installed"
-        return {"files": _fingerprint("download.Warc.paths", self.paths), self.extractor: library}
+        files = _fingerprint("download.Warc.paths", self.paths, "*.warc.gz")
+        return {"files": files, self.extractor: library}
 
     def units(self) -> list[str]:
         from stages.download import warc
@@ -381,13 +383,31 @@ def _globs(name: str, paths, example: str) -> tuple[str, ...]:
         raise TypeError(f"{name}={paths!r} is one string; expected a list of globs: [{paths!r}]")
     if not paths:
         raise ValueError(f"{name} is empty; set it to a list of local or Cloud Storage globs, e.g. {example}")
-    return tuple(paths)
+    return tuple(_home(name, p) for p in paths)
 
 
-def _fingerprint(what: str, patterns: tuple[str, ...]) -> dict[str, str]:
+def _home(name: str, path) -> str:
+    """A local `path` with "~/x" or "~user/x" expanded to that home directory, as a shell (and
+    pipeline.Settings.cache_root) would: left alone, the glob looks for a directory named "~" and matches
+    nothing while the files exist. A `~user` with no home directory is refused."""
+    if not (isinstance(path, str) and path.startswith("~") and storage.is_local(path)):
+        return path
+    home = os.path.expanduser(path)
+    if home.startswith("~"):
+        raise ValueError(f"{name}: {path!r}: no such user's home directory to expand {path.split('/')[0]!r} "
+                         "to; name the directory in full")
+    return home
+
+
+def _fingerprint(what: str, patterns: tuple[str, ...], example: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for pattern in patterns:
-        found.update(_matching(storage.versions(pattern), f"{what}: {pattern!r}"))
+        versions = storage.versions(pattern)            # regular files only
+        if not versions and (dirs := storage.glob(pattern)):     # what it matched is directories
+            one = "a directory" if dirs == [pattern] else f"only directories ({', '.join(dirs[:3])})"
+            raise ValueError(f"{what}: {pattern!r} is {one}; name the files in it, e.g. "
+                             f"{storage.join(dirs[0], example)!r}")
+        found.update(_matching(versions, f"{what}: {pattern!r}"))
     return dict(sorted(found.items()))
 
 

