@@ -97,9 +97,12 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
 
     settings = _build("pipeline.Settings", registry, gin_files, gin_params)
     stages: dict[str, StagePlan] = {}
+    built = {name: _build(f"{name}.Config", registry, gin_files, gin_params) for name in dag.STAGES}
     for name in dag.STAGES:
         module = dag.module(name)
-        config = _build(f"{name}.Config", registry, gin_files, gin_params)
+        config = built[name]
+        if follow := getattr(module, "follow", None):   # fields one binding of another stage sets: clean's
+            config = follow(config, built)               # contamination check follows yardsticks.Config.tasks
         if resolve := getattr(module, "resolve", None):      # a config completed from outside (init_from)
             try:
                 config = resolve(config, _bound(name, module))

@@ -13,9 +13,10 @@ Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_d
                                  first: {id, url, source, reason, text (first 500 chars)}
     report.md, removed.png       documents and characters removed per reason in pipeline order (a chart),
                                  and the rejected samples (report.py); written even when min_docs fails
-    contamination.json           per yardstick (reference set or downstream task): {kind, items,
-                                 items_contaminated, docs_contaminated, n, dropped, examples}: the items that
-                                 share a word 13-gram with a kept document (contamination.py)
+    contamination.json           per yardstick scored (yardsticks.Config's reference sets and tasks): {kind,
+                                 items, short_items, items_contaminated, docs_contaminated, n, dropped,
+                                 examples}: the items that share a word 13-gram with a kept document, or
+                                 that one holds whole when shorter than 13 words (contamination.py)
 
 Modules, one job each: config.py (`Config`, and the filters it switches on, in order: `build_filters`),
 document.py (one document: `clean_document`, `duplicate_key`), normalize.py, filters.py (the filter
@@ -36,7 +37,8 @@ order a document meets them:
                    it keeps), FineWeb, PII masking (a rewriter that drops nothing)
     duplicate      the same normalized text as a document with a smaller id (`dedup`)
     near_duplicate in a MinHash cluster (below) whose smallest id is another document (`minhash`)
-    contaminated   shares a word 13-gram with a yardstick item, when `clean.Contamination.drop` is on
+    contaminated   shares a word 13-gram with a yardstick item (holds all of an item shorter than 13
+                   words), when `clean.Contamination.drop` is on
                    (contamination.py; reported in contamination.json either way)
 report.md lists every step with its reasons. chars_in and dropped_chars count the text as
 downloaded and chars_kept the text written, so chars_in - chars_kept - sum(dropped_chars) is what
@@ -75,7 +77,7 @@ from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
 
 __all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "build_filters",
-           "check", "clean_document", "duplicate_key", "key_inputs", "run", "summary"]
+           "check", "clean_document", "duplicate_key", "follow", "key_inputs", "run", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,10 @@ log = logging.getLogger(__name__)
 # @clean.GopherQuality()`, None: off) instead of prefixed fields of clean.Config (`gopher_min_doc_words`):
 # the config's JSON, and so every key, changed; the documents did not;
 # 6: the contamination check (`clean.Config.contamination`): every output gains contamination.json, and
-# with `clean.Contamination.drop` the documents that share a 13-gram with a yardstick are dropped
-VERSION = "6"
+# with `clean.Contamination.drop` the documents that share a 13-gram with a yardstick are dropped;
+# 7: an item shorter than 13 words (n) is found when a document holds it whole (it could never be before),
+# and contamination.json counts them (short_items)
+VERSION = "7"
 # The URL filter's list files (`blocked_domain_files`, ...): what the stage reads from outside the cache
 LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(urls.URLFilter) if f.name.endswith("_files"))
 
@@ -113,6 +117,17 @@ def key_inputs(config: Config) -> dict | None:
                                         "one entry a line ('#' starts a comment), plain or .gz")
             out[field][path] = found
     return out or None
+
+
+def follow(config: Config, configs: Mapping) -> Config:
+    """`config` with its contamination check on what is scored: `configs["yardsticks"]`'s reference sets and
+    tasks (yardsticks.Config), where clean.Contamination names no list of its own. The pipeline calls it
+    with every stage's config (pipeline/config.py), so that one binding, `yardsticks.Config.tasks`, decides
+    what is scored and what is checked; clean's key covers the list, so changing it reruns clean (and what
+    follows)."""
+    scored = configs["yardsticks"]
+    return dataclasses.replace(config, contamination=contamination.follow(
+        config.contamination, scored.reference_sets, scored.tasks))
 
 
 def check(config: Config) -> str:

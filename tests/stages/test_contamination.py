@@ -1,5 +1,7 @@
-"""The contamination check: planted 13-word overlaps with a HellaSwag item and an Aesop fable are found by
-the real clean stage, reported per yardstick, and dropped (reason `contaminated`) with the switch on.
+"""The contamination check: planted 13-word overlaps with a HellaSwag item and an Aesop fable, and a planted
+ARC-Easy item shorter than 13 words, are found by the real clean stage, reported per yardstick, and dropped
+(reason `contaminated`) with the switch on; clean text (the embedded corpus) holds none; the check follows
+what is scored (`yardsticks.Config.tasks`), and a list of its own that is not is refused before work.
 
     .venv/bin/python -m pytest -q tests/stages/test_contamination.py
 """
@@ -15,7 +17,7 @@ import random
 import numpy as np
 import pytest
 
-from stages import clean
+from stages import clean, yardsticks
 from stages.clean import contamination
 from stages.io import documents, storage
 from stages.yardsticks import reference, tasks, texts
@@ -80,15 +82,67 @@ def test_index_finds_13_word_overlaps_exactly():
 
 
 def test_a_hash_collision_is_never_reported(monkeypatch):
-    """With every n-gram hashing alike, each hit is confirmed word by word: the result is exact anyway."""
-    monkeypatch.setattr(contamination, "ngram_hashes",
-                        lambda words, n: np.zeros(max(len(words) - n + 1, 0), np.uint64))
+    """With every word (so every window) hashing alike, each hit is confirmed word by word: exact anyway."""
+    monkeypatch.setattr(contamination, "word_hashes", lambda words: np.zeros(len(words), np.uint64))
     found = texts.texts(reference_sets=("aesop_fables",))
+    found["short"] = [("s", "Which resource is nonrenewable? petroleum")]
     index = contamination.Index(found, N)
+    assert index.size == sum(len(texts.words(t)) - N + 1 for _, t in found["aesop_fables"]) + 1
     gram = _span(found["aesop_fables"][7][1], 20, N)
     assert [index.items[k] for k in index.matches(" ".join(gram))] == [("aesop_fables",
                                                                         found["aesop_fables"][7][0])]
     assert index.matches(_filler(1)) == []
+    assert [index.items[k] for k in index.matches("so which resource is nonrenewable petroleum")] == \
+        [("short", "s")]
+
+
+def test_window_hashes_from_the_prefix_array_are_the_chained_hashes():
+    """h(w_i .. w_i+n-1) = P[i + n] - P[i] * M**n equals chaining h * M + w word by word, for every n."""
+    words = texts.words(_filler(3, 40)) * 2
+    word = contamination.word_hashes(words)
+    for n in (1, 2, 5, 13, 79, 80, 81):
+        m = len(words) - n + 1
+        chained = word[:max(m, 0)].copy()
+        for j in range(1, n):
+            chained = chained * contamination._MULT + word[j:j + m]
+        assert contamination.ngram_hashes(words, n).tolist() == chained.tolist(), n
+    assert contamination.ngram_hashes(words[:12], 13).size == 0
+
+
+def test_an_item_shorter_than_n_words_is_found_whole_and_only_whole():
+    items = {"arc": [("short", "Which resource is nonrenewable? petroleum"),           # 5 words
+                     ("long", "One two three four five six seven eight nine ten eleven twelve thirteen.")],
+             "piqa": [("three", "rag cleans furniture "), ("empty", "?!")]}
+    index = contamination.Index(items, N)
+    assert index.short == {"arc": 1, "piqa": 1} and sorted(index.tables) == [3, 5, N]
+
+    def hits(text):
+        return [index.items[k][1] for k in index.matches(text)]
+
+    assert hits("The test asked: WHICH resource is non-renewable? Petroleum.") == []     # "non renewable"
+    assert hits("The test asked: WHICH resource is nonrenewable?! Petroleum, it said.") == ["short"]
+    assert hits("which resource is nonrenewable") == [] and hits("resource is nonrenewable petroleum") == []
+    assert hits("which resource is nonrenewable coal petroleum") == []                 # not in a row
+    assert hits("A rag cleans furniture well; which resource is nonrenewable petroleum") == ["short", "three"]
+    assert hits("rag cleans") == [] and hits("") == []
+    # Two texts never run together, and a short item is found at a text's very start and end.
+    assert index.matches_many(["which resource is", "nonrenewable petroleum", "rag cleans furniture"]) == \
+        [[], [], [2]]
+
+
+def test_clean_text_holds_no_item_of_any_task():
+    """The false-positive check on the repository's clean text: the embedded corpus (the tiny run's documents,
+    Python's docstrings) holds no 13-gram of any yardstick, nor any whole item shorter than 13 words, of every
+    task tasks.py has (1,533 short items, 3 to 12 words)."""
+    from stages.download import embedded
+
+    found = texts.texts(yardsticks.REFERENCE_SETS, tuple(tasks.TASKS))
+    index = contamination.Index(found, N)
+    assert sum(index.short.values()) > 1500 and min(index.tables) <= 3
+    docs = [doc["text"] for unit in embedded.units() for doc in embedded.read(unit) if doc.get("text")]
+    assert len(docs) > 5000
+    assert [(docs[i][:80], [index.items[k] for k in ks]) for i, ks in enumerate(index.matches_many(docs))
+            if ks] == []
 
 
 def test_config_names_what_is_wrong_and_the_valid_choices():
@@ -104,6 +158,9 @@ def test_config_names_what_is_wrong_and_the_valid_choices():
         clean.Config(contamination=None)
     assert clean.Config().contamination == contamination.Contamination()
     assert not contamination.Contamination(tasks=(), reference_sets=()).active
+    on_its_own = contamination.Contamination()          # follows nothing: yardsticks' defaults
+    assert (on_its_own.tasks, on_its_own.checked_tasks, on_its_own.checked_sets) == \
+        (None, yardsticks.TASKS, yardsticks.REFERENCE_SETS)
 
 
 def test_gin_switches_it_on(tmp_path):
@@ -112,7 +169,35 @@ def test_gin_switches_it_on(tmp_path):
                                          "clean.Contamination.drop = True",
                                          "clean.Contamination.max_items = 50"])
     check = plan.stages["clean"].config.contamination
-    assert check.drop and check.max_items == 50 and check.tasks == contamination.Contamination().tasks
+    assert check.drop and check.max_items == 50
+    assert (check.tasks, check.reference_sets) == (yardsticks.TASKS, yardsticks.REFERENCE_SETS)   # followed
+
+
+def test_the_check_follows_the_scored_tasks_and_its_key_covers_them(tmp_path):
+    """One binding, yardsticks.Config.tasks, decides what is scored and what is checked; clean's key covers
+    the list, so a tasks change reruns clean rather than leaving a check of other tasks in the cache."""
+    from pipeline import checks, config
+    root = f'pipeline.Settings.cache_root = "{tmp_path}"'
+    default = config.load(["gin/tiny.gin"], [root])
+    scored = config.load(["gin/tiny.gin"], [root, 'yardsticks.Config.tasks = ("piqa", "mmlu")',
+                                            "yardsticks.Config.reference_sets = ()"])
+    check = scored.stages["clean"].config.contamination
+    assert (check.tasks, check.reference_sets) == (("piqa", "mmlu"), ())
+    assert scored.stages["clean"].key != default.stages["clean"].key
+    assert "clean.Contamination.tasks = ('piqa', 'mmlu')" in scored.stages["clean"].config_gin
+    assert checks.cannot_run(scored, ["evaluate"]) == checks.cannot_run(default, ["evaluate"]) == ""
+    # The stage's config.gin is gin a run reads: the same clean key from it alone.
+    (tmp_path / "clean.gin").write_text(scored.stages["clean"].config_gin)
+    again = config.load([str(tmp_path / "clean.gin")], [root])
+    assert again.stages["clean"].key == scored.stages["clean"].key
+    # A list of its own: () switches a kind off; any other list is refused before work, in one line.
+    off = config.load(["gin/tiny.gin"], [root, "clean.Contamination.tasks = ()"])
+    assert off.stages["clean"].config.contamination.tasks == () and checks.cannot_run(off, ["evaluate"]) == ""
+    stale = config.load(["gin/tiny.gin"], [root, 'clean.Contamination.tasks = ("hellaswag",)'])
+    line = checks.cannot_run(stale, ["evaluate"])
+    assert line.startswith("evaluate: clean.Contamination.tasks=('hellaswag',) checks other yardsticks than "
+                           "yardsticks.Config.tasks=('hellaswag', 'arc_easy', 'arc_challenge', 'piqa')")
+    assert "\n" not in line and checks.cannot_run(stale, ["clean"]) == ""
 
 
 def test_without_the_task_package_the_stage_says_how_to_install_it(tmp_path, monkeypatch):
@@ -131,7 +216,7 @@ def test_without_the_task_package_the_stage_says_how_to_install_it(tmp_path, mon
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     check = contamination.Contamination(tasks=("hellaswag",), max_items=HELLASWAG_ITEMS)
-    found = texts.texts(check.reference_sets, check.tasks, HELLASWAG_ITEMS)
+    found = texts.texts(check.checked_sets, check.checked_tasks, HELLASWAG_ITEMS)
     (hs_id, hs_text), (hs2_id, hs2_text) = found["hellaswag"][17], found["hellaswag"][40]
     (fable_id, fable_text), (fable2_id, fable2_text) = found["aesop_fables"][3], found["aesop_fables"][30]
     hs, hs2 = _span(hs_text, 2, N), _span(hs2_text, 0, N)
@@ -200,3 +285,28 @@ def test_a_check_with_no_yardsticks_writes_an_empty_report(tmp_path):
     assert contamination.summary(done) == {}
     assert [d["id"] for shard in _docs(done).values() for d in shard] == ["a"]
     assert documents.shards_of(done)
+
+
+def test_a_planted_short_arc_item_is_flagged_by_the_clean_stage(tmp_path):
+    """A verbatim ARC-Easy item of 5 words (no 13-gram: before the whole-item rule it could never be found) in
+    a training document is reported, and dropped with `drop`; its words out of order or in part are not."""
+    found = texts.texts((), ("arc_easy",))["arc_easy"]
+    short = [(item_id, text) for item_id, text in found if len(texts.words(text)) < N]
+    item_id, text = min(short, key=lambda item: (len(texts.words(item[1])), item[0]))
+    words = texts.words(text)
+    assert len(words) < 8 and len(short) == 97          # 17% of the 570 items
+    docs = [{"id": "verbatim", "text": f"{_filler(1)}\n\n{text}\n\n{_filler(2)}"},
+            {"id": "in_part", "text": f"{_filler(3)} {' '.join(words[:-1])} {_filler(4)} {words[-1]}"},
+            {"id": "reversed", "text": f"{_filler(5)} {' '.join(reversed(words))}"},
+            {"id": "clean", "text": _filler(6)}]
+    root = str(tmp_path)
+    download = _download(root, [docs])
+    check = contamination.Contamination(reference_sets=(), tasks=("arc_easy",))
+    runs = {drop: _clean(root, download, key=f"c-{drop}", minhash=False, min_chars=10,
+                         contamination=dataclasses.replace(check, drop=drop)) for drop in (False, True)}
+    got = contamination.summary(runs[False])["arc_easy"]
+    assert (got["items"], got["short_items"], got["items_contaminated"], got["docs_contaminated"]) == \
+        (len(found), len(short), 1, 1)
+    assert got["examples"] == [{"item": item_id, "doc": "verbatim"}]
+    kept = sorted(d["id"] for shard in _docs(runs[True]).values() for d in shard)
+    assert kept == ["clean", "in_part", "reversed"]
