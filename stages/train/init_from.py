@@ -84,8 +84,9 @@ def weight_files(source: str, listed: dict[str, str]) -> list[str]:
                              "a checkpoint is read from its own directory only (no '..', absolute path, "
                              "sub-directory or URL)")
         if name not in listed:
+            held = sorted(listed)
             raise ValueError(f"{index} names the weight file {name!r}, which is not in {source} (it holds "
-                             f"{', '.join(sorted(listed))})")
+                             f"{', '.join(held[:8])}{', ...' if len(held) > 8 else ''})")
     return names
 
 
@@ -171,7 +172,7 @@ def tokenizer_problem(sp_model: bytes, source: str) -> str:
     ours = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     fix = (f"train on the checkpoint's tokenizer with tokenizer.Config.pretrained = {source!r}, or start "
            "from a checkpoint trained with this run's tokenizer")
-    model_file, json_file = storage.join(source, "tokenizer.model"), storage.join(source, "tokenizer.json")
+    model_file, json_file = (storage.join(source, name) for name in TOKENIZER_FILES)
     if storage.exists(model_file):
         theirs_sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(model_file))
         theirs = [theirs_sp.id_to_piece(i) for i in range(theirs_sp.get_piece_size())]
