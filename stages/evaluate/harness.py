@@ -3,19 +3,27 @@
     pip install -e '.[harness]'          # lm-eval without torch (`make test` installs it)
     python -m stages.evaluate.harness --train cache/train/<key> --tokenizer cache/tokenizer/<key> \\
         --shard cache/shard/<key> --tasks hellaswag,lambada_openai [--include-path my_tasks/] [--limit 100] \\
-        [--num-fewshot 0] [--output results.json]
+        [--num-fewshot 0] [--bare-contexts] [--output results.json]
 
     from stages.evaluate import harness          # with a model already restored (`measure.restore`)
     lm = harness.RefineryLM(net, sp, eos_id)      # or RefineryLM.from_outputs(train, tokenizer, shard)
     results = harness.run_tasks(lm, ["hellaswag", "my_task"], include_path="my_tasks/", limit=100)
 
+The prefix (`RefineryLM`'s prefix_id and prefix_contexts): by default every context and every rolling
+document is scored after the EOS id, what training put before every document. lm-eval's own HF backend on
+the exported model (whose tokenizer's bos_token is that EOS and adds it to every encoding) gives the same
+log-likelihoods: multiple-choice and other loglikelihood tasks as they are, rolling (perplexity) tasks with
+`add_bos_token=False` (else it scores the added token too). `--bare-contexts` (prefix_contexts=False)
+reproduces lm-eval run with `add_bos_token=False` on every task (tests/export/test_lm_eval_hf.py).
+
 A task is a name lm-eval knows, a name defined by a YAML file under `include_path`, or a path to a task YAML.
 The directories are committed stage outputs: a key directory (holding `_SUCCESS.json`) or its attempt.
 
 The three request types use the same code as the evaluate stage, so the numbers agree with it:
-  loglikelihood           (context, continuation) -> `tokenized.request_ids` (the context after an EOS, the
-                          split lm-eval makes) and one packed `scoring.Scorer.loglikelihood` call for all.
-  loglikelihood_rolling   (text,) -> `Scorer.loglikelihood_rolling_many`: every document's windows packed.
+  loglikelihood           (context, continuation) -> `tokenized.request_ids` (the context after the prefix
+                          token, the split lm-eval makes) and one packed `scoring.Scorer.loglikelihood` call.
+  loglikelihood_rolling   (text,) -> `Scorer.loglikelihood_rolling_many`: every document's windows packed,
+                          the first conditioned on the prefix token.
   generate_until          (context, gen_kwargs) -> the KV-cache sampler `measure._generate` (greedy unless
                           the task asks to sample), cut at the first EOS and then at the first `until` string;
                           at most `max_gen_toks` tokens, the context cut from the left to leave them room.
@@ -56,17 +64,28 @@ class RefineryLM(LM):
     """A restored model as an lm-eval `LM`.
 
     net: `model.Transformer` (`measure.restore`); sp: its `SentencePieceProcessor`; eos_id: the shard
-    manifest's EOS id (what precedes every training document, so every request's context starts after it).
-    rows, length: the scorer's (rows, length) batch shape; length defaults to the model's max_seq_len
-    (`from_outputs` uses training's seq_len, the positions the model learned). seed: for tasks that sample.
+    manifest's EOS id (where a generation stops). rows, length: the scorer's (rows, length) batch shape;
+    length defaults to the model's max_seq_len (`from_outputs` uses training's seq_len, the positions the
+    model learned). seed: for tasks that sample.
+
+    What a request starts with (the setting lm-eval's HF backend must share to give the same numbers):
+    prefix_id: the token every rolling document, and every context when `prefix_contexts`, is conditioned
+    on; None = eos_id, what precedes every document in training (the one before it ends with EOS).
+    prefix_contexts: True (the default, what training saw): a context is scored after prefix_id, as the
+    evaluate stage scores its tasks; False: a context starts with its own first token, as lm-eval's HF
+    backend does when the tokenizer adds nothing (`add_bos_token=False`). An empty context is always the
+    prefix alone. The export's tokenizer and model card name this token (README "Use the model elsewhere").
     """
 
-    def __init__(self, net, sp, eos_id: int, *, rows: int = 8, length: int | None = None, seed: int = 0):
+    def __init__(self, net, sp, eos_id: int, *, prefix_id: int | None = None, prefix_contexts: bool = True,
+                 rows: int = 8, length: int | None = None, seed: int = 0):
         super().__init__()
         from stages.train import scoring
 
         self.net, self.sp, self.eos_id, self.seed = net, sp, int(eos_id), seed
-        self.scorer = scoring.Scorer(net, prefix_id=self.eos_id, rows=rows, length=length)
+        self.prefix_id = self.eos_id if prefix_id is None else int(prefix_id)
+        self.prefix_contexts = bool(prefix_contexts)
+        self.scorer = scoring.Scorer(net, prefix_id=self.prefix_id, rows=rows, length=length)
         self.length = self.scorer.length
 
     @classmethod
@@ -87,12 +106,10 @@ class RefineryLM(LM):
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         """[Instance with args (context, continuation)] -> [(sum log-prob in nats, is greedy)]."""
-        from stages.yardsticks.tokenized import request_ids
-
         pairs, cut = [], 0
         for r in requests:
             context, continuation = r.args
-            ctx_ids, cont_ids = request_ids(self.sp, context, continuation, self.eos_id)
+            ctx_ids, cont_ids = self.request_ids(context, continuation)
             if not cont_ids:
                 raise ValueError(f"{_where(r)}: continuation {continuation!r} encodes to no tokens after "
                                  f"context ...{context[-40:]!r}; lm-eval continuations are non-empty text")
@@ -107,8 +124,17 @@ class RefineryLM(LM):
             self.cache_hook.add_partial("loglikelihood", r.args, result)
         return out
 
+    def request_ids(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids) of one request under this LM's prefix setting: lm-eval's split
+        (`tokenized.request_ids`), the context after prefix_id, or without it (`prefix_contexts=False`)
+        unless the context is empty."""
+        from stages.yardsticks.tokenized import request_ids
+
+        ctx_ids, cont_ids = request_ids(self.sp, context, continuation, self.prefix_id)
+        return (ctx_ids if self.prefix_contexts or len(ctx_ids) == 1 else ctx_ids[1:]), cont_ids
+
     def loglikelihood_rolling(self, requests) -> list[float]:
-        """[Instance with args (text,)] -> [sum log-prob (nats) of every token of the text, after an EOS]."""
+        """[Instance with args (text,)] -> [sum log-prob (nats) of the text's tokens, after prefix_id]."""
         docs = [self.sp.encode(r.args[0]) for r in requests]
         out = self.scorer.loglikelihood_rolling_many(docs)
         for r, result in zip(requests, out):
@@ -127,17 +153,20 @@ class RefineryLM(LM):
 
     def generate(self, context: str, *, until: Sequence[str] = (), max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> str:
-        """The continuation of `context` (after an EOS), up to the first EOS or `until` string, at most
-        `max_gen_toks` tokens; temperature 0 is greedy. The context keeps its last tokens that leave room
-        for the continuation within the scoring length."""
+        """The continuation of `context` (after prefix_id, as the prefix setting says), up to the first EOS
+        or `until` string, at most `max_gen_toks` tokens; temperature 0 is greedy. The context keeps its
+        last tokens that leave room for the continuation within the scoring length."""
         from stages.evaluate import measure
 
         n = max(1, min(max_gen_toks, self.length - 1))
-        prompt = ([self.eos_id] + self.sp.encode(context))[-(self.length - n):]          # (<= length - n,)
+        head = [self.prefix_id] if self.prefix_contexts or not context else []
+        whole = head + self.sp.encode(context)
+        prompt = whole[-(self.length - n):]                                                 # (<= length - n,)
+        shown = prompt[len(head):] if len(prompt) == len(whole) else prompt   # a long context loses its head
         ids = measure._generate(self.net, prompt, n, temperature=temperature, top_k=top_k, seed=seed)
         if self.eos_id in ids:
             ids = ids[:ids.index(self.eos_id)]
-        text = continuation_text(self.sp, [t for t in prompt if t != self.eos_id], ids)
+        text = continuation_text(self.sp, shown, ids)
         for stop in until:
             text = text.split(stop)[0]
         return text
@@ -191,6 +220,123 @@ def task_manager(tasks: Sequence[str], include_path=None):
                          f"lm-eval's task names (`lm_eval ls tasks`), tasks defined by YAMLs under "
                          f"include_path={include_path!r}, or paths to task YAML files")
     return manager
+
+
+def check_tasks(tasks: Sequence[str], include_path: str | None = None) -> str:
+    """Why lm-eval cannot run `tasks`, in one line, or "": the evaluate stage's pre-run check, before any
+    stage works. In order: a task YAML path that is no file; a task YAML (named, or any under include_path)
+    that does not parse (its file and line: lm-eval itself skips such a file and then calls the task unknown);
+    a name lm-eval does not know (with the closest names); a task whose data is a Hugging Face hub dataset
+    that is in neither local cache while the hub cannot be reached (offline: HF_DATASETS_OFFLINE or
+    HF_HUB_OFFLINE set, or no connection to the endpoint within HUB_PROBE_S). YAMLs are read as lm-eval
+    reads them for its index, `!function` unresolved: no task Python runs here. Cost: importing lm-eval
+    (~1 s); a name not found under include_path indexes lm-eval's ~15k built-in YAMLs (13 s on 2 busy
+    cores); local names alone do not."""
+    tasks = list(tasks)
+    for t in tasks:
+        if t.endswith((".yaml", ".yml")) and not os.path.isfile(t):
+            return f"lm-eval task YAML {t!r} does not exist (a task is an lm-eval name or a YAML file's path)"
+    yamls = [t for t in tasks if _is_yaml(t)] + (_yaml_files(include_path) if include_path else [])
+    for path in yamls:
+        if problem := yaml_problem(path):
+            return problem
+    try:
+        manager = task_manager(tasks, include_path)
+    except ValueError as e:
+        return str(e)
+    for name, dataset in _hub_datasets(manager, [t for t in tasks if not _is_yaml(t)]):
+        if problem := hub_problem(name, dataset):
+            return problem
+    return ""
+
+
+def yaml_problem(path: str) -> str:
+    """Why lm-eval cannot read the task YAML `path` (or a file it includes), naming file and line, or ""."""
+    import yaml
+    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own reader (the version is pinned)
+
+    try:
+        load_yaml(path, resolve_func=False, recursive=True)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{mark.name} line {mark.line + 1}" if mark is not None else path
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        return f"lm-eval task YAML {where}: {what} (not valid YAML)"
+    except (OSError, ValueError) as e:           # a missing include, an include cycle, not a mapping
+        return f"lm-eval task YAML {path}: {e}"
+    return ""
+
+
+HUB_PROBE_S = 5.0          # how long the pre-run check waits to connect to the hub before calling it offline
+
+
+def hub_problem(task: str, dataset: str) -> str:
+    """Why lm-eval task `task` cannot get its hub dataset `dataset` (an "owner/name" or a name on the Hugging
+    Face hub), or "": found in the datasets cache or the hub cache, or the hub can be reached."""
+    import datasets.config
+    import huggingface_hub.constants as hub
+
+    cached = [os.path.join(datasets.config.HF_DATASETS_CACHE, dataset.replace("/", "___")),
+              os.path.join(hub.HF_HUB_CACHE, "datasets--" + dataset.replace("/", "--"))]
+    if any(os.path.isdir(p) for p in cached):
+        return ""
+    offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+               if os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")]
+    why = f"{'/'.join(offline)} is set" if offline else _unreachable(hub.ENDPOINT)
+    if not why:
+        return ""
+    return (f"lm-eval task {task!r} reads the Hugging Face hub dataset {dataset!r}, which is in no local "
+            f"cache ({cached[0]}, {cached[1]}) and cannot be downloaded: {why}; download it where the "
+            "network is reachable (into the same HF_HOME), or choose a task whose data is local")
+
+
+def _unreachable(endpoint: str) -> str:
+    """"" when a TCP connection to the hub endpoint opens within HUB_PROBE_S, else why not."""
+    import socket
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_PROBE_S).close()
+    except OSError as e:
+        return f"no connection to {url.hostname} ({type(e).__name__}: {e})"
+    return ""
+
+
+def _hub_datasets(manager, names: Sequence[str]) -> list[tuple[str, str]]:
+    """(task, hub dataset) of every task `names` run (a group's and a tag's members too) whose dataset_path
+    is neither one of the `datasets` library's packaged readers (json, csv, parquet, ...) nor a local path.
+    Python-class tasks name no dataset that can be read without running them: not listed."""
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    from lm_eval.tasks._index import Kind
+
+    found, seen, todo = [], set(), list(names)
+    while todo:
+        item = todo.pop()
+        name = item.get("task", "") if isinstance(item, dict) else item        # a group's inline member
+        entry = manager.task_index.get(name) if isinstance(name, str) else None
+        if (entry is None and not isinstance(item, dict)) or name in seen:
+            continue
+        seen.add(name)
+        kind = entry.kind if entry is not None else Kind.TASK
+        cfg = {**((entry.cfg if entry is not None else None) or {}),
+               **(item if isinstance(item, dict) else {})}
+        if kind == Kind.GROUP:
+            todo += list(cfg.get("task", []))
+        elif kind == Kind.TAG:
+            todo += sorted(entry.tags)
+        elif kind == Kind.TASK:
+            path = cfg.get("dataset_path", "")
+            if path and path not in _PACKAGED_DATASETS_MODULES and not os.path.exists(path):
+                found.append((name, path))
+    return found
+
+
+def _yaml_files(include_path: str) -> list[str]:
+    """The task YAMLs lm-eval indexes under include_path (its rule: `**/*.yaml`), in a stable order."""
+    import glob
+
+    return sorted(glob.glob(os.path.join(include_path, "**", "*.yaml"), recursive=True))
 
 
 def continuation_text(sp, prompt_ids: list[int], ids: list[int]) -> str:
@@ -254,12 +400,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, help="items per task (a fraction of each task when < 1)")
     parser.add_argument("--num-fewshot", type=int)
     parser.add_argument("--rows", type=int, default=8, help="rows per scoring batch")
+    parser.add_argument("--bare-contexts", action="store_true",
+                        help="contexts start with their own text, not after the EOS (lm-eval's HF backend "
+                             "with add_bos_token=False)")
     parser.add_argument("--output", help="write the results JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from lm_eval.utils import make_table
 
-    lm = RefineryLM.from_outputs(args.train, args.tokenizer, args.shard, rows=args.rows)
+    lm = RefineryLM.from_outputs(args.train, args.tokenizer, args.shard, rows=args.rows,
+                                 prefix_contexts=not args.bare_contexts)
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     results = run_tasks(lm, [t for t in args.tasks.split(",") if t], limit=limit,
                         include_path=args.include_path, num_fewshot=args.num_fewshot)

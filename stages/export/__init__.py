@@ -17,8 +17,16 @@ Writes into `out_dir`:
     tokenizer.model             the tokenizer stage's sentencepiece model
     tokenizer.json              the same tokenizer for transformers' fast tokenizers (identical ids:
                                 tokenizer_json.py), tokenizer_config.json, special_tokens_map.json
-    README.md                   the model card: every stage's key and one-line figures, the evaluation,
-                                the gin config that made it (card.py)
+    README.md                   the model card: every stage's key and figures, the evaluation, the gin
+                                config that made it, what a context starts with (card.py); a function of
+                                the key: no timing, no machine path
+
+What a context starts with: training put EOS before every document (the previous one's end; with the shard's
+add_bos, BOS right before the text), so the model predicts a text's first token after that token. The export
+calls it the tokenizer's bos_token (config.json's and generation_config.json's bos_token_id, GPT-2's
+convention when it is the EOS) and the tokenizer adds it to every encoding (`add_bos_token`): transformers'
+`tokenizer(text)` and lm-eval's HF backend then condition on what training did, as Refinery's own scorer
+does (`harness.RefineryLM`, tests/export/test_lm_eval_hf.py).
 
 A model transformers' Llama cannot express (a mixture of experts; `hf.problem` names the setting) is not
 converted: the stage writes the model card and NOT_EXPORTED.md saying why, and its summary line says so, so
@@ -32,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping
 
 from stages.io import storage
@@ -59,7 +66,10 @@ class Config:
 
 
 CONFIGURABLES = (Config,)
-VERSION = "1"
+# 2: the card is a function of the key (no tokens/s, no report or checkpoint path) and says what a context
+#    starts with; the tokenizer adds that token (bos_token = training's document prefix: EOS, or BOS with
+#    add_bos).
+VERSION = "2"
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
@@ -77,9 +87,10 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     title = config.name or f"refinery-{train.key[:12]}"
     if why := hf.problem(mcfg):
         log.warning("export: not exported: %s", why)
-        where = storage.join(train.path, "checkpoint")
+        # The key, not the path: the same bytes on every machine (`<cache_root>/train/<key>/` finds it).
         storage.write_text(storage.join(out_dir, NOT_EXPORTED), f"# Not exported\n\n{why}.\n\nThe weights "
-                           f"are in the training stage's Orbax checkpoint: {where}\n")
+                           f"are in the training stage's Orbax checkpoint: train/{train.key}/ (checkpoint/) "
+                           "under the cache root\n")
         storage.write_text(storage.join(out_dir, "README.md"), card.model_card(title, inputs, mcfg))
         return
     sp_bytes = storage.read_bytes(tok.file("tokenizer.model"))
@@ -100,7 +111,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     total = sum(s.nbytes for s in specs)
     log.info("export: %d tensors, %.2f GB (%s) into %d safetensors file(s) in %s", len(specs),
              total / GIGABYTE, dtype, len(files), out_dir)
-    done, start = 0, time.monotonic()
+    done = 0
 
     def array_for(spec):
         nonlocal done
@@ -109,8 +120,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         out = np.ascontiguousarray(t.to_hf(arrays.read(t.param, t.layer)), dtype=np_dtype)
         done += spec.nbytes
         if t.layer is not None and last_of_layer[t.layer] == spec.name:
-            log.info("export: layer %d of %d written (%.0f%% of %.2f GB, %.0f s)", t.layer + 1, mcfg.n_layers,
-                     100 * done / total, total / GIGABYTE, time.monotonic() - start)
+            log.info("export: layer %d of %d written (%.0f%% of %.2f GB)", t.layer + 1, mcfg.n_layers,
+                     100 * done / total, total / GIGABYTE)
         return out
 
     metadata = {"format": "pt", "source": f"refinery train {train.key}"}
@@ -119,24 +130,32 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     if len(files) > 1:
         storage.write_json(storage.join(out_dir, safetensors.INDEX), safetensors.index(files))
 
-    bos_id, eos_id = shard["bos_id"], shard["eos_id"]
+    start_id, eos_id = document_start(shard), shard["eos_id"]
     storage.write_json(storage.join(out_dir, "config.json"),
-                       hf.config_json(mcfg, bos_id=bos_id, eos_id=eos_id, dtype=dtype))
+                       hf.config_json(mcfg, bos_id=start_id, eos_id=eos_id, dtype=dtype))
     storage.write_json(storage.join(out_dir, "generation_config.json"),
-                       {"bos_token_id": bos_id, "eos_token_id": eos_id, "do_sample": False})
+                       {"bos_token_id": start_id, "eos_token_id": eos_id, "do_sample": False})
     storage.write_bytes(storage.join(out_dir, "tokenizer.model"), sp_bytes)
     storage.write_json(storage.join(out_dir, "tokenizer.json"),
-                       tokenizer_json.tokenizer_json(sp, bos_id=bos_id if shard.get("add_bos") else None))
-    specials = {"bos_token": sp.pieces[bos_id][0], "eos_token": sp.pieces[eos_id][0],
+                       tokenizer_json.tokenizer_json(sp, bos_id=start_id))
+    start = sp.pieces[start_id][0]
+    specials = {"bos_token": start, "eos_token": sp.pieces[eos_id][0],
                 "unk_token": sp.pieces[sp.id_of(tokenizer_json.UNKNOWN)][0]}
     storage.write_json(storage.join(out_dir, "special_tokens_map.json"), specials)
     storage.write_json(storage.join(out_dir, "tokenizer_config.json"), specials | {
         # PreTrainedTokenizerFast reads tokenizer.json as it is (a model-specific class may rebuild parts)
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mcfg.max_seq_len,
-        "add_bos_token": bool(shard.get("add_bos")), "add_eos_token": False, "padding_side": "left",
+        "add_bos_token": True, "add_eos_token": False, "padding_side": "left",
         "clean_up_tokenization_spaces": False})
-    storage.write_text(storage.join(out_dir, "README.md"), card.model_card(title, inputs, mcfg))
-    log.info("export: done in %.1f s", time.monotonic() - start)
+    storage.write_text(storage.join(out_dir, "README.md"),
+                       card.model_card(title, inputs, mcfg, (start, start_id)))
+    log.info("export: done")
+
+
+def document_start(shard_manifest: dict) -> int:
+    """The token training put right before every document's text: BOS with the shard's add_bos, else the EOS
+    that ends the document before it. The export's bos_token: what every context must start with."""
+    return shard_manifest["bos_id"] if shard_manifest.get("add_bos") else shard_manifest["eos_id"]
 
 
 def check_shapes(arrays, mcfg) -> None:

@@ -1,11 +1,14 @@
 """The exported model's card (README.md): what made the model and how it scored, from the run's own outputs.
 
-    card.model_card("refinery-3f2a", inputs, model_config)   # markdown
+    card.model_card("refinery-3f2a", inputs, model_config, ("</s>", 2))   # markdown
 
 It records every stage's cache key (from the upstream manifests, download's included), each stage's
-one-line summary (the data recipe's figures: documents kept and dropped by reason, tokens; the
-tokenizer's bytes per token; training's loss and throughput; the evaluation's yardsticks with their
-intervals), and the gin config the keys cover, so the run can be reproduced from the card alone.
+one-line figures (the data recipe's: documents kept and dropped by reason, tokens; the tokenizer's bytes
+per token; training's loss; the evaluation's yardsticks with their intervals), what a context must start
+with and how lm-eval reproduces the scores, and the gin config the keys cover, so the run can be reproduced
+from the card alone. The card is a function of the export's key: nothing that depends on the machine or
+the run's timing (tokens/s, wall time, a local path), so two exports of one key are the same bytes and an
+uploaded model carries no machine path.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from stages.io import storage
 log = logging.getLogger(__name__)
 
 
-def model_card(name: str, inputs: Mapping, mcfg) -> str:
+def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None = None) -> str:
+    """The card's markdown. start: (piece, id) of the token every context starts with (the export's
+    bos_token); None when no tokenizer was exported."""
     keys = stage_keys(inputs)
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [refinery, llama]", "---", "", f"# {name}", "",
@@ -30,6 +35,7 @@ def model_card(name: str, inputs: Mapping, mcfg) -> str:
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
              'model = AutoModelForCausalLM.from_pretrained("<this directory or hub id>")',
              'tokenizer = AutoTokenizer.from_pretrained("<this directory or hub id>")', "```", "",
+             *(_context_start(*start) if start else []),
              "## The run", "", "| stage | cache key | figures |", "|---|---|---|"]
     for stage, key in keys.items():
         lines.append(f"| {stage} | `{key}` | {_summary(stage, inputs.get(stage))} |")
@@ -69,11 +75,44 @@ def stage_keys(inputs: Mapping) -> dict[str, str]:
     return {stage: keys[stage] for stage in ordered}
 
 
+def _context_start(piece: str, token_id: int) -> list[str]:
+    return ["## What a context starts with", "",
+            f"In training every document followed `{piece}` (id {token_id}), so the model predicts a text's "
+            f"first token after it: a context must start with `{piece}`. The tokenizer's `bos_token` is "
+            f"`{piece}` and it adds it to every encoding (`tokenizer(text).input_ids[0] == {token_id}`; "
+            "`add_special_tokens=False` leaves it out).", "",
+            "lm-evaluation-harness's HF backend then scores as Refinery does (its `RefineryLM`, equal "
+            "per-request log-likelihoods): `lm_eval --model hf --model_args pretrained=<this directory>` for "
+            "multiple-choice and other loglikelihood tasks; for loglikelihood_rolling (perplexity) tasks add "
+            f"`add_bos_token=False`, since lm-eval conditions a document on `{piece}` itself and would also "
+            "score the one the tokenizer adds. Accuracy normalised by length: lm-eval's `acc_norm` divides "
+            "by the choice's characters without its leading space, Refinery's `acc_norm` by its characters "
+            "with the space (OLMES' acc_per_char); Refinery reports lm-eval's as `acc_norm_lm_eval`.", ""]
+
+
+# Stages whose run-summary line holds what the machine did (tokens/s) or where it wrote (a report's path):
+# the card writes their figures from the key-determined values only.
+def _train_figures(committed) -> str:
+    s = storage.read_json(committed.file("summary.json"))
+    return (f"{s['params']:,} params, {s['steps']} steps, final loss {s['final_loss']:.3f}, "
+            f"eval loss {s.get('eval_loss', float('nan')):.3f}")
+
+
+def _evaluate_figures(committed) -> str:
+    m = storage.read_json(committed.file("eval.json"))
+    return (f"val loss {m['loss']:.3f} nats/token (unigram entropy {m['unigram_entropy']:.3f}), "
+            f"{m['bits_per_byte']:.3f} bits/byte; yardsticks below")
+
+
+FIGURES = {"train": _train_figures, "evaluate": _evaluate_figures}
+
+
 def _summary(stage: str, committed) -> str:
     if committed is None:
         return ""
     try:
-        line = importlib.import_module(f"stages.{stage}").summary(committed)
+        figures = FIGURES.get(stage) or importlib.import_module(f"stages.{stage}").summary
+        line = figures(committed)
     except Exception as e:  # noqa: BLE001 - a figure the card cannot read must not fail the export
         log.warning("export: no summary of %s for the model card: %s: %s", stage, type(e).__name__, e)
         return ""

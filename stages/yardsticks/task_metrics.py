@@ -10,8 +10,14 @@
 
 Per task:
 - `acc`: the gold choice has the highest log-likelihood.
-- `acc_norm`: the same on log-likelihood per character of the scored continuation (leading space counted), as
-  OLMES' acc_per_char and lm-eval's acc_norm.
+- `acc_norm`: the same on log-likelihood per character of the scored continuation, its leading space
+  counted (" Paris": 6): OLMES' acc_per_char (OLMo's `acc_per_char`). It is NOT lm-eval's acc_norm.
+- `acc_norm_lm_eval`: lm-evaluation-harness 0.4.13's acc_norm, to compare with the harness: per character
+  of the choice as its `doc_to_choice` gives it, without the target delimiter (the one space before it:
+  "Paris": 5; `ConfigurableTask.process_results` divides by `len(choice)`). Every choice `tasks.py` renders
+  is that delimiter then lm-eval's choice text, so the divisor is `scored_chars() - 1`. The two can credit
+  different choices (13 of the 800 default items in one run; ARC-Easy 0.250 vs 0.230). For a partial-
+  evaluation task (WinoGrande: one continuation for every choice) both equal acc.
 - `centered`, `centered_norm`: acc and acc_norm centered on the random baseline, as DCLM's CORE does per
   task: (acc - b) / (1 - b) with b = mean over items of 1/k (k choices; ARC has items with 3 and 5). 0 is
   chance, 1 is perfect, below 0 worse than chance.
@@ -27,7 +33,8 @@ import numpy as np
 
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
-METRICS = ("acc", "acc_norm", "centered", "centered_norm")
+METRICS = ("acc", "acc_norm", "centered", "centered_norm", "acc_norm_lm_eval")
+LM_EVAL_DELIMITER = " "   # lm-eval's default target_delimiter: before each choice, not in acc_norm's length
 _CHUNK = 100  # resamples drawn at once: (100, items) indices stay small for HellaSwag's 10k items
 
 
@@ -61,21 +68,24 @@ def score_task(items, logliks, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: in
 
 
 def _per_item(items, logliks) -> dict[str, np.ndarray]:
-    """Per item (n,): credit under acc and acc_norm, and 1/k."""
+    """Per item (n,): credit under acc, acc_norm and lm-eval's acc_norm, and 1/k."""
     if len(items) != len(logliks):
         raise ValueError(f"{len(items)} items but {len(logliks)} log-likelihood arrays: one array per item")
     if not items:
         raise ValueError("no items to score")
-    acc, norm, chance = (np.empty(len(items)) for _ in range(3))
+    acc, norm, lm_eval_norm, chance = (np.empty(len(items)) for _ in range(4))
     for i, (item, ll) in enumerate(zip(items, logliks)):
         ll = np.asarray(ll, dtype=np.float64)  # (choices,)
         if ll.shape != (len(item.choices),) or not np.all(np.isfinite(ll)):
             raise ValueError(f"item {item.id}: log-likelihoods {ll.tolist()} must be "
                              f"{len(item.choices)} finite numbers, one per choice")
         acc[i] = _credit(ll, item.gold)
-        norm[i] = _credit(ll / np.asarray(item.scored_chars(), dtype=np.float64), item.gold)
+        chars = np.asarray(item.scored_chars(), dtype=np.float64)                     # (choices,)
+        norm[i] = _credit(ll / chars, item.gold)
+        # without the delimiter; a choice that is the delimiter alone keeps 1 (lm-eval would divide by 0)
+        lm_eval_norm[i] = _credit(ll / np.maximum(chars - len(LM_EVAL_DELIMITER), 1.0), item.gold)
         chance[i] = 1.0 / len(item.choices)
-    return {"acc": acc, "acc_norm": norm, "chance": chance}
+    return {"acc": acc, "acc_norm": norm, "acc_norm_lm_eval": lm_eval_norm, "chance": chance}
 
 
 def _credit(scores: np.ndarray, gold: int) -> float:
@@ -87,14 +97,15 @@ def _centered(acc, baseline):
     return (acc - baseline) / (1.0 - baseline)
 
 
-def _metrics(acc, norm, baseline) -> dict:
+def _metrics(acc, norm, baseline, lm_eval_norm) -> dict:
     return {"acc": acc, "acc_norm": norm, "centered": _centered(acc, baseline),
-            "centered_norm": _centered(norm, baseline)}
+            "centered_norm": _centered(norm, baseline), "acc_norm_lm_eval": lm_eval_norm}
 
 
 def _summarize(per_item: dict, resamples: int, seed: int) -> dict:
     baseline = float(per_item["chance"].mean())
-    values = _metrics(per_item["acc"].mean(), per_item["acc_norm"].mean(), baseline)
+    values = _metrics(per_item["acc"].mean(), per_item["acc_norm"].mean(), baseline,
+                      per_item["acc_norm_lm_eval"].mean())
     draws = _bootstrap(per_item, resamples, seed)
     out = {"items": len(per_item["acc"]), "random_baseline": baseline}
     for name in METRICS:
@@ -114,8 +125,9 @@ def _bootstrap(per_item: dict, resamples: int, seed: int) -> dict[str, np.ndarra
         idx = rng.integers(0, n, size=(min(_CHUNK, resamples - start), n))  # (chunk, n)
         for k, v in per_item.items():
             means[k].append(v[idx].mean(axis=1))
-    acc, norm, chance = (np.concatenate(means[k]) for k in ("acc", "acc_norm", "chance"))
-    return _metrics(acc, norm, chance)
+    acc, norm, chance, lm_eval_norm = (np.concatenate(means[k])
+                                       for k in ("acc", "acc_norm", "chance", "acc_norm_lm_eval"))
+    return _metrics(acc, norm, chance, lm_eval_norm)
 
 
 def _interval(draws: np.ndarray) -> tuple[float, float]:

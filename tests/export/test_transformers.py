@@ -95,8 +95,11 @@ def test_files_tokenizer_and_card(tmp_path, sp_model):
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_proto=sp_model)
     text = "The quick brown fox, 2024 times.\nA stitch in time"
-    assert tok(text).input_ids == sp.encode(text)
+    # every encoding starts with what training put before a document (the EOS: the shards add no BOS)
+    assert tok(text).input_ids == [sp.eos_id()] + sp.encode(text)
+    assert tok(text, add_special_tokens=False).input_ids == sp.encode(text)
     assert tok.decode(sp.encode(text)) == text
+    assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == text
     assert "| train | `train-key` |" in (out / "README.md").read_text()
 
 
