@@ -306,10 +306,25 @@ def uncommit(cache_root: str, stage: str, key: str) -> str:
     """Turns a damaged commit back into "not done": its manifest moves to `_DAMAGED-<UTC time>.json` (kept
     for a look), so the next run that needs the stage rebuilds it. Returns the kept manifest's path."""
     root = stage_dir(cache_root, stage, key)
-    kept = storage.join(root, f"_DAMAGED-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}.json")
+    kept = storage.join(root, f"{DAMAGED}{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}.json")
     storage.write_bytes(kept, storage.read_bytes(storage.join(root, MANIFEST)))
     storage.remove(storage.join(root, MANIFEST))
     return kept
+
+
+DAMAGED = "_DAMAGED-"   # <key>/_DAMAGED-<time>.json: a manifest `uncommit` set aside
+
+
+def damaged(cache_root: str, stage: str, key: str) -> bool:
+    """Whether (stage, key) was committed and that commit no longer holds: its manifest is there but `load`
+    does not take it (it does not parse, or a file it lists is missing or of another size), or `uncommit`
+    (`status --verify`) set it aside and nothing was committed since. A key directory removed whole (to save
+    space) is not damaged, only absent. What was built from a damaged stage is rebuilt with it
+    (`pipeline.plan.to_run`, `tasks.build`), as after `--force`."""
+    names = storage.listdir(stage_dir(cache_root, stage, key))
+    if MANIFEST in names:
+        return load(cache_root, stage, key) is None
+    return any(name.startswith(DAMAGED) for name in names)
 
 
 def garbage(cache_root: str) -> list[str]:

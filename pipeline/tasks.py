@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import luigi
 
 from pipeline import cache, dag
+from pipeline import plan as run_plan
 from pipeline.config import Plan
 
 log = logging.getLogger(__name__)
@@ -118,13 +119,21 @@ class BuildResult:
 def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str] = (), workers: int = 1,
           scheduler: str | None = None) -> BuildResult:
     """Runs `targets` (stage names) for every plan, building what they need; `force` stages rerun
-    even when cached, together with everything downstream of them."""
+    even when cached, together with everything downstream of them, and so does a damaged stage
+    (`pipeline.plan.damaged`)."""
     plans, targets = list(plans), list(targets)
     run_id = uuid.uuid4().hex
-    forced = dag.forced(*force)
-    _FORCED[run_id] = {(plan.cache_root, stage, key): cache.lease_now(plan.cache_root, stage, key)
-                       for plan in plans for stage in dag.closure(*targets) if stage in forced
-                       for key in (plan.stages[stage].key,)}
+    _FORCED[run_id] = {}
+    for plan in plans:
+        # A damaged stage is rebuilt with everything after it, as if forced: Luigi stops at the first complete
+        # task, so a committed export would hide a damaged evaluate for good.
+        if broken := run_plan.damaged(plan, targets):
+            log.warning("damaged in the cache: %s; rebuilding with everything downstream of it",
+                        ", ".join(f"{s} {plan.stages[s].key[:12]}" for s in broken))
+        forced = dag.forced(*force, *broken)
+        _FORCED[run_id].update({(plan.cache_root, stage, key): cache.lease_now(plan.cache_root, stage, key)
+                                for stage in dag.closure(*targets) if stage in forced
+                                for key in (plan.stages[stage].key,)})
     tasks = []
     for plan in plans:
         plan_id = uuid.uuid4().hex
