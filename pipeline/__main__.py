@@ -77,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         if slices:
             print(slices)
         return 0
-    if problem := checks.cannot_run(plan, _to_run(plan, args)):
+    if problem := checks.cannot_run(plan, todo := _to_run(plan, args)):
         return _error(problem)
+    if not todo:    # all cached, none forced: Luigi would find every task complete, so it is not imported
+        print(_outcome(plan, args, ran=[]))
+        print(f"done in {time.time() - start:.1f} s: 0 stage(s) ran, "
+              f"{len(dag.closure(*_targets(args)))} reused from {plan.cache_root}")
+        return 0
     return _run(plan, args, start)
 
 
@@ -163,22 +168,38 @@ def _run(plan: run_plan.Plan, args, start: float) -> int:
               file=sys.stderr)
         print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
         return 1
-    print(status_table(plan, targets=_targets(args), ran=result.ran))
-    for stage in dag.closure(*_targets(args)):
-        line = _highlight(plan, stage)
-        if line:
-            print(f"  {stage}: {line}")
+    print(_outcome(plan, args, ran=result.ran))
     took = time.time() - start
     if not result.ok and result.stopped:      # preempted on purpose (SIGTERM): an expected end, one line
         print(f"stopped after {took:.1f} s: {'; '.join(result.stopped)}", file=sys.stderr)
         return STOPPED_EXIT_CODE
     if not result.ok:
-        print(result.summary, file=sys.stderr)
+        _failures(result)
         print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
         return 1
     print(f"done in {took:.1f} s: {len(result.ran)} stage(s) ran, "
           f"{len(dag.closure(*_targets(args))) - len(result.ran)} reused from {plan.cache_root}")
     return 0
+
+
+def _outcome(plan: run_plan.Plan, args, ran: list[str]) -> str:
+    """The status table of what the run covered, then each stage's one-line summary."""
+    lines = [status_table(plan, targets=_targets(args), ran=ran)]
+    for stage in dag.closure(*_targets(args)):
+        if line := _highlight(plan, stage):
+            lines.append(f"  {stage}: {line}")
+    return "\n".join(lines)
+
+
+def _failures(result) -> None:
+    """What failed, on stderr: a stage's refusal (its guard's verdict, `stages.io.refusal.Refusal`) as one
+    `error:` line, as a mistake found before work is, its traceback left out; Luigi's summary when anything
+    else failed (that traceback is in the log above)."""
+    for refusal in result.refused:
+        one_line = " ".join(line.strip() for line in refusal.splitlines() if line.strip())
+        print(f"error: {one_line}", file=sys.stderr)
+    if result.crashed or not result.refused:
+        print(result.summary, file=sys.stderr)
 
 
 def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
@@ -201,7 +222,7 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
     result = tasks.build([run.plan for run in runs], _targets(args), workers=args.workers,
                          scheduler=args.scheduler)
     if not result.ok:
-        print(result.summary, file=sys.stderr)
+        _failures(result)
         print(f"sweep FAILED after {time.time() - start:.1f} s", file=sys.stderr)
         return 1
     print(sweep.compare(sweep.sweep_name(gin_files), runs))
