@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import Iterable
 
@@ -27,6 +28,7 @@ import luigi
 from pipeline import cache, dag
 from pipeline import plan as run_plan
 from pipeline.config import Plan
+from stages.io.refusal import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,10 @@ class StageTask(luigi.Task):
         except Exception as e:
             if getattr(e, "resumable", False):    # stopped on request after saving (training's preemption)
                 _STOPPED.setdefault(self.run_id, []).append(f"{self.stage}: {e}")
+            elif isinstance(e, Refusal):          # a guard declined: reported in one line, no traceback
+                _REFUSED.setdefault(self.run_id, []).append(f"{self.stage}: {e}")
+            else:
+                _CRASHED.setdefault(self.run_id, []).append(self.stage)
             raise
 
 
@@ -105,6 +111,12 @@ def task_class(stage: str) -> type[StageTask]:
 _FORCED: dict[str, dict[tuple[str, str, str], int]] = {}
 # run_id -> "<stage>: <message>" for stages that stopped on request (preemption) and resume on a rerun
 _STOPPED: dict[str, list[str]] = {}
+# run_id -> "<stage>: <message>" for stages whose guard refused (`stages.io.refusal.Refusal`), and the stages
+# that failed otherwise (their tracebacks are logged). Both are filled in this process: with workers > 1 Luigi
+# runs tasks in forked processes, and a refusal there is logged in one line where it happens instead.
+_REFUSED: dict[str, list[str]] = {}
+_CRASHED: dict[str, list[str]] = {}
+_BUILDER = [0]      # the pid that called `build`: a record logged in another (a forked worker) is not seen
 
 
 @dataclasses.dataclass
@@ -114,6 +126,8 @@ class BuildResult:
     summary: str              # Luigi's own summary
     ran: list[str]            # stages (of the targets' closures) committed by this invocation
     stopped: list[str] = dataclasses.field(default_factory=list)   # stages stopped on request: rerun resumes
+    refused: list[str] = dataclasses.field(default_factory=list)   # "<stage>: <why>": a guard declined
+    crashed: list[str] = dataclasses.field(default_factory=list)   # stages that failed otherwise
 
 
 def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str] = (), workers: int = 1,
@@ -159,7 +173,8 @@ def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str]
     except OSError as e:      # the cache went away during the run (a failed build says so, in one line)
         log.warning("cannot read back what this run committed: %s", e)
         ok = False
-    return BuildResult(ok, run_id, result.summary_text, ran, _STOPPED.pop(run_id, []))
+    return BuildResult(ok, run_id, result.summary_text, ran, _STOPPED.pop(run_id, []),
+                       _REFUSED.pop(run_id, []), _CRASHED.pop(run_id, []))
 
 
 def _configure_luigi() -> None:
@@ -168,6 +183,9 @@ def _configure_luigi() -> None:
     config.set("worker", "check_complete_on_run", "true")
     # Luigi's own CLI exits 0 when a task fails; we read the status from build() instead.
     config.set("worker", "no_install_shutdown_handler", "true")
+    # Luigi's own handler printed every failure a second time ("ERROR: ..." beside the root logger's line).
+    config.set("core", "no_configure_logging", "true")
+    _BUILDER[0] = os.getpid()
     for name in ("luigi-interface", "luigi"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _QuietStops) for f in logger.filters):
@@ -176,8 +194,15 @@ def _configure_luigi() -> None:
 
 class _QuietStops(logging.Filter):
     """Drops Luigi's traceback for a stage that stopped on request (an exception with `resumable = True`,
-    such as training's preemption): it is an expected end that the command line reports in one line."""
+    such as training's preemption) or that refused (`Refusal`, a guard's verdict): expected ends, which the
+    command line reports in one line (`BuildResult.stopped`, `.refused`). In a forked worker (workers > 1),
+    whose lists the command line never sees, a refusal is logged there as that one line instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not getattr(exc, "resumable", False)
+        if isinstance(exc, Refusal) and os.getpid() != _BUILDER[0]:
+            args = record.args if isinstance(record.args, tuple) else ()
+            stage = next((f"{a.stage}: " for a in args if isinstance(a, StageTask)), "")
+            record.msg, record.args, record.exc_info, record.exc_text = f"error: {stage}{exc}", (), None, None
+            return True
+        return not (getattr(exc, "resumable", False) or isinstance(exc, Refusal))

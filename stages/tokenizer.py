@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 
 from stages.io import documents, split_rule, storage
+from stages.io.refusal import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ def check_vocab_size(config: Config, sentences: list[str], counts: dict, where: 
                "(tokenizer.Config.sample_chars, or a larger corpus), or set "
                "tokenizer.Config.allow_large_vocab = True to train it anyway")
     if not config.allow_large_vocab:
-        raise ValueError(message)
+        raise Refusal(message)     # an expected end: printed once, no traceback
     log.warning("tokenizer: %s (allow_large_vocab=True: training anyway)", message)
 
 
