@@ -33,6 +33,7 @@ import math
 
 from stages import beam_runner
 from stages.io import documents, split_rule, storage
+from stages.io.refusal import Refusal
 from stages.shard.config import SPLITS, Config
 
 __all__ = ["CONFIGURABLES", "SPLITS", "VERSION", "Config", "check_no_leak", "check_upstream",
@@ -166,7 +167,7 @@ def check_val_split(config: Config, manifest: dict, where: str,
                "train.Config.seq_len if that is shorter (the run files bind both from SEQ_LEN), or "
                "shard.Config.allow_small_val = True to go on (training and evaluation read the val split)")
     if not config.allow_small_val:
-        raise ValueError(message)
+        raise Refusal(message)     # an expected end: printed once, no traceback
     log.warning("shard: %s (allow_small_val=True: going on)", message)
 
 
