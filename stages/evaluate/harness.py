@@ -35,6 +35,7 @@ line saying how to install it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import logging
@@ -232,7 +233,29 @@ def check_tasks(tasks: Sequence[str], include_path: str | None = None) -> str:
     reads them for its index, `!function` unresolved: no task Python runs here. Cost: importing lm-eval
     (~1 s); a name not found under include_path indexes lm-eval's ~15k built-in YAMLs (13 s on 2 busy
     cores); local names alone do not."""
-    tasks = list(tasks)
+    with _quiet(QUIET_LOGGERS):              # a pre-run problem is one line: no library chatter around it
+        return _check_tasks(list(tasks), include_path)
+
+
+# Loggers that talk at INFO/WARNING while lm-eval imports and indexes ("JAX version ... available", duplicate
+# task names in lm-eval's own tree): kept to errors during the pre-run check.
+QUIET_LOGGERS = ("datasets", "lm_eval", "lm-eval", "huggingface_hub", "evaluate")
+
+
+@contextlib.contextmanager
+def _quiet(names: Sequence[str]):
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _check_tasks(tasks: list[str], include_path: str | None) -> str:
     for t in tasks:
         if t.endswith((".yaml", ".yml")) and not os.path.isfile(t):
             return f"lm-eval task YAML {t!r} does not exist (a task is an lm-eval name or a YAML file's path)"
