@@ -21,7 +21,11 @@ Two guards (`Config` and its SPLITS are in config.py):
 - A validation split of fewer than `min_val_tokens` tokens (one training sequence, `Config.seq_len` + 1,
   the run files bind seq_len with train.Config.seq_len from one macro, SEQ_LEN) fails the stage, naming
   the corpus, the split and a `val_fraction` (and held-out fraction) that would do (`check_val_split`);
-  training and evaluation read the val split, and would otherwise fail two stages on:
+  training and evaluation read the val split, and would otherwise fail two stages on. The fraction comes
+  from the split rule itself: the Beam graph keeps the (split_rule.fraction(id), tokens) of the documents
+  with the lowest fractions, and `split_rule.threshold` finds the fraction above which the hashed split
+  holds `min_val_tokens` (an average document length would not: the hash, not the average, decides which
+  documents are held out, so the advice it gave could be refused again):
 
     make stage STAGE=shard OVERRIDES='shard.Config.allow_small_val=True'     # only warn
 """
@@ -81,7 +85,7 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     log.info("tokenizing %d clean shards into %s shards of %d tokens", len(doc_shards), manifest["dtype"],
              config.tokens_per_shard)
     with beam_runner.pipeline(config.runner) as p:
-        beam_graph.build(p, config, doc_shards, model, out_dir, manifest)
+        beam_graph.build(p, config, doc_shards, model, out_dir, manifest, work_dir)
 
     # The pipeline wrote the manifest from its token counts; check the files agree with it.
     written = storage.sizes(out_dir)
@@ -101,7 +105,8 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     if not manifest["splits"]["train"]["tokens"]:
         raise ValueError(f"no training documents in the {len(doc_shards)} clean shards under "
                          f"{inputs['clean'].path} (val_fraction={config.val_fraction})")
-    check_val_split(config, manifest, inputs["clean"].path, heldout)
+    lowest = storage.read_json(storage.join(work_dir, beam_graph.LOWEST))
+    check_val_split(config, manifest, inputs["clean"].path, heldout, [tuple(d) for d in lowest])
 
 
 def tokenizer_heldout_fraction(tokenizer) -> float:
@@ -140,26 +145,32 @@ def check_no_leak(config: Config, heldout_fraction: float, where: str) -> None:
         f"{heldout_fraction}")
 
 
-def check_val_split(config: Config, manifest: dict, where: str,
-                    heldout_fraction: float | None = None) -> None:
+def check_val_split(config: Config, manifest: dict, where: str, heldout_fraction: float | None = None,
+                    lowest: list[tuple[float, int]] | None = None) -> None:
     """Fails (warns with `allow_small_val`) when the val split in `manifest` holds fewer than
-    `min_val_tokens` tokens. The message suggests twice the fraction that would give them on average,
-    since documents differ in length and the split takes whole documents, and, when that is above the
-    tokenizer's `heldout_fraction`, raising both together (`check_no_leak`)."""
+    `min_val_tokens` tokens. The message names the val_fraction that would hold them, computed from the
+    split rule: `lowest`, the (split_rule.fraction(id), tokens) of the documents with the lowest fractions
+    (`split_rule.lowest`), gives the threshold the fraction must be above (`split_rule.threshold`), and the
+    advice is the first two-digit number above it; when that is above the tokenizer's `heldout_fraction`,
+    it says to raise both together (`check_no_leak`). Without `lowest` (or when even every document holds
+    fewer tokens), the corpus is too small."""
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     if val["tokens"] >= config.min_val_tokens:
         return
     docs, tokens = train["docs"] + val["docs"], train["tokens"] + val["tokens"]
-    fraction = 2 * config.min_val_tokens / max(tokens, 1)
-    want = _round_up(fraction)
-    if fraction > 0.2:
+    needed = split_rule.threshold(lowest or (), config.min_val_tokens)
+    want = _above(needed) if needed is not None else ""
+    if not want or float(want) >= 1.0:
         fix = f"the corpus is too small to hold out {config.min_val_tokens:,} tokens: give it more text"
-    elif heldout_fraction is not None and float(want) <= heldout_fraction:
-        fix = f"raise shard.Config.val_fraction to {want} or more (at most {heldout_fraction})"
-    else:   # raising val_fraction alone would leak: the tokenizer's held-out set must grow with it
-        fix = (f"raise shard.Config.val_fraction and tokenizer.Config.heldout_fraction to {want} or more "
-               "together, so the tokenizer never trains on a validation document (gin/tiny.gin binds both "
-               f"from one macro: OVERRIDES='VAL_FRACTION={want}')")
+    else:
+        why = (f"the documents that split_rule.fraction(id) puts below {want} hold "
+               f"{config.min_val_tokens:,} tokens; below {needed:.4g} they do not")
+        if heldout_fraction is not None and float(want) <= heldout_fraction:
+            fix = f"raise shard.Config.val_fraction to {want} or more (at most {heldout_fraction}; {why})"
+        else:   # raising val_fraction alone would leak: the tokenizer's held-out set must grow with it
+            fix = (f"raise shard.Config.val_fraction and tokenizer.Config.heldout_fraction to {want} or more "
+                   f"together ({why}), so the tokenizer never trains on a validation document (gin/tiny.gin "
+                   f"binds both from one macro: OVERRIDES='VAL_FRACTION={want}')")
     message = (f"the validation split holds {val['tokens']:,} tokens ({val['docs']:,} docs), fewer than one "
                f"sequence of shard.Config.seq_len={config.seq_len:,} tokens and its target "
                f"({config.min_val_tokens:,}): val_fraction={config.val_fraction} of {docs:,} documents "
@@ -171,10 +182,13 @@ def check_val_split(config: Config, manifest: dict, where: str,
     log.warning("shard: %s (allow_small_val=True: going on)", message)
 
 
-def _round_up(x: float) -> str:
-    """`x` rounded up to two significant digits: 0.01234 -> '0.013'."""
-    scale = 10.0 ** (math.floor(math.log10(x)) - 1)
-    return f"{round(math.ceil(round(x / scale, 9)) * scale, 12):g}"
+def _above(x: float) -> str:
+    """The smallest number of two significant digits above `x`: 0.01234 -> '0.013', 0.013 -> '0.014'."""
+    scale = 10.0 ** (math.floor(math.log10(max(x, 1e-12))) - 1)
+    steps = math.floor(round(x / scale, 9)) + 1
+    while float(f"{round(steps * scale, 12):g}") <= x:    # rounding must not land on x or below it
+        steps += 1
+    return f"{round(steps * scale, 12):g}"
 
 
 def summary(out) -> str:

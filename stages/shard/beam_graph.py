@@ -5,6 +5,10 @@
       -> Count      (split, i) -> (tokens, docs)  -> Layout: where each clean shard starts in each split
       -> Cut        (split, output shard) -> (offset in it, tokens)   using the layout side input
       -> GroupByKey -> Write one `<split>-XXXXX.bin` per key; Layout -> `manifest.json`
+    Tokenize's "lowest": per clean shard, the (split_rule.fraction(id), tokens) of the few documents with the
+      lowest fractions that hold `min_val_tokens` (split_rule.lowest) -> merged -> `work_dir/lowest.json`,
+      from which the guard computes the val_fraction a too-small val split needs (scratch, not output:
+      `seq_len`, which sets the target, is not in the key)
 
 Elements are whole clean shards and chunks of millions of tokens, never single documents, and
 tokens travel as numpy arrays in the shard dtype. Offsets, not arrival order, decide where tokens
@@ -25,16 +29,23 @@ from stages.io import documents, llmc, split_rule, storage
 from stages.shard.config import SPLITS, Config
 
 CHUNK_TOKENS = 1 << 22      # tokens a Tokenize chunk gathers before it is emitted (8 MiB as uint16)
+LOWEST = "lowest.json"      # in work_dir: split_rule.lowest of every document, for the val split's guard
+LOWEST_KEPT = 1 << 16       # (fraction, tokens) pairs a Tokenize worker holds before trimming them
 
 
 def build(p: beam.Pipeline, config: Config, doc_shards: list[str], model: bytes, out_dir: str,
-          manifest: dict) -> None:
+          manifest: dict, work_dir: str) -> None:
     """Adds the stage to `p`. `manifest` holds the fixed fields; the split totals are added to it."""
     vocab_size = manifest["vocab_size"]
-    chunks = (p
-              | "CleanShards" >> beam.Create(list(enumerate(doc_shards)))
-              | "Spread" >> beam.Reshuffle()
-              | "Tokenize" >> beam.ParDo(Tokenize(config, model, llmc.dtype_for(vocab_size))))
+    tokenized = (p
+                 | "CleanShards" >> beam.Create(list(enumerate(doc_shards)))
+                 | "Spread" >> beam.Reshuffle()
+                 | "Tokenize" >> beam.ParDo(Tokenize(config, model, llmc.dtype_for(vocab_size))).with_outputs(
+                     "lowest", main="chunks"))
+    chunks = tokenized.chunks
+    _ = (tokenized.lowest
+         | "AllLowest" >> beam.combiners.ToList()
+         | "WriteLowest" >> beam.Map(write_lowest, config.min_val_tokens, storage.join(work_dir, LOWEST)))
     layout = (chunks
               | "Count" >> beam.Map(_count)
               | "SumPerShard" >> beam.CombinePerKey(_sum_pairs)
@@ -49,7 +60,8 @@ def build(p: beam.Pipeline, config: Config, doc_shards: list[str], model: bytes,
 
 
 class Tokenize(beam.DoFn):
-    """(i, clean shard path) -> (split, i, offset within shard i's part of split, docs, tokens (N,))."""
+    """(i, clean shard path) -> (split, i, offset within shard i's part of split, docs, tokens (N,)), and,
+    tagged "lowest", the shard's `split_rule.lowest` documents for `min_val_tokens`."""
 
     def __init__(self, config: Config, model: bytes, dtype: np.dtype):
         self.config, self.model, self.dtype = config, model, dtype
@@ -64,6 +76,7 @@ class Tokenize(beam.DoFn):
         pending: dict[str, list[list[int]]] = {s: [] for s in SPLITS}    # encoded docs not yet emitted
         pending_tokens = dict.fromkeys(SPLITS, 0)
         emitted = dict.fromkeys(SPLITS, 0)
+        lowest: list[tuple[float, int]] = []     # (fraction(id), tokens) of documents, trimmed as it grows
 
         def flush(split):
             docs, offset = pending[split], emitted[split]
@@ -78,16 +91,20 @@ class Tokenize(beam.DoFn):
             encoded = self.sp.encode([d["text"] for d in batch], add_bos=self.config.add_bos, add_eos=True,
                                      num_threads=1)   # Beam runs one worker per core
             for doc, ids in zip(batch, encoded):
-                val = split_rule.fraction(doc["id"], path) < self.config.val_fraction
-                split = "val" if val else "train"
+                fraction = split_rule.fraction(doc["id"], path)
+                split = "val" if fraction < self.config.val_fraction else "train"
                 pending[split].append(ids)
                 pending_tokens[split] += len(ids)
+                lowest.append((fraction, len(ids)))
+            if len(lowest) > LOWEST_KEPT:
+                lowest = split_rule.lowest(lowest, self.config.min_val_tokens)
             for split in SPLITS:
                 if pending_tokens[split] >= CHUNK_TOKENS:
                     yield flush(split)
         for split in SPLITS:
             if pending[split]:
                 yield flush(split)
+        yield beam.pvalue.TaggedOutput("lowest", split_rule.lowest(lowest, self.config.min_val_tokens))
 
 
 def make_layout(counts: list[tuple[tuple[str, int], tuple[int, int]]]) -> dict:
@@ -143,6 +160,11 @@ def write_manifest(layout: dict, manifest: dict, out_dir: str) -> None:
                         "tokens": min(tokens_per_shard, total - i * tokens_per_shard)} for i in range(count)],
         }
     storage.write_json(storage.join(out_dir, "manifest.json"), manifest | {"splits": splits})
+
+
+def write_lowest(lists: list[list[tuple[float, int]]], tokens: int, path: str) -> None:
+    """Every clean shard's `split_rule.lowest` documents -> the corpus's: JSON [[fraction, tokens], ...]."""
+    storage.write_json(path, split_rule.lowest(itertools.chain.from_iterable(lists), tokens))
 
 
 def shard_name(split: str, index: int) -> str:

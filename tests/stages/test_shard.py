@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 
 import numpy as np
 import pytest
@@ -156,27 +157,84 @@ def test_a_corpus_of_validation_documents_only_is_an_error(upstream, tmp_path):
         run_shard(tmp_path, {"clean": clean, "tokenizer": tok}, val_fraction=0.5)
 
 
+def every_document(clean, tok) -> list[tuple[float, int]]:
+    """(split_rule.fraction(id), tokens) of every document, computed the slow, obvious way."""
+    sp = processor({"tokenizer": tok})
+    return [(split_rule.fraction(doc["id"], path), len(sp.encode(doc["text"])) + 1)       # + eos
+            for path in documents.shards_of(clean) for doc in documents.read(path)]
+
+
+def test_the_split_rule_finds_the_fraction_a_number_of_tokens_needs():
+    docs = [(0.5, 10), (0.1, 3), (0.3, 4), (0.2, 1), (0.9, 100)]
+    assert split_rule.threshold(docs, 8) == 0.3 and split_rule.threshold(docs, 9) == 0.5
+    assert split_rule.threshold(docs, 118) == 0.9 and split_rule.threshold(docs, 119) is None
+    assert split_rule.lowest(docs, 8) == [(0.1, 3), (0.2, 1), (0.3, 4)]
+    assert split_rule.lowest(docs, 1000) == sorted(docs) and split_rule.lowest(docs, 0) == []
+    for t in (1, 4, 8, 9, 50, 200):     # each worker's lowest, merged, is the corpus's
+        assert split_rule.lowest(split_rule.lowest(docs[:2], t) + split_rule.lowest(docs[2:], t), t) == \
+            split_rule.lowest(docs, t)
+    assert [shard._above(x) for x in (0.01234, 0.013, 0.0999, 0.1, 0.27451)] == \
+        ["0.013", "0.014", "0.1", "0.11", "0.28"]
+
+
 def test_a_validation_split_shorter_than_one_sequence_fails_naming_the_fix(sharded, upstream, tmp_path):
     m = storage.read_json(sharded.file("manifest.json"))
     tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
-    want = shard._round_up(2 * 1025 / tokens)
+    docs = every_document(upstream["clean"], upstream["tokenizer"])
+    needed = split_rule.threshold(docs, 1025)
+    want = shard._above(needed)
     assert 0.01 < float(want) < 0.1       # within the upstream tokenizer's heldout_fraction, 0.1
     with pytest.raises(ValueError, match=(
             r"the validation split holds \d+ tokens \(4 docs\), fewer than one sequence of "
             r"shard.Config.seq_len=1,024 tokens and its target \(1,025\): val_fraction=0.01 of 400 "
             rf"documents \({tokens:,} tokens\) in .*Fix: raise shard.Config.val_fraction to {want} or more "
-            r"\(at most 0.1\); or set shard.Config.seq_len to train.Config.seq_len .*allow_small_val")):
+            rf"\(at most 0.1; the documents that split_rule.fraction\(id\) puts below {want} hold 1,025 "
+            r"tokens; below [0-9.e-]+ they do not\); or set shard.Config.seq_len to train.Config.seq_len "
+            r".*allow_small_val")):
         run_shard(tmp_path, upstream, val_fraction=0.01)
     with pytest.raises(ValueError, match=r"too small to hold out 1,000,001 tokens: give it more text"):
         run_shard(tmp_path, upstream, key="s2", seq_len=10**6)
     assert run_shard(tmp_path, upstream, key="s3", val_fraction=float(want)).files   # the suggestion works
+    with pytest.raises(ValueError, match="fewer than one sequence"):      # and the threshold itself does not
+        run_shard(tmp_path, upstream, key="s4", val_fraction=needed)
     shard.check_val_split(shard.Config(), m, "here")     # the sharded fixture's 10% is enough
     # Where the fraction it takes is above the tokenizer's, raising val_fraction alone would leak: both rise.
     with pytest.raises(ValueError, match=(
-            r"Fix: raise shard.Config.val_fraction and tokenizer.Config.heldout_fraction to [0-9.]+ or more "
-            r"together, so the tokenizer never trains on a validation document")):
+            rf"Fix: raise shard.Config.val_fraction and tokenizer.Config.heldout_fraction to {want} or more "
+            r"together \(the documents .*\), so the tokenizer never trains on a validation document")):
         shard.check_val_split(shard.Config(val_fraction=0.01), m | {"splits": m["splits"] | {
-            "val": {"docs": 0, "tokens": 0, "shards": []}}}, "here", heldout_fraction=0.01)
+            "val": {"docs": 0, "tokens": 0, "shards": []}}}, "here", heldout_fraction=0.01, lowest=docs)
+
+
+def test_the_advice_passes_on_a_corpus_whose_first_hashed_documents_are_short(upstream, tmp_path):
+    """The documents the hash puts first are one sentence, the rest five documents long: a fraction from the
+    average document (what the guard said before) holds out a few short ones and is refused again; the
+    fraction from the split rule holds out enough."""
+    root = str(tmp_path)
+    long = english_docs(1500, seed=3)
+    docs = []
+    for i in range(300):
+        doc_id = f"need-{i}"
+        if split_rule.fraction(doc_id, "") < 0.4:          # ~20 tokens
+            text = " ".join(long[i]["text"].split()[:16]) + "."
+        else:                                               # ~600 tokens
+            text = "\n\n".join(d["text"] for d in long[5 * i:5 * i + 5])
+        docs.append({"id": doc_id, "text": text})
+    clean = write_clean(root, [docs[:150], docs[150:]], key="need")
+    tok = train(root, upstream["clean"], key="t-half", heldout_fraction=0.5)
+    up = {"clean": clean, "tokenizer": tok}
+    every = every_document(clean, tok)
+    total = sum(t for _, t in every)
+    average_advice = shard._above(2 * 1025 / total)           # twice the average share: the old advice
+    with pytest.raises(ValueError, match=r"Fix: raise shard.Config.val_fraction to ([0-9.]+) or more") as e:
+        run_shard(root, up, key="need-1", val_fraction=0.005)
+    advice = re.search(r"val_fraction to ([0-9.]+) or more", str(e.value)).group(1)
+    assert advice == shard._above(split_rule.threshold(every, 1025))
+    assert 2 * float(average_advice) < float(advice) < 0.4                     # reached in the short ones
+    with pytest.raises(ValueError, match=f"Fix: raise shard.Config.val_fraction to {advice} or more"):
+        run_shard(root, up, key="need-2", val_fraction=float(average_advice))    # the old advice: refused
+    done = run_shard(root, up, key="need-3", val_fraction=float(advice))         # the advice: enough
+    assert storage.read_json(done.file("manifest.json"))["splits"]["val"]["tokens"] >= 1025
 
 
 def test_a_validation_split_the_tokenizer_trained_on_is_refused_before_any_work(upstream, tmp_path):
