@@ -58,7 +58,7 @@ class Run:
 def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[str]], int]:
     """(variants: name -> bindings, seeds) read from the gin files; ConfigError naming the file and the
     binding when `sweep.variants` is not a dict of names to lists of binding strings or names one twice,
-    `sweep.seeds` not an int in [1, MAX_SEEDS] or `sweep.cumulative` not a bool. With `cumulative`, each
+    `sweep.seeds` not an int in 1..MAX_SEEDS or `sweep.cumulative` not a bool. With `cumulative`, each
     variant's bindings are those of every variant before it (in the file's order) followed by its own."""
     config.load(gin_files, params)   # validates the base config and parses the sweep bindings
     files = ", ".join(gin_files)
@@ -70,9 +70,9 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[st
         raise config.ConfigError(f"{files}: sweep.variants must be a non-empty dict name -> [bindings], "
                                  f"got {found!r}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
-        raise config.ConfigError(f"{files}: sweep.seeds = {seeds!r} must be an int in [1, {MAX_SEEDS}] (each "
-                                 f"variant trains with {SEED_BINDING} = 0, 1, ..., seeds - 1; 1 keeps the "
-                                 "base seed)")
+        raise config.ConfigError(f"{files}: sweep.seeds = {seeds!r} must be an int >= 1 and <= {MAX_SEEDS} "
+                                 f"(each variant trains with {SEED_BINDING} = 0, 1, ..., seeds - 1; 1 keeps "
+                                 "the base seed)")
     if not isinstance(cumulative, bool):
         raise config.ConfigError(f"{files}: sweep.cumulative = {cumulative!r} must be True (each variant "
                                  "adds its bindings to those of the variants before it) or False (default)")
