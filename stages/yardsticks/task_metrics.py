@@ -16,8 +16,8 @@ Per task:
   of the choice as its `doc_to_choice` gives it, without the target delimiter (the one space before it:
   "Paris": 5; `ConfigurableTask.process_results` divides by `len(choice)`). Every choice `tasks.py` renders
   is that delimiter then lm-eval's choice text, so the divisor is `scored_chars() - 1`. The two can credit
-  different choices (13 of the 800 default items in one run; ARC-Easy 0.250 vs 0.230). For a partial-
-  evaluation task (WinoGrande: one continuation for every choice) both equal acc.
+  different choices where the choices' lengths differ (issue 24 saw 13 of 800 items change). For a
+  partial-evaluation task (WinoGrande: one continuation for every choice) both equal acc.
 - `centered`, `centered_norm`: acc and acc_norm centered on the random baseline, as DCLM's CORE does per
   task: (acc - b) / (1 - b) with b = mean over items of 1/k (k choices; ARC has items with 3 and 5). 0 is
   chance, 1 is perfect, below 0 worse than chance.
