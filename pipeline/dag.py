@@ -25,6 +25,15 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "export": ("stages.export", ("train", "tokenizer", "shard", "evaluate", "clean")),
 }
 
+# What each stage's work runs on, which decides the heavy libraries it may import: only "jax" stages import
+# JAX, Flax, Optax or Orbax, only "beam" stages import Apache Beam, the others neither (export reads
+# checkpoints with TensorStore and writes numpy). With STAGES it gives every stage's import contract:
+# setup.cfg's [importlinter] section, checked against this file by tests/test_layers.py.
+RUNS_ON: dict[str, str] = {
+    "download": "beam", "clean": "beam", "tokenizer": "sentencepiece", "shard": "beam",
+    "yardsticks": "sentencepiece", "train": "jax", "evaluate": "jax", "export": "tensorstore",
+}
+
 
 def module(stage: str) -> ModuleType:
     return importlib.import_module(STAGES[stage][0])

@@ -34,40 +34,153 @@ def _lint_imports(cwd, *args: str, env: dict[str, str] | None = None) -> subproc
 
 
 # ---------------------------------------------------------------------------------------------
-# Import contracts
+# Import contracts, derived from the DAG
+
+JAX = ("jax", "flax", "optax", "orbax")
+BEAM = ("apache_beam",)
+# The modules directly under stages/ that are no stage: the shared layers below every stage. Each may import
+# the shared layers named here (io is the bottom) and the heavy library it runs on, as dag.RUNS_ON says of a
+# stage.
+SHARED = {"io": ((), "python"), "beam_runner": (("io",), "beam")}
+
+
+def _heavy(runs_on: str) -> tuple[str, ...]:
+    """The heavy libraries a module that runs on `runs_on` must never import."""
+    return (() if runs_on == "jax" else JAX) + (() if runs_on == "beam" else BEAM)
+
+
+def _libraries(modules: tuple[str, ...]) -> str:
+    names = {JAX: "no JAX, Flax, Optax or Orbax", BEAM: "no Apache Beam", JAX + BEAM: "neither JAX nor Beam"}
+    return names[modules]
+
+
+def derived_contracts() -> dict[str, dict]:
+    """{contract id: its fields in setup.cfg}, as pipeline/dag.py implies them. A stage imports, of the
+    other stages, only those whose output it reads (`dag.upstream`: evaluate restores train's checkpoint
+    with train's model code, train scores yardsticks with their reader), never pipeline, and only the heavy
+    library it runs on (`dag.RUNS_ON`); a shared layer imports no stage, only the shared layers below it."""
+    stages = list(dag.STAGES)
+    out = {"stages-below-pipeline": {
+        "name": "stages never import pipeline (stage code knows nothing of Luigi, gin or the cache)",
+        "source_modules": ["stages"], "forbidden_modules": ["pipeline"]}}
+    for stage in stages:
+        reads, heavy = dag.upstream(stage), _heavy(dag.RUNS_ON[stage])
+        out[f"stage-{stage}"] = {
+            "name": (f"stages.{stage} imports, of the other stages, only those it reads ({', '.join(reads)})"
+                     if reads else f"stages.{stage} imports no other stage (it reads none)")
+                    + f"; {_libraries(heavy)}; no pipeline",
+            "source_modules": [f"stages.{stage}"],
+            "forbidden_modules": [f"stages.{s}" for s in stages if s != stage and s not in reads]
+                                 + ["pipeline", *heavy]}
+    for layer, (below, runs_on) in SHARED.items():
+        heavy = _heavy(runs_on)
+        others = [f"stages.{s}" for s in SHARED if s != layer and s not in below]
+        out[f"layer-{layer}"] = {
+            "name": f"stages.{layer} (a shared layer) imports no stage"
+                    f"{', only the shared ' + ', '.join(below) if below else ', no other shared layer'}; "
+                    f"{_libraries(heavy)}; no pipeline",
+            "source_modules": [f"stages.{layer}"],
+            "forbidden_modules": [f"stages.{s}" for s in stages] + others + ["pipeline", *heavy]}
+    return out
+
+
+def render(contracts: dict[str, dict]) -> str:
+    """The contracts as setup.cfg spells them (paste this over its contract sections)."""
+    blocks = []
+    for cid, c in contracts.items():
+        blocks.append("\n".join([f"[importlinter:contract:{cid}]", f"name = {c['name']}", "type = forbidden",
+                                 "source_modules =", *(f"    {m}" for m in c["source_modules"]),
+                                 "forbidden_modules =", *(f"    {m}" for m in c["forbidden_modules"])]))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _setup_cfg_contracts(path: str = os.path.join(REPO, "setup.cfg")) -> dict[str, dict]:
+    cfg = configparser.ConfigParser()
+    cfg.read(path)
+    prefix = "importlinter:contract:"
+    return {section.removeprefix(prefix): {
+        "name": cfg[section]["name"], "type": cfg[section]["type"],
+        "source_modules": cfg[section]["source_modules"].split(),
+        "forbidden_modules": cfg[section]["forbidden_modules"].split()}
+        for section in cfg.sections() if section.startswith(prefix)}
+
+
+def test_every_stage_and_shared_layer_has_its_contract_in_setup_cfg():
+    """setup.cfg (what `make lint` reads) holds exactly the contracts dag.py implies: a stage added to the
+    DAG, an upstream edge changed or a hand-edited contract fails here; the message is the text to paste."""
+    modules = {name.removesuffix(".py") for name in os.listdir(os.path.join(REPO, "stages"))
+               if name.endswith(".py") or os.path.isfile(os.path.join(REPO, "stages", name, "__init__.py"))}
+    assert modules - {"__init__"} == set(dag.STAGES) | set(SHARED), \
+        "every module under stages/ is a stage in dag.STAGES or a shared layer in SHARED above"
+    assert set(dag.RUNS_ON) == set(dag.STAGES), "dag.RUNS_ON names what each stage of dag.STAGES runs on"
+    expected = {cid: {**c, "type": "forbidden"} for cid, c in derived_contracts().items()}
+    assert _setup_cfg_contracts() == expected, \
+        "setup.cfg's import contracts differ from pipeline/dag.py's; they should read:\n\n" + render(expected)
+
+
+def test_architecture_lists_every_stage_contract():
+    """docs/ARCHITECTURE.md's layer table has one row per stage, in DAG order, with what it reads, what it
+    runs on and its contract, as dag.py says; and names every other contract."""
+    with open(os.path.join(REPO, "docs", "ARCHITECTURE.md")) as f:
+        layers = f.read().split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `stages\.(\w+)` \| (.*?) \| (.*?) \| `stage-(\w+)` \|$", layers, re.M)
+    expected = [(s, ", ".join(dag.upstream(s)) or "nothing", dag.RUNS_ON[s], s) for s in dag.STAGES]
+    assert rows == expected, "ARCHITECTURE's stage rows should be:\n" + "\n".join(
+        f"| `stages.{s}` | {reads} | {runs} | `stage-{s}` |" for s, reads, runs, _ in expected)
+    missing = [cid for cid in derived_contracts() if f"`{cid}`" not in layers]
+    assert not missing, f"ARCHITECTURE's Layers section does not name the contracts {missing}"
+
 
 def test_import_contracts_hold():
     out = _lint_imports(REPO)
     assert out.returncode == 0, f"lint-imports failed:\n{out.stdout}{out.stderr}"
 
 
-# (file to edit, code appended to it, contract id in setup.cfg, the chain lint-imports must report)
-BREAKS = [
-    pytest.param("stages/io/llmc.py", "from pipeline import dag  # noqa", "stages-below-pipeline",
-                 "stages.io.llmc -> pipeline.dag", id="a-stage-imports-pipeline"),
-    pytest.param("stages/io/llmc.py", "from pipeline import dag  # noqa", "io-is-the-bottom-layer",
-                 "stages.io.llmc -> pipeline.dag", id="io-imports-pipeline"),
-    pytest.param("stages/io/split_rule.py", "from stages import tokenizer  # noqa", "io-is-the-bottom-layer",
-                 "stages.io.split_rule -> stages.tokenizer", id="io-imports-a-stage"),
-    pytest.param("stages/clean/filters.py", "import jax  # noqa", "data-stages-without-jax",
-                 "stages.clean.filters -> jax", id="a-data-stage-imports-jax"),
-    # Lazily, inside a function: "never imports" includes the imports that only run when called.
-    pytest.param("stages/evaluate/report.py", "def _lazy():\n    import apache_beam  # noqa",
-                 "model-stages-without-beam", "stages.evaluate.report -> apache_beam",
-                 id="evaluate-imports-beam-lazily"),
-    # Indirectly: clean reaching train's modules reaches JAX through them, and that counts too.
-    pytest.param("stages/clean/filters.py", "from stages.train import model  # noqa",
-                 "data-stages-without-jax", "stages.clean.filters -> stages.train.model",
-                 id="a-data-stage-imports-jax-through-train"),
+def _violations() -> list:
+    """One planted violation per derived contract: (file, code appended, contract, the chains lint-imports
+    must report). A stage imports, lazily, the first stage after it in the DAG that it must not import (else
+    the last before it: train imports evaluate, the import these contracts were written for) and, eagerly, a
+    heavy library it must not (export: `import jax`). A shared layer imports a stage and a heavy library."""
+    stages = list(dag.STAGES)
+    out = [pytest.param("stages/io/llmc.py", "from pipeline import dag  # noqa", "stages-below-pipeline",
+                        ["stages.io.llmc -> pipeline.dag"], id="stages-below-pipeline")]
+    for cid, c in derived_contracts().items():
+        if cid == "stages-below-pipeline":
+            continue
+        name = cid.split("-", 1)[1]
+        module = f"stages.{name}"
+        path = dag.STAGES[name][0] if name in dag.STAGES else module
+        path = path.replace(".", "/") + ("/__init__.py" if os.path.isdir(os.path.join(REPO, *path.split(".")))
+                                         else ".py")
+        forbidden = [m.removeprefix("stages.") for m in c["forbidden_modules"] if m.startswith("stages.")]
+        if name in dag.STAGES:
+            after = [s for s in stages[stages.index(name) + 1:] if s in forbidden]
+            target = after[0] if after else [s for s in stages if s in forbidden][-1]
+        else:
+            target = [s for s in stages if s in forbidden][-1]
+        heavy = next(m for m in c["forbidden_modules"] if m in JAX + BEAM)
+        code = f"import {heavy}  # noqa\n\n\ndef _planted():\n    from stages import {target}  # noqa"
+        out.append(pytest.param(path, code, cid, [f"{module} -> {heavy}", f"{module} -> stages.{target}"],
+                                id=cid))
+    return out
+
+
+# Beyond the planted ones: "never imports" includes imports that reach a library through another stage.
+INDIRECT = [
+    pytest.param("stages/clean/filters.py", "from stages.train import model  # noqa", "stage-clean",
+                 ["stages.clean.filters -> stages.train.model"], id="a-data-stage-imports-jax-through-train"),
+    pytest.param("stages/export/card.py", "def _lazy():\n    from stages.train import loop  # noqa",
+                 "stage-export", ["stages.export.card -> stages.train.loop"],
+                 id="export-reaches-jax-through-train"),
 ]
 
 
-@pytest.mark.parametrize("path, code, contract, chain", BREAKS)
-def test_a_broken_contract_fails(tmp_path, path, code, contract, chain):
-    """The checker catches a violation: break one contract in a copy of the tree and run lint-imports
+@pytest.mark.parametrize("path, code, contract, chains", _violations() + INDIRECT)
+def test_a_broken_contract_fails(tmp_path, path, code, contract, chains):
+    """The checker catches a violation of each contract: break it in a copy of the tree and run lint-imports
     on the copy (the real tree is never touched). lint-imports puts its working directory first on
     sys.path, and PYTHONPATH says the same, so grimp reads the copy rather than the installed
-    (editable) packages; the reported chain exists only in the copy, which proves it."""
+    (editable) packages; the reported chains exist only in the copy, which proves it."""
     for package in ("pipeline", "stages"):
         shutil.copytree(os.path.join(REPO, package), tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -78,14 +191,9 @@ def test_a_broken_contract_fails(tmp_path, path, code, contract, chain):
     out = _lint_imports(tmp_path, "--contract", contract, env={"PYTHONPATH": str(tmp_path)})
     text = out.stdout + out.stderr
     assert out.returncode != 0, text
-    assert chain in text, text
-    assert f"{_contract_name(contract)} BROKEN" in " ".join(text.split()), text
-
-
-def _contract_name(contract: str) -> str:
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(REPO, "setup.cfg"))
-    return cfg[f"importlinter:contract:{contract}"]["name"]
+    for chain in chains:
+        assert chain in text, text
+    assert f"{_setup_cfg_contracts()[contract]['name']} BROKEN" in " ".join(text.split()), text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,6 +269,9 @@ class A:
 # What the CLI imports when there is nothing to run
 
 HEAVY = ("jax", "flax", "optax", "orbax", "apache_beam", "tensorflow", "tensorflow_datasets")
+# Nor does deciding that there is nothing to do need numpy (and pyarrow, which brings it) or Luigi: reading
+# manifests and the summaries' JSON is all a fully cached run does (`python -m benchmarks cached_rerun`).
+NOOP = HEAVY + ("numpy", "pyarrow", "luigi")
 
 
 def _cli(cwd, *argv: str) -> tuple[int, list[str], str]:
@@ -168,7 +279,7 @@ def _cli(cwd, *argv: str) -> tuple[int, list[str], str]:
     imported, and its output. Runs from `cwd` with only the repo on PYTHONPATH, like a user would."""
     code = ("import sys; from pipeline.__main__ import main; "
             f"rc = main({list(argv)!r}); "
-            f"print('RC', rc); print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules))")
+            f"print('RC', rc); print('HEAVY', sorted(m for m in {NOOP!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     text = out.stdout + out.stderr
@@ -179,8 +290,8 @@ def _cli(cwd, *argv: str) -> tuple[int, list[str], str]:
     return int(rc.group(1)), ast.literal_eval(heavy.group(1)), text
 
 
-def test_a_noop_cli_invocation_imports_neither_jax_nor_beam(tmp_path):
-    """`plan` (no cache yet) loads gin and every stage's Config, and nothing heavy."""
+def test_a_noop_cli_invocation_imports_no_heavy_library_numpy_or_luigi(tmp_path):
+    """`plan` (no cache yet) loads gin and every stage's Config, and nothing heavy, no numpy, no Luigi."""
     rc, heavy, text = _cli(tmp_path, "plan", "--gin", TINY)
     assert rc == 0, text
     assert heavy == [], f"plan imported {heavy}:\n{text}"
@@ -211,9 +322,10 @@ def cached_root(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["status", "run"])
-def test_status_and_a_fully_cached_run_import_neither_jax_nor_beam(tmp_path, cached_root, command):
+def test_status_and_a_fully_cached_run_import_no_heavy_library_numpy_or_luigi(tmp_path, cached_root, command):
     """A rerun with nothing to do must stay fast: it reads manifests and prints summaries, and the
-    stage modules it touches for that (Config, VERSION, summary) import no heavy library at import time."""
+    stage modules it touches for that (Config, VERSION, summary) import no heavy library, no numpy and no
+    Luigi (with nothing to schedule, the run does not start it)."""
     rc, heavy, text = _cli(tmp_path, command, "--gin", TINY,
                            "--gin-param", f'pipeline.Settings.cache_root="{cached_root}"')
     assert rc == 0, text
