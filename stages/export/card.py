@@ -126,9 +126,10 @@ def _evaluation(m: dict) -> list[str]:
         out.append(f"- reference text `{set_name}`: {r['bpb']:.3f} bits/byte, 95% interval "
                    f"[{r['low']:.3f}, {r['high']:.3f}]")
     for task, t in m.get("tasks", {}).items():
-        a = t["acc_norm"]
-        out.append(f"- {task}: acc_norm {a['value']:.3f} [{a['low']:.3f}, {a['high']:.3f}] "
-                   f"(chance {t['random_baseline']:.2f})")
+        a, h = t["acc_norm"], t.get("acc_norm_lm_eval")
+        harness = f", lm-eval's acc_norm {h['value']:.3f} [{h['low']:.3f}, {h['high']:.3f}]" if h else ""
+        out.append(f"- {task}: acc_norm (per character with the leading space) {a['value']:.3f} "
+                   f"[{a['low']:.3f}, {a['high']:.3f}]{harness} (chance {t['random_baseline']:.2f})")
     return out
 
 

@@ -91,7 +91,8 @@ def problem(m: SentencePieceModel) -> str:
 
 def tokenizer_json(m: SentencePieceModel, *, bos_id: int | None = None) -> dict:
     """tokenizer.json for `m`; ValueError when `problem(m)`. bos_id: every encoding starts with that piece
-    (the shard stage's add_bos: what the model saw at the start of every document); None: nothing added."""
+    (the export gives the token training put right before every document: the EOS, or BOS with the shard's
+    add_bos); None: nothing added. `add_special_tokens=False` encodes without it."""
     if why := problem(m):
         raise ValueError(why)
     unk = m.id_of(UNKNOWN)

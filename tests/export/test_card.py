@@ -86,6 +86,7 @@ def _assert_same_bytes_and_no_machine_facts(first, second, roots):
     text = a["README.md"].decode()
     assert "tokens/s" not in text and "report.md" not in text
     assert "final loss 3.211" in text and "1.457 bits/byte" in text     # the figures the key determines
+    assert "lm-eval's acc_norm 0.600 [0.500, 0.700]" in text          # beside OLMES' per-character one
 
 
 def test_two_exports_of_one_key_are_the_same_bytes(tmp_path):

@@ -179,6 +179,22 @@ def test_generate_until_is_the_greedy_kv_cache_sample_cut_at_the_stop_string(res
     assert results["results"]["refinery_test_gen"]["exact_match,none"] == 1.0
 
 
+def test_the_prefix_setting_decides_what_a_context_starts_with(net, sp, lm):
+    """Default: the context after the EOS (what training saw), as the evaluate stage tokenizes its tasks;
+    prefix_contexts=False: the context as lm-eval's HF backend encodes it with add_bos_token=False; an empty
+    context is the prefix alone either way. A rolling document follows prefix_id."""
+    bare = harness.RefineryLM(net, sp, sp.eos_id(), rows=4, prefix_contexts=False)
+    context, choice = "Question: Which word comes after the river\nAnswer:", " music"
+    ctx, cont = request_ids(sp, context, choice, sp.eos_id())
+    assert lm.request_ids(context, choice) == (ctx, cont) and ctx[0] == sp.eos_id()
+    assert bare.request_ids(context, choice) == (ctx[1:], cont)
+    assert bare.request_ids("", choice) == lm.request_ids("", choice) == ([sp.eos_id()], sp.encode(choice))
+    other = harness.RefineryLM(net, sp, sp.eos_id(), rows=4, prefix_id=sp.bos_id())
+    assert other.request_ids(context, choice)[0][0] == sp.bos_id() and other.scorer.prefix_id == sp.bos_id()
+    (with_eos, _), (without, _) = lm.scorer.loglikelihood([(ctx, cont), (ctx[1:], cont)])
+    assert abs(with_eos - without) > 1e-3                 # the setting changes the number
+
+
 def test_generation_options_are_read_as_lm_eval_reads_them():
     greedy = harness._generation_options({"until": "\n\n", "do_sample": False, "temperature": 0.7}, "t")
     assert greedy == {"until": ["\n\n"], "max_gen_toks": harness.DEFAULT_MAX_GEN_TOKS, "temperature": 0.0,
