@@ -230,9 +230,9 @@ def check_tasks(tasks: Sequence[str], include_path: str | None = None) -> str:
     a name lm-eval does not know (with the closest names); a task whose data is a Hugging Face hub dataset
     that is in neither local cache while the hub cannot be reached (offline: HF_DATASETS_OFFLINE or
     HF_HUB_OFFLINE set, or no connection to the endpoint within HUB_PROBE_S). YAMLs are read as lm-eval
-    reads them for its index, `!function` unresolved: no task Python runs here. Cost: importing lm-eval
-    (~1 s); a name not found under include_path indexes lm-eval's ~15k built-in YAMLs (13 s on 2 busy
-    cores); local names alone do not."""
+    reads them for its index, `!function` unresolved: no task Python runs here. Cost: importing lm-eval and
+    datasets (~2 s of CPU); a name not found under include_path indexes lm-eval's ~15k built-in YAMLs (13 s
+    on 2 busy cores); local names alone do not."""
     with _quiet(QUIET_LOGGERS):              # a pre-run problem is one line: no library chatter around it
         return _check_tasks(list(tasks), include_path)
 
