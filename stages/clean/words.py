@@ -45,21 +45,34 @@ The splitter each reference used, by name (`splitter(name)`, picklable, so Beam 
   `SpaCyTokenizer("en")`): `spacy.blank("en")` plus its rule-based `sentencizer`, every token's text
   stripped, empty ones dropped. Needs spaCy: `pip install -e '.[spacy]'`.
 - "nltk": what FineWeb ran (datatrove 0.2.0): `nltk.word_tokenize` = punkt sentences, then the
-  Treebank rules per sentence. punkt's trained English model (`punkt_tab`) is a separate NLTK data
-  download; when it is not installed (as here, offline) an untrained `PunktSentenceTokenizer` splits
-  the sentences instead, and the `model` attribute says which ran ("punkt_tab" or "untrained").
-  Needs NLTK: `pip install -e '.[nltk]'`.
+  Treebank rules per sentence. Needs NLTK (`pip install -e '.[nltk]'`) and punkt's trained English model
+  (`tokenizers/punkt_tab/english`), a separate NLTK data download: `python -m nltk.downloader punkt_tab`.
+  Without the model it refuses (`problem`, which the clean stage's check runs before any stage, and
+  `MissingPunkt` at load): an untrained punkt, NLTK's only fallback, splits sentences at abbreviations
+  (Dr., U.S., Ph.D.) where the trained one does not, so the same key would write other bytes on a
+  machine without the download.
+
+Which bytes a splitter gives depends on its library and, for NLTK, on punkt's model files:
+`fingerprint(name)` (the library's version; for "nltk" also the model's directory listing hashed) is in
+the clean stage's key (`clean.key_inputs`) and stats.json, so another spaCy, NLTK or punkt model is another
+cache entry, never a silent mix. "fast" is this file, whose changes bump the clean stage's VERSION.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 
 SPLITTERS = ("fast", "spacy", "nltk")
 # The extra that installs each splitter's library (setup.cfg).
 _EXTRA = {"spacy": "spacy", "nltk": "nltk"}
+PUNKT = "tokenizers/punkt_tab/english"      # punkt's trained English model, under an NLTK data directory
+PUNKT_DOWNLOAD = "python -m nltk.downloader punkt_tab"
 
 # Characters that are always a token of their own (NLTK's PUNCTUATION, PARENS_BRACKETS and quotes).
 _ALONE = r"""[;@#$%&?!\[\](){}<>*\u2012-\u2015«»“”‘’„]"""
@@ -228,34 +241,96 @@ class Spacy(_Splitter):
             return max(sum(1 for _ in self._doc(line).sents), 1)
 
 
+class MissingPunkt(RuntimeError):
+    """The "nltk" splitter without punkt's trained English model (what `problem` says, in one line)."""
+
+
 class Nltk(_Splitter):
-    """FineWeb's splitter: `nltk.word_tokenize` (punkt sentences, Treebank rules per sentence)."""
+    """FineWeb's splitter: `nltk.word_tokenize` (punkt's trained English model, then Treebank rules)."""
 
     name = "nltk"
 
-    @property
-    def model(self) -> str:
-        """"punkt_tab" (NLTK's trained English model) or "untrained" (it is not installed)."""
-        return self._library()[2]
-
     def _load(self):
         import nltk
-        from nltk.tokenize import NLTKWordTokenizer
-        from nltk.tokenize.punkt import PunktSentenceTokenizer
+        from nltk.tokenize import NLTKWordTokenizer, PunktTokenizer
 
+        keyed = punkt_model()
         try:
-            nltk.data.find("tokenizers/punkt_tab/english/")
-            from nltk.tokenize import PunktTokenizer
-
-            punkt, model = PunktTokenizer("english"), "punkt_tab"
+            found = str(nltk.data.find(PUNKT + "/"))
         except LookupError:
-            punkt, model = PunktSentenceTokenizer(), "untrained"
-        return punkt, NLTKWordTokenizer(), model
+            raise MissingPunkt(problem("nltk")) from None
+        if keyed is None or os.path.realpath(found) != os.path.realpath(keyed):
+            raise MissingPunkt(f"NLTK loads punkt's English model from {found}, where the clean stage's key "
+                               f"covers {keyed} (words.punkt_model follows nltk.data.path's order): put the "
+                               f"model in one directory, {PUNKT} under a directory of NLTK_DATA")
+        return PunktTokenizer("english"), NLTKWordTokenizer()
 
     def _words(self, text: str) -> tuple[str, ...]:
-        punkt, treebank, _ = self._library()
+        punkt, treebank = self._library()
         return tuple(t for s in punkt.tokenize(text) for t in (w.strip() for w in treebank.tokenize(s)) if t)
 
     def sentences(self, line: str) -> int:
         punkt = self._library()[0]
         return max(sum(1 for s in punkt.tokenize(line) if s.strip()), 1)
+
+
+def nltk_data_path() -> list[str]:
+    """The directories NLTK looks for its data in, in its order (`nltk.data.path` on Linux and macOS: each of
+    NLTK_DATA, ~/nltk_data, then the interpreter's and the system's nltk_data), computed without importing
+    NLTK, which takes seconds: the key of every run that names the splitter needs it."""
+    out = [os.path.expanduser(d) for d in os.environ.get("NLTK_DATA", "").split(os.pathsep) if d]
+    if "APPENGINE_RUNTIME" not in os.environ and os.path.expanduser("~/") != "~/":
+        out.append(os.path.expanduser("~/nltk_data"))
+    return out + [os.path.join(sys.prefix, "nltk_data"), os.path.join(sys.prefix, "share", "nltk_data"),
+                  os.path.join(sys.prefix, "lib", "nltk_data"), "/usr/share/nltk_data",
+                  "/usr/local/share/nltk_data", "/usr/lib/nltk_data", "/usr/local/lib/nltk_data"]
+
+
+def punkt_model() -> str | None:
+    """The directory of punkt's trained English model that NLTK would load (the first of `nltk_data_path`
+    holding `PUNKT`), or None when none does."""
+    for root in nltk_data_path():
+        if os.path.isdir(path := os.path.join(root, PUNKT)):
+            return path
+    return None
+
+
+def problem(name: str) -> str:
+    """What would stop the splitter `name` at its first document, beyond its library (each filter's own
+    `problem` names a missing one), in one line, or "": for "nltk", punkt's trained model not installed."""
+    if name != "nltk" or importlib.util.find_spec("nltk") is None or punkt_model() is not None:
+        return ""
+    return (f"word splitter 'nltk' needs punkt's trained English model ({PUNKT}), which is in none of NLTK's "
+            f"data directories {nltk_data_path()}: {PUNKT_DOWNLOAD} (or put it under a directory named in "
+            "NLTK_DATA). FineWeb's nltk.word_tokenize ran it; the untrained punkt NLTK would fall back to "
+            "splits sentences at abbreviations (Dr., U.S., Ph.D.), so it is refused")
+
+
+def fingerprint(name: str) -> dict | None:
+    """What decides the bytes the splitter `name` gives, beyond this file, for the clean stage's key: None
+    for "fast"; {library: version} for "spacy"; for "nltk" also {"punkt_tab": sha256 of the model's files
+    (names and bytes)}, or None where the model is not installed (the stage then refuses to start)."""
+    if name == "fast":
+        return None
+    from importlib import metadata
+
+    try:
+        out: dict = {name: metadata.version(name)}
+    except metadata.PackageNotFoundError:
+        out = {name: None}
+    if name == "nltk":
+        model = punkt_model()
+        out["punkt_tab"] = _directory_sha256(model) if model is not None else None
+    return out
+
+
+def _directory_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for file_name in sorted(files):
+            full = os.path.join(root, file_name)
+            digest.update(os.path.relpath(full, path).encode() + b"\0")
+            with open(full, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
