@@ -244,6 +244,36 @@ def test_sigterm_stops_training_within_two_steps_whatever_the_intervals_and_the_
                                                                            last[1]["grad_norm"])] * 2
 
 
+TWIN_SCRIPT = """
+import json, sys
+from pipeline import cache
+from tests.train import test_loop as t
+shard = cache.load(sys.argv[1], "shard", "synthetic")
+print("ROWS " + json.dumps(t._rows(t._train(sys.argv[2], shard, t.CONFIG))))
+"""
+# What a metrics row holds besides the numerics: the clock and rates, which no two runs share.
+TIMING = ("time", "compile_and_first_step_s", "tokens_per_s", "step_time_s", "mfu")
+
+
+def test_two_trainings_of_one_config_give_bitwise_identical_metrics(tmp_path, shard):
+    """One config trained here (after whatever else this process ran: another test's jax.config left behind
+    would show) and in a fresh process with another hash seed gives the same losses, norms and evaluation
+    losses to the last bit. Same machine and CPU count: XLA:CPU splits reductions and a matmul's inner
+    dimension over its thread pool, one thread per CPU the process may use, so a machine with another CPU
+    count (or instruction set) adds in another order and trains other bits."""
+    here = _rows(_train(str(tmp_path / "here"), shard, CONFIG))
+    proc = subprocess.run([sys.executable, "-c", TWIN_SCRIPT, shard.path.rsplit("/shard/", 1)[0],
+                           str(tmp_path / "there")], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=REPO, PYTHONHASHSEED="12345"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    there = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("ROWS "))[5:])
+
+    def numerics(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert len(here) == CONFIG.steps and any("eval_loss" in r for r in here)
+    assert numerics(here) == numerics(there)
+
+
 def test_the_host_never_runs_more_than_max_in_flight_steps_ahead_of_the_device(tmp_path, shard, monkeypatch):
     """What makes a stop prompt: after dispatching step s the loop waits for step s - MAX_IN_FLIGHT + 1."""
     from stages.train import loop
