@@ -58,6 +58,7 @@ def test_a_hub_task_offline_and_not_cached_is_one_error_line_before_any_stage(tm
     """arc_easy reads allenai/ai2_arc from the hub: with HF_DATASETS_OFFLINE and an empty HF_HOME it cannot
     be had, and the run says so before training (it failed after evaluation: a 151-line ConnectionError)."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)    # other test modules set it for their process
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     assert_one_error_line_before_work(
         _case("hub_task_offline",
