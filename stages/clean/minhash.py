@@ -38,11 +38,12 @@ import re
 import sys
 import unicodedata
 from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:      # numpy loads when hashing starts: clean.Config imports this module to check its
+    import numpy as np  # parameters, and planning (a fully cached rerun included) imports no numpy
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)   # splitmix64's multipliers
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # splitmix64's multipliers
 _NUMBERS = re.compile(r"\d+(?:[.,\u060c\u066b\u2396\u2397\u2398]\d+)?")   # 3.14 and 1,000 are one number
 WORD_CACHE_LIMIT = 1 << 20      # words whose hash a worker remembers; cleared when full
 CHUNK_SHINGLES = 1 << 14        # shingles hashed per numpy pass: (16384, 112) uint64 is 14 MiB
@@ -50,11 +51,13 @@ CHUNK_SHINGLES = 1 << 14        # shingles hashed per numpy pass: (16384, 112) u
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer on a uint64 array, in place: a bijection with full avalanche."""
-    x ^= x >> _S30
-    x *= _M1
-    x ^= x >> _S27
-    x *= _M2
-    x ^= x >> _S31
+    import numpy as np
+
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(_M1)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(_M2)
+    x ^= x >> np.uint64(31)
     return x
 
 
@@ -102,6 +105,8 @@ class MinHasher:
     """Signatures and band keys for texts; picklable, and equal parameters give equal results anywhere."""
 
     def __init__(self, bands: int = 14, rows: int = 8, ngram: int = 5, seed: int = 1):
+        import numpy as np
+
         check_parameters(bands, rows, ngram)
         self.bands, self.rows, self.ngram, self.seed = bands, rows, ngram, seed
         digests = [hashlib.blake2b(f"minhash:{seed}:{i}".encode(), digest_size=16).digest()
@@ -115,10 +120,14 @@ class MinHasher:
         return {k: v for k, v in self.__dict__.items() if k not in ("_words", "_buffer")}
 
     def __setstate__(self, state):
+        import numpy as np
+
         self.__dict__.update(state, _words={}, _buffer=np.empty((CHUNK_SHINGLES, len(state["a"])), np.uint64))
 
     def shingles(self, text: str) -> np.ndarray:
         """The 64-bit hashes of the text's `ngram`-word shingles, in order (repeats kept): (n,) uint64."""
+        import numpy as np
+
         words = simplify(text)
         n = len(words) - self.ngram + 1
         if n <= 0:
@@ -143,6 +152,8 @@ class MinHasher:
         """(signatures (D, bands * rows) uint64, has_signature (D,) bool): a text with no shingle gets a
         row of zeros and False. Texts are hashed together, CHUNK_SHINGLES at a time, so short texts
         do not pay numpy's per-call cost one by one."""
+        import numpy as np
+
         sigs = np.zeros((len(texts), len(self.a)), np.uint64)
         shingles = [self.shingles(t) for t in texts]
         has = np.array([len(s) > 0 for s in shingles], bool)

@@ -34,10 +34,12 @@ import importlib.util
 import itertools
 import re
 from collections import Counter
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from stages.clean import words as words_lib
+
+if TYPE_CHECKING:      # numpy loads when a repetition check runs: clean.Config imports this module for the
+    import numpy as np  # filters' configs, and planning (a fully cached rerun included) imports no numpy
 
 # datatrove's TERMINAL_PUNCTUATION and PUNCTUATION_SET (utils/text.py), sorted: the sentence-ending
 # marks of many scripts; ASCII and CJK punctuation and the C0/C1 control characters but tab and
@@ -424,9 +426,11 @@ class _NGrams:
     """
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
-    _LENGTH = np.uint64(0xD6E8FEB86659FD93)          # odd: mixes the length into the key
+    _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
 
     def __init__(self, words: tuple[str, ...]):
+        import numpy as np
+
         self.text = "".join(words)
         self.offsets = [0, *itertools.accumulate(map(len, words))]   # word i: text[offsets[i]:offsets[i+1]]
         self._offsets = np.array(self.offsets, dtype=np.int64)
@@ -437,11 +441,14 @@ class _NGrams:
 
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""
+        import numpy as np
+
         m = len(self.offsets) - n               # positions of an n-gram
         if m < 2:
             return []
         a, b = self._offsets[:m], self._offsets[n:]
-        keys = (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * self._LENGTH
+        length = np.uint64(self._LENGTH)
+        keys = (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * length
         ordered = np.sort(keys)
         if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
             return []
@@ -455,6 +462,8 @@ class _NGrams:
 
 def _powers(base: int, count: int) -> np.ndarray:
     """base^0 .. base^(count-1) mod 2^64."""
+    import numpy as np
+
     out = np.full(count, base, dtype=np.uint64)
     if count:
         out[0] = 1

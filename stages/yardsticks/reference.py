@@ -22,8 +22,10 @@ from __future__ import annotations
 import importlib.resources
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:      # numpy loads when bits per byte are computed: clean.Config checks its reference set
+    import numpy as np  # names here while planning, and planning imports no numpy (docs/ARCHITECTURE.md)
 
 EMBEDDED = "aesop_fables"            # the embedded default's reference set: data/aesop_fables.txt
 SEPARATOR = "\n----\n"               # between documents in a packaged set's .txt
@@ -51,6 +53,8 @@ def bits_per_byte(scorer, encode: Callable[[str], list[int]], documents: Sequenc
                   seed: int = SEED, resamples: int = RESAMPLES) -> dict:
     """{"bpb", "low", "high", "docs", "bytes"} of `documents` [(name, text)] under `scorer`
     (`scoring.Scorer`), each text tokenized with `encode` (e.g. a SentencePieceProcessor's encode)."""
+    import numpy as np
+
     texts = [text for _, text in documents]
     nbytes = np.asarray([len(text.encode("utf-8")) for text in texts], np.float64)       # (N,)
     empty = [name for (name, _), n in zip(documents, nbytes) if n == 0]
@@ -63,6 +67,8 @@ def bits_per_byte(scorer, encode: Callable[[str], list[int]], documents: Sequenc
 
 def bits_per_byte_of(logprobs, nbytes, *, seed: int = SEED, resamples: int = RESAMPLES) -> dict:
     """{"bpb", "low", "high", "docs", "bytes"} from each document's summed log-prob (nats) and UTF-8 bytes."""
+    import numpy as np
+
     nbytes = np.asarray(nbytes, np.float64)                                              # (N,)
     bits = -np.asarray(logprobs, np.float64) / math.log(2)                               # (N,)
     low, high = bootstrap_ratio(bits, nbytes, seed=seed, resamples=resamples)
@@ -72,6 +78,8 @@ def bits_per_byte_of(logprobs, nbytes, *, seed: int = SEED, resamples: int = RES
 
 def bootstrap_ratio(num: np.ndarray, den: np.ndarray, *, seed: int, resamples: int) -> tuple[float, float]:
     """95% percentile interval of sum(num) / sum(den) over documents resampled with replacement."""
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(num), size=(resamples, len(num)))                      # (R, N)
     ratios = num[picks].sum(axis=1) / den[picks].sum(axis=1)

