@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import uuid
@@ -51,3 +52,23 @@ def run_on_simulated_devices(script: str, devices: int = 8, timeout: int = 600):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def reproducible_cpu_env() -> tuple[dict, object]:
+    """(env, preexec_fn) for a subprocess whose JAX computes the same bits on any x86-64 machine: XLA:CPU
+    splits a reduction (and a matmul's inner dimension) over its thread pool, one thread per CPU the process
+    may use, and vectorizes for the instruction set it finds, so the order in which a sum's parts are added
+    (and with it a trained model) depends on the machine's CPU count and ISA. One CPU and AVX2 at most fix
+    both; the same jax version and config then train the same model (tests/train/test_loop.py checks two
+    trainings agree bit for bit on one machine)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    env.pop("XLA_FLAGS", None)                      # a device count from elsewhere would change the program
+    if platform.machine() in ("x86_64", "AMD64"):
+        env["XLA_FLAGS"] = "--xla_cpu_max_isa=AVX2"
+    one_cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+    def pin():
+        if one_cpu is not None:
+            os.sched_setaffinity(0, {one_cpu})
+    return env, pin

@@ -95,18 +95,6 @@ def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.gcs
-def test_data_half_with_the_cache_on_gcs(gcs_bucket, capsys):
-    root = f"{gcs_bucket}/refinery"
-    assert cli.main(["run", *_argv(root)]) == 0
-    assert _ran(capsys) == ALL
-    plan = _check_outputs(root)
-    assert plan.cache_root == root
-    assert cli.main(["run", *_argv(root)]) == 0
-    assert _ran(capsys) == []
-
-
-@pytest.mark.slow
 def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, capsys):
     sweep = tmp_path / "lrs.gin"
     sweep.write_text(f"include '{REPO}/gin/tiny.gin'\n"
@@ -128,7 +116,8 @@ def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, caps
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "gcs"])
-def test_two_concurrent_runs_on_one_cache_both_finish_with_one_commit_per_stage(where, tmp_path, request):
+def test_two_concurrent_runs_on_one_cache_both_finish_with_one_commit_per_stage(where, tmp_path, request,
+                                                                                capsys):
     """Two `python -m pipeline run` started together on one fresh cache: every key is computed once (the
     other run waits on its lease and reuses the commit), both exit 0, and each stage has exactly one
     attempt, the one its manifest names (before leases, a commit deleted the other run's attempt while
@@ -136,7 +125,8 @@ def test_two_concurrent_runs_on_one_cache_both_finish_with_one_commit_per_stage(
 
     Both runs have tokens planted where a run would find real ones (the hub, GCS, AWS, any *_TOKEN): no
     manifest, log, report, spec or checkpoint of the whole DAG, and nothing either prints, holds one (a
-    whole DAG of its own once; these runs are one, and the tokens change nothing else they do)."""
+    whole DAG of its own once; these runs are one, and the tokens change nothing else they do). A third
+    run then finds every stage cached (with "gcs": the whole DAG on GCS, once a test of its own)."""
     root = str(tmp_path / "cache")
     if where == "gcs":
         root = f"{request.getfixturevalue('gcs_bucket')}/refinery"
@@ -163,6 +153,10 @@ def test_two_concurrent_runs_on_one_cache_both_finish_with_one_commit_per_stage(
         done = cache.load(root, stage, sp.key)
         assert attempts == [done.manifest["attempt"]], (stage, attempts)
         assert storage.sizes(done.path) == dict(done.files)              # exactly the files it committed
+    assert plan.cache_root == root
+    capsys.readouterr()
+    assert cli.main(["run", *_argv(root)]) == 0
+    assert _ran(capsys) == []
 
 
 def test_the_flagship_config_resolves_and_targets_a_tpu_slice():
