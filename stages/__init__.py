@@ -8,5 +8,6 @@ committed outputs (`stages.io.committed.Committed`, what `pipeline.cache.load` r
 checkpoints there; the other stages ignore it).
 
 `stages/io/` is the bottom layer every stage and the orchestrator share. Stages never import
-`pipeline/`; the import contracts in setup.cfg say which heavy libraries each stage may reach.
+`pipeline/`, and import of the other stages only those whose output they read; the import contracts in
+setup.cfg (one per stage, derived from pipeline/dag.py) say so, and which heavy libraries each may reach.
 """

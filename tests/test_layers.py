@@ -1,8 +1,13 @@
 """The layering rules of docs/ARCHITECTURE.md, checked: imports point one way (pipeline -> stages.<stage>
--> stages.io), heavy libraries stay where they are used, storage is the only module that spells a URL
-scheme, and the CLI's plan/status/cached-run path imports neither JAX nor Beam.
+-> stages.io), a stage imports of the other stages only those it reads, heavy libraries stay where they are
+used, storage is the only module that spells a URL scheme, and the CLI's plan/status/cached-run path imports
+neither JAX nor Beam, and no numpy or Luigi.
 
-The import contracts themselves live in setup.cfg ([importlinter]); `make lint` runs the same check.
+    .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_layers.py
+
+The import contracts live in setup.cfg ([importlinter], what `make lint` runs), one per stage and shared
+layer; they are derived from pipeline/dag.py, and a test here fails, printing the sections to paste, when
+setup.cfg or docs/ARCHITECTURE.md's table says otherwise.
 """
 
 from __future__ import annotations
