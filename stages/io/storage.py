@@ -28,9 +28,12 @@ import tempfile
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import fsspec
+# fsspec loads on the first remote path or write: local reads (all that a fully cached rerun does: manifests,
+# listings, summaries) go through os, since importing fsspec costs more than those reads
+if TYPE_CHECKING:
+    import fsspec
 
 SCHEME_SEPARATOR = "://"
 FILE_SCHEME = "file://"
@@ -109,6 +112,8 @@ def tensorstore_kvstore(path: str) -> str:
 
 def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for `path` and the path as that filesystem spells it."""
+    import fsspec
+
     if is_local(path):
         return fsspec.filesystem("file"), absolute(path)
     protocol = path.split(SCHEME_SEPARATOR, 1)[0]
@@ -137,6 +142,8 @@ def join(base: str, *parts: str) -> str:
 
 def open(path: str, mode: str = "rb", **kwargs) -> IO:  # noqa: A001 - mirrors builtins.open
     """Opens a file for reading or writing; writing creates parent directories."""
+    if is_local(path) and mode in ("rb", "r") and not kwargs:      # what fsspec's local files do, without it
+        return builtins.open(absolute(path), mode)
     fs, p = filesystem(path)
     if is_local(path) and ("w" in mode or "a" in mode):
         os.makedirs(os.path.dirname(p), exist_ok=True)
@@ -144,6 +151,8 @@ def open(path: str, mode: str = "rb", **kwargs) -> IO:  # noqa: A001 - mirrors b
 
 
 def exists(path: str) -> bool:
+    if is_local(path):
+        return os.path.exists(absolute(path))
     fs, p = filesystem(path)
     return fs.exists(p)
 
@@ -258,6 +267,8 @@ def sizes(directory: str) -> dict[str, int]:
 
     One listing call, so checking a stage's manifest on GCS costs one request, not one per file.
     """
+    if is_local(directory):
+        return _local_sizes(absolute(directory))
     fs, p = filesystem(directory)
     fs.invalidate_cache(p)   # another process (a Beam worker, a concurrent run) may have written
     if not fs.exists(p):
@@ -270,6 +281,18 @@ def sizes(directory: str) -> dict[str, int]:
             continue
         rel = name[len(root):] if name.startswith(root) else posixpath.basename(name)
         out[rel.replace(os.sep, "/")] = int(info["size"])
+    return out
+
+
+def _local_sizes(root: str) -> dict[str, int]:
+    """`sizes` of a local directory (or file) as fsspec's local `find` reports them, read with os."""
+    if os.path.isfile(root):
+        return {os.path.basename(root): os.path.getsize(root)}
+    out = {}
+    for folder, _, files in os.walk(root, followlinks=True):
+        for name in files:
+            full = os.path.join(folder, name)
+            out[os.path.relpath(full, root).replace(os.sep, "/")] = os.path.getsize(full)
     return out
 
 
@@ -435,6 +458,8 @@ def scheme_problem(path: str) -> str:
     kinds = f"a local path or {GCS_SCHEME}bucket/prefix"
     if scheme in ("gs", "gcs"):
         return "" if rest.strip("/") else f"{path!r} names no bucket; expected {kinds}"
+    import fsspec
+
     if scheme in fsspec.available_protocols():
         return f"{scheme}{SCHEME_SEPARATOR} can be read from but is not written to here; expected {kinds}"
     return f"unknown URL scheme {scheme!r}; expected {kinds}"
