@@ -24,7 +24,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What deciding "nothing to do" must not import (tests/test_layers.py asserts the same on a stand-in cache).
-NOT_ON_THE_NOOP_PATH = ("numpy", "pyarrow", "luigi", "jax", "flax", "optax", "orbax", "apache_beam",
+NOT_ON_THE_NOOP_PATH = ("numpy", "pyarrow", "luigi", "fsspec", "jax", "flax", "optax", "orbax", "apache_beam",
                         "tensorflow", "tensorflow_datasets", "sentencepiece", "matplotlib")
 
 

@@ -274,9 +274,10 @@ class A:
 # What the CLI imports when there is nothing to run
 
 HEAVY = ("jax", "flax", "optax", "orbax", "apache_beam", "tensorflow", "tensorflow_datasets")
-# Nor does deciding that there is nothing to do need numpy (and pyarrow, which brings it) or Luigi: reading
-# manifests and the summaries' JSON is all a fully cached run does (`python -m benchmarks cached_rerun`).
-NOOP = HEAVY + ("numpy", "pyarrow", "luigi")
+# Nor does deciding that there is nothing to do need numpy (and pyarrow, which brings it), Luigi or fsspec:
+# reading local manifests and the summaries' JSON is all a fully cached run does (`python -m benchmarks
+# cached_rerun`; the cache roots here are local, and storage loads fsspec for remote paths and writes).
+NOOP = HEAVY + ("numpy", "pyarrow", "luigi", "fsspec")
 
 
 def _cli(cwd, *argv: str) -> tuple[int, list[str], str]:
