@@ -134,6 +134,10 @@ def test_architecture_lists_every_stage_contract():
         f"| `stages.{s}` | {reads} | {runs} | `stage-{s}` |" for s, reads, runs, _ in expected)
     missing = [cid for cid in derived_contracts() if f"`{cid}`" not in layers]
     assert not missing, f"ARCHITECTURE's Layers section does not name the contracts {missing}"
+    # The layer diagram's stage layer: from `stages/<stage>/` to the next arrow, the stages in DAG order.
+    diagram = layers.split("stages/<stage>/", 1)[1].split("▼", 1)[0]
+    named = re.findall(r"\b(" + "|".join(dag.STAGES) + r")\b", diagram)
+    assert named == list(dag.STAGES), f"ARCHITECTURE's layer diagram lists the stages {named}"
 
 
 def test_import_contracts_hold():
