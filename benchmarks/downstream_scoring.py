@@ -33,7 +33,8 @@ from flax import nnx
 from stages.train import scoring
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
-from stages.yardsticks import tasks, tokenized
+from stages.yardstick_data import tasks
+from stages.yardsticks import tokenized
 
 TASKS = ("hellaswag", "arc_easy", "piqa")
 VOCAB = 1024

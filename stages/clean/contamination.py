@@ -23,7 +23,7 @@ exactly what training would read) and writes `contamination.json`, one entry per
                    "examples": [{"item": "hellaswag-17", "doc": "<the smallest id of a document with it>"}]},
      "aesop_fables": {"kind": "reference", ...}}
 
-The rule. Words are normalized (`stages.yardsticks.texts`: NFKC, lowercase, runs of letters and digits;
+The rule. Words are normalized (`stages.yardstick_data.texts`: NFKC, lowercase, runs of letters and digits;
 an item's text is a task's context and gold answer, or a reference document's whole text). A document is
 contaminated by an item of `n` words or more when they share one n-gram of `n` words: 13 is the GPT-3
 paper's length (Brown et al. 2020, appendix C), used by lm-evaluation-harness's decontamination. An item
@@ -33,7 +33,7 @@ holds all of its words in a row, the whole item (`span`). The GPT-3 paper lowers
 5th-percentile item length but not below 8, because shorter n-grams collide by chance; a whole-item
 match does not lower n for the long items, and a short item's words in its own order (a question and
 its answer, "which resource is nonrenewable petroleum") are specific where its 8-grams would not be.
-Measured on clean text, against every task of stages/yardsticks/tasks.py and the fables (1,533 short
+Measured on clean text, against every task of stages/yardstick_data/tasks.py and the fables (1,533 short
 items, 3 to 12 words): the embedded corpus (7,762 documents, 327k words) and 697 Common Crawl pages
 (414k words, `../shared/data`) hold no whole short item; n = 8 for every item instead flags 8 of those
 8,459 documents (boilerplate such as "by the end of this section you will be able to" in SciQ's
@@ -71,7 +71,7 @@ import numpy as np
 
 from stages.clean.config import Contamination, MissingYardsticks  # noqa: F401 - the check's config, its failure
 from stages.io import storage
-from stages.yardsticks import texts
+from stages.yardstick_data import texts
 
 log = logging.getLogger(__name__)
 

@@ -35,22 +35,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from stages.io import storage
+from stages.yardstick_data import REFERENCE_SETS, TASKS
 
 log = logging.getLogger(__name__)
 
-# The defaults every variant is scored on (clean's contamination check names the same ones).
-REFERENCE_SETS = ("aesop_fables",)
-TASKS = ("hellaswag", "arc_easy", "arc_challenge", "piqa")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    # Packaged reference sets (stages/yardsticks/data/<name>.txt), scored in bits per byte; () = none.
+    # Packaged reference sets (stages/yardstick_data/data/<name>.txt), scored in bits per byte; () = none.
     reference_sets: tuple[str, ...] = REFERENCE_SETS
     # More reference sets from files: name -> a `download.Files` source (see the module docstring).
     reference_files: Any = ()
     max_reference_docs: int = 0          # documents per reference set (the first N read); 0 = all
-    # Downstream multiple-choice tasks (stages/yardsticks/tasks.py: TASKS lists them); () = none.
+    # Downstream multiple-choice tasks (stages/yardstick_data/tasks.py: TASKS lists them); () = none.
     tasks: tuple[str, ...] = TASKS
     # Items per task, a seeded sample (0 = every item of the split). 200 keeps the tiny default quick, with
     # intervals about +-7 points wide at chance; FineWeb's evaluation caps each task at 1,000 items.
@@ -62,7 +60,7 @@ class Config:
     in_loop_reference_docs: int = 0
 
     def __post_init__(self):
-        from stages.yardsticks import reference, tasks
+        from stages.yardstick_data import reference, tasks
         if isinstance(self.reference_files, Mapping):   # gin gives a dict: a sorted tuple hashes and pickles
             object.__setattr__(self, "reference_files", tuple(sorted(self.reference_files.items())))
         object.__setattr__(self, "reference_sets", tuple(self.reference_sets))
@@ -90,7 +88,8 @@ class Config:
                 raise ValueError(f"yardsticks.Config.{field}={getattr(self, field)}: must be >= 0 (0 = all)")
 
 CONFIGURABLES = (Config,)
-VERSION = "1"
+# 2: the manifest names packaged reference sets by their new home, stages/yardstick_data/data/
+VERSION = "2"
 
 
 def key_inputs(config: Config) -> Any:
@@ -108,7 +107,7 @@ def check(config: Config) -> str:
             return f"yardsticks.Config.reference_files[{name!r}]: {problem}"
     if not config.tasks:
         return ""
-    from stages.yardsticks import tasks
+    from stages.yardstick_data import tasks
     try:
         tasks.data_root()
     except tasks.MissingTaskData as e:
@@ -140,7 +139,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 
     from stages.tokenizer import EOS_ID
-    from stages.yardsticks import tasks, tokenized
+    from stages.yardstick_data import tasks
+    from stages.yardsticks import tokenized
 
     model = storage.read_bytes(inputs["tokenizer"].file("tokenizer.model"))
     sp = spm.SentencePieceProcessor(model_proto=model)
@@ -167,11 +167,12 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 def reference_documents(config: Config):
     """(name, source description, [(id, text)]) of every reference set, packaged first, then from files,
     each cut to `max_reference_docs` (the first ones read; files in sorted order)."""
-    from stages.yardsticks import reference
+    from stages.yardstick_data import reference
 
     cap = config.max_reference_docs or None
     for name in config.reference_sets:
-        yield name, f"packaged: stages/yardsticks/data/{name}.txt", reference.embedded_documents(name)[:cap]
+        packaged = f"packaged: stages/yardstick_data/data/{name}.txt"
+        yield name, packaged, reference.embedded_documents(name)[:cap]
     for name, source in config.reference_files:
         found = ((doc["id"], doc["text"]) for unit in source.units() for doc in source.read(unit)
                  if doc.get("text"))

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stages.yardsticks import reference, task_metrics
+from stages.yardstick_data import reference
+from stages.yardsticks import task_metrics
 
 PREFIX = "yardstick/"       # the in-loop metrics' names: yardstick/bpb/<set>, yardstick/acc_norm/<task>, ...
 

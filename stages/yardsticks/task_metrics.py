@@ -1,6 +1,7 @@
 """Multiple-choice metrics from per-choice log-likelihoods, each with a 95% bootstrap interval over items.
 
-    from stages.yardsticks import task_metrics, tasks
+    from stages.yardstick_data import tasks
+    from stages.yardsticks import task_metrics
     items = tasks.load(["hellaswag", "piqa"], max_items=1000)
     # one (choices,) array per item
     logliks = {name: [scorer(item.requests()) for item in its] for name, its in items.items()}

@@ -35,7 +35,8 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from stages.evaluate import harness  # noqa: E402
 from stages.train import model  # noqa: E402
 from stages.train.configs import ModelConfig  # noqa: E402
-from stages.yardsticks import task_metrics, tasks  # noqa: E402
+from stages.yardstick_data import tasks  # noqa: E402
+from stages.yardsticks import task_metrics  # noqa: E402
 from tests.export import helpers  # noqa: E402
 
 LENGTH = 48                   # the scoring length both sides use: the long document spans several windows

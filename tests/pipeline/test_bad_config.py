@@ -274,8 +274,8 @@ def test_a_bad_config_is_one_error_line_before_anything_runs(case, tmp_path):
 
 
 def assert_one_error_line_before_work(case: Case, tmp_path) -> None:
-    """Runs `case` through the CLI and checks: exit 2, nothing on stdout, one `error:` line naming the problem,
-    no stage directory made. Neighbouring tables (tests/pipeline/test_bad_*.py) call it with their own cases."""
+    """Runs `case` through the CLI and checks: exit 2, nothing on stdout, one `error:` line naming the
+    problem, no stage directory made. Neighbouring tables (tests/pipeline/test_bad_*.py) call it."""
     if case.root == "read_only" and os.geteuid() == 0:
         pytest.skip("root writes into a read-only (0o555) directory anyway")
     args, root, names = _setup(case, tmp_path)

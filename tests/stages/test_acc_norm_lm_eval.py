@@ -8,8 +8,8 @@ checks acc_norm_lm_eval against lm-eval's own per-document acc_norm on a real ru
 
 import numpy as np
 
+from stages.yardstick_data.tasks import Item
 from stages.yardsticks import task_metrics
-from stages.yardsticks.tasks import Item
 
 
 def test_the_two_normalisations_credit_different_choices_on_a_hand_case():

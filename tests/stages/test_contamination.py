@@ -20,7 +20,7 @@ import pytest
 from stages import clean, yardsticks
 from stages.clean import contamination
 from stages.io import documents, storage
-from stages.yardsticks import reference, tasks, texts
+from stages.yardstick_data import reference, tasks, texts
 from tests.stages.test_clean import _clean, _docs, _download, _rejected
 
 N = 13

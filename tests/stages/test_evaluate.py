@@ -17,7 +17,8 @@ from stages.evaluate import measure, report
 from stages.io import storage
 from stages.train import model, scoring
 from stages.train.configs import ModelConfig
-from stages.yardsticks import tasks, tokenized
+from stages.yardstick_data import tasks
+from stages.yardsticks import tokenized
 from tests.conftest import REPO
 from tests.stages.test_tokenizer import english_docs
 

@@ -17,7 +17,7 @@ from stages.download import embedded
 from stages.train import scoring
 from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
-from stages.yardsticks import reference, texts
+from stages.yardstick_data import reference, texts
 
 NGRAM = 13
 

@@ -143,7 +143,8 @@ def task_requests():
     own text; a continuation longer than TASK_LEN keeps its head, as `score.tasks` does."""
     import sentencepiece as spm
 
-    from stages.yardsticks import tasks, tokenized
+    from stages.yardstick_data import tasks
+    from stages.yardsticks import tokenized
 
     items = [item for group in tasks.load(["hellaswag", "arc_easy", "piqa"], max_items=40).values()
              for item in group]

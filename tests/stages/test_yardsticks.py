@@ -20,7 +20,8 @@ from stages.download.sources import Files
 from stages.io import storage
 from stages.io.committed import Committed
 from stages.tokenizer import EOS_ID
-from stages.yardsticks import reference, tasks, tokenized
+from stages.yardstick_data import reference, tasks
+from stages.yardsticks import tokenized
 from tests.conftest import REPO, reproducible_cpu_env
 from tests.stages.test_tokenizer import english_docs
 

