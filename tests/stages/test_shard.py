@@ -9,6 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from pipeline import cache, config
+from pipeline import sweep as _sweep  # noqa: F401  registers `sweep`, which the sweep twin among RUN_FILES binds
 from stages import beam_runner, shard, tokenizer
 from stages.io import documents, llmc, split_rule, storage
 from stages.shard import beam_graph
