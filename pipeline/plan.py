@@ -81,21 +81,18 @@ class Plan:
 
 
 def to_run(plan: Plan, targets: list[str], forced: list[str] = ()) -> list[str]:
-    """The stages a run of `targets` would execute, in DAG order: the `forced` ones (`dag.forced`), those the
-    targets need that are not in the cache, and everything downstream of one whose commit is damaged
-    (`damaged`)."""
-    closure, root = dag.closure(*targets), plan.cache_root
-    missing = [s for s in closure if s not in forced and cache.load(root, s, plan.stages[s].key) is None]
-    broken = [s for s in missing if cache.damaged(root, s, plan.stages[s].key)]
-    rerun = {*forced, *missing, *dag.forced(*broken)}
-    return [s for s in closure if s in rerun]
+    """The stages a run of `targets` would execute, in DAG order: the `forced` ones (`dag.forced`) and those
+    the targets need that are not in the cache (a damaged one among them: `damaged`)."""
+    return [s for s in dag.closure(*targets)
+            if s in forced or cache.load(plan.cache_root, s, plan.stages[s].key) is None]
 
 
 def damaged(plan: Plan, targets: list[str]) -> list[str]:
     """The stages the targets need whose commit is damaged (`cache.damaged`: a listed file deleted or
-    truncated, a manifest that does not parse, a commit `status --verify` undid). Each is rebuilt together
-    with everything downstream of it, as `--force` would: those were built from the output it had, and
-    Luigi, finding them complete, would never ask for it again (a damaged evaluate stayed "missing" under a
-    committed export)."""
+    truncated, a manifest that does not parse, a commit `status --verify` undid). Each is rebuilt, into the
+    same key, as a target of its own: Luigi asks a task for its dependencies only when the task is not
+    complete, so a committed export would hide a damaged evaluate for good ("missing", 0 stages ran). What
+    was built from it stays: a key names one output, so the rebuilt stage holds what they read, and
+    rebuilding them would retrain a model for a damaged shard file."""
     return [s for s in dag.closure(*targets) if cache.load(plan.cache_root, s, plan.stages[s].key) is None
             and cache.damaged(plan.cache_root, s, plan.stages[s].key)]

@@ -133,26 +133,24 @@ class BuildResult:
 def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str] = (), workers: int = 1,
           scheduler: str | None = None) -> BuildResult:
     """Runs `targets` (stage names) for every plan, building what they need; `force` stages rerun
-    even when cached, together with everything downstream of them, and so does a damaged stage
-    (`pipeline.plan.damaged`)."""
+    even when cached, together with everything downstream of them. A damaged stage the targets need is
+    rebuilt on its own (`pipeline.plan.damaged`)."""
     plans, targets = list(plans), list(targets)
     run_id = uuid.uuid4().hex
-    _FORCED[run_id] = {}
-    for plan in plans:
-        # A damaged stage is rebuilt with everything after it, as if forced: Luigi stops at the first complete
-        # task, so a committed export would hide a damaged evaluate for good.
-        if broken := run_plan.damaged(plan, targets):
-            log.warning("damaged in the cache: %s; rebuilding with everything downstream of it",
-                        ", ".join(f"{s} {plan.stages[s].key[:12]}" for s in broken))
-        forced = dag.forced(*force, *broken)
-        _FORCED[run_id].update({(plan.cache_root, stage, key): cache.lease_now(plan.cache_root, stage, key)
-                                for stage in dag.closure(*targets) if stage in forced
-                                for key in (plan.stages[stage].key,)})
+    forced = dag.forced(*force)
+    _FORCED[run_id] = {(plan.cache_root, stage, key): cache.lease_now(plan.cache_root, stage, key)
+                       for plan in plans for stage in dag.closure(*targets) if stage in forced
+                       for key in (plan.stages[stage].key,)}
     tasks = []
     for plan in plans:
         plan_id = uuid.uuid4().hex
         _PLANS[plan_id] = plan
-        for stage in targets:
+        # A damaged stage is a target of its own: Luigi stops at the first complete task, so a committed
+        # export would hide a damaged evaluate for good.
+        if broken := run_plan.damaged(plan, targets):
+            log.warning("damaged in the cache: %s; rebuilding it into the same key",
+                        ", ".join(f"{s} {plan.stages[s].key[:12]}" for s in broken))
+        for stage in [*targets, *(s for s in broken if s not in targets)]:
             tasks.append(task_class(stage)(key=plan.stages[stage].key, plan_id=plan_id, run_id=run_id))
     _configure_luigi()
     kwargs = {"workers": workers, "detailed_summary": True, "log_level": "WARNING"}
