@@ -13,10 +13,15 @@ tokens (window w starts at token w * seq_len, so consecutive windows overlap by 
 the last target of one and the first input of the next). Global example g = step * global_batch + i
 is window perm_e[g % M] of epoch e = g // M, where perm_e is a permutation seeded by (seed, e). No
 iterator state exists, so a resumed run needs nothing but the step to replay the same batches.
+
+A mixture of sources (`train.Mixture`, stages/train/mixture.py) reads each source's shards as a stream of
+its own: `MixedTokenData(streams, mixture, ...)` takes each step's rows of each source as the mixture
+apportions them, each source in its own seeded epochs; `batch(step)` stays a pure function of the step.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -68,6 +73,79 @@ class TokenData:
             rng = np.random.default_rng([self.seed, epoch])
             self._perms[epoch] = rng.permutation(np.arange(self.num_windows, dtype=index_dtype))
         return self._perms[epoch]
+
+
+class MixedTokenData:
+    """Training batches over several sources (`mixture.Mixture`); `batch(step)` depends only on (seed, step,
+    mixture), so a resumed run, a run on another number of processes and a run with a later phase added see
+    the same batches up to where they differ.
+
+    Step b takes `mixture.step_rows(b)` rows of each source, in an order seeded by (seed, b). The k-th row a
+    source ever gives (k counted over all steps before, `mixture.rows_before`) is window perm[k % M] of its
+    epoch k // M, where M is its window count and perm a permutation seeded by (seed, the source's name,
+    epoch): each source is a stream of its own with its own epochs, and adding a source changes no other's.
+    Process i takes rows [i * B_local, (i + 1) * B_local) of the global batch, as in TokenData.
+    """
+
+    def __init__(self, streams: Mapping[str, "TokenStream"], mix, *, seq_len: int, global_batch: int,
+                 seed: int, process_index: int = 0, process_count: int = 1):
+        _check_processes(global_batch, process_index, process_count, "global_batch")
+        if missing := [s for s in mix.sources if s not in streams]:
+            raise ValueError(f"the mixture names source(s) {missing} that have no shards; sources with "
+                             f"shards: {sorted(streams)}")
+        self.mix, self.seq_len, self.global_batch, self.seed = mix, seq_len, global_batch, seed
+        self.local_batch = global_batch // process_count
+        self.row_start = process_index * self.local_batch
+        self.sources = mix.sources
+        self.streams = {name: streams[name] for name in self.sources}
+        self.num_windows = {name: s.num_windows(seq_len) for name, s in self.streams.items()}
+        for name, m in self.num_windows.items():
+            if m < 1:
+                raise ValueError(f"source {name!r} holds {self.streams[name].total_tokens} tokens, fewer than "
+                                 f"seq_len + 1 = {seq_len + 1}: lower seq_len or give it more text")
+        self._perms: dict[tuple[str, int], np.ndarray] = {}
+
+    def rows(self, step: int) -> list[tuple[str, int]]:
+        """The global batch of `step` as (source, that source's row number k), in batch order."""
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        counts = self.mix.step_rows(step, self.global_batch)
+        before = self.mix.rows_before(step, self.global_batch)
+        slots = np.repeat(np.arange(len(self.sources)), [counts[s] for s in self.sources])      # (G,)
+        slots = np.random.default_rng([self.seed, step]).permutation(slots)
+        seen = dict.fromkeys(self.sources, 0)
+        out = []
+        for i in slots:
+            name = self.sources[int(i)]
+            out.append((name, before[name] + seen[name]))
+            seen[name] += 1
+        return out
+
+    def batch(self, step: int) -> np.ndarray:
+        """This process's rows of the global batch at `step`: (global_batch // process_count, seq_len + 1)
+        int32."""
+        mine = self.rows(step)[self.row_start:self.row_start + self.local_batch]
+        return np.stack([self.window(name, k) for name, k in mine])
+
+    def window(self, name: str, k: int) -> np.ndarray:
+        """The k-th window source `name` gives: (seq_len + 1,) int32."""
+        m = self.num_windows[name]
+        epoch, position = divmod(k, m)
+        return self.streams[name].window(int(self.permutation(name, epoch)[position]), self.seq_len)
+
+    def permutation(self, name: str, epoch: int) -> np.ndarray:
+        if (name, epoch) not in self._perms:
+            for old in [key for key in self._perms if key[0] == name and key[1] < epoch - 1]:
+                del self._perms[old]        # a step reads at most two epochs of a source
+            m = self.num_windows[name]
+            rng = np.random.default_rng([self.seed, _name_seed(name), epoch])
+            self._perms[name, epoch] = rng.permutation(np.arange(m, dtype=np.int32 if m < 2**31 else np.int64))
+        return self._perms[name, epoch]
+
+
+def _name_seed(name: str) -> int:
+    """A source's name as a seed word (the first 4 bytes of its sha256): stable across runs and machines."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
 
 
 def eval_batches(shard_paths: Sequence[str], manifest: Mapping, *, seq_len: int, batch_size: int,
