@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = config.load(gin_files, params)
         if args.stage:
-            dag.check_name(args.stage)
+            plan.tree.select(args.stage)
     except (config.ConfigError, ValueError) as e:
         return _error(str(e))
     unfilled = config.placeholders(plan)
@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         return _verify(plan) if args.verify else _collect_garbage(plan.cache_root) if args.gc else 0
     if args.command == "plan":
         try:
-            _stage_plans(plan, _targets(args), compile=False)    # fails before any output, and fast
-            slices = _smallest_slice(plan, _targets(args), args.days)
+            _stage_plans(plan, _targets(plan, args), compile=False)    # fails before any output, and fast
+            slices = _smallest_slice(plan, _targets(plan, args), args.days)
         except ValueError as e:
             return _error(str(e))
-        print(status_table(plan, targets=_targets(args), check_cache=not unfilled))
-        for line in _stage_plans(plan, _targets(args), args.compile):
+        print(status_table(plan, targets=_targets(plan, args), check_cache=not unfilled))
+        for line in _stage_plans(plan, _targets(plan, args), args.compile):
             print(line)
         if slices:
             print(slices)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if not todo:    # all cached, none forced: Luigi would find every task complete, so it is not imported
         print(_outcome(plan, args, ran=[]))
         print(f"done in {time.time() - start:.1f} s: 0 stage(s) ran, "
-              f"{len(dag.closure(*_targets(args)))} reused from {plan.cache_root}")
+              f"{len(plan.tree.closure(*_targets(plan, args)))} reused from {plan.cache_root}")
         return 0
     return _run(plan, args, start)
 
@@ -93,7 +93,7 @@ def _verify(plan: run_plan.Plan) -> int:
     it. Exit status 1 when anything was damaged."""
     damaged = 0
     for stage, sp in plan.stages.items():
-        done = cache.load(plan.cache_root, stage, sp.key)
+        done = plan.committed(stage)
         if done is None:
             continue
         problems = cache.verify(done)
@@ -103,7 +103,7 @@ def _verify(plan: run_plan.Plan) -> int:
                   f"verify: {stage} {sp.key[:12]}: committed before checksums were recorded; sizes match")
             continue
         damaged += 1
-        kept = cache.uncommit(plan.cache_root, stage, sp.key)
+        kept = cache.uncommit(plan.cache_root, sp.stage, sp.key)
         for problem in problems:
             print(f"verify: {stage} {sp.key[:12]}: DAMAGED {problem}")
         print(f"verify: {stage} {sp.key[:12]}: no longer counts as done (manifest kept as {kept}); the next "
@@ -132,7 +132,7 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None) 
     """Each stage's own plan (its optional `plan(config, compile=...)`: the train stage's memory and time,
     and with `compile` XLA's figure for the named TPU topology)."""
     out = []
-    for stage in dag.closure(*targets):
+    for stage in plan.tree.closure(*targets):
         fn = getattr(dag.module(stage), "plan", None)
         try:
             if fn is not None:
@@ -147,7 +147,7 @@ def _smallest_slice(plan: run_plan.Plan, targets: list[str], days: float | None)
     in N days and fits (stages/train/planner.py `smallest_slice`); "" without --days."""
     if days is None:
         return ""
-    if "train" not in dag.closure(*targets):
+    if "train" not in plan.tree.closure(*targets):
         raise ValueError(f"--days {days:g} plans the train stage, which --stage does not build")
     if not days > 0:
         raise ValueError(f"--days {days:g} must be > 0")
@@ -159,7 +159,7 @@ def _smallest_slice(plan: run_plan.Plan, targets: list[str], days: float | None)
 def _run(plan: run_plan.Plan, args, start: float) -> int:
     from pipeline import tasks
 
-    result = tasks.build([plan], _targets(args), force=_force(args), workers=args.workers,
+    result = tasks.build([plan], _targets(plan, args), force=_force(args), workers=args.workers,
                          scheduler=args.scheduler)
     took = time.time() - start
     if not result.ok and (lost := checks.unreachable(plan)):   # the storage went away mid-run: no table
@@ -178,14 +178,14 @@ def _run(plan: run_plan.Plan, args, start: float) -> int:
         print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
         return 1
     print(f"done in {took:.1f} s: {len(result.ran)} stage(s) ran, "
-          f"{len(dag.closure(*_targets(args))) - len(result.ran)} reused from {plan.cache_root}")
+          f"{len(plan.tree.closure(*_targets(plan, args))) - len(result.ran)} reused from {plan.cache_root}")
     return 0
 
 
 def _outcome(plan: run_plan.Plan, args, ran: list[str]) -> str:
     """The status table of what the run covered, then each stage's one-line summary."""
-    lines = [status_table(plan, targets=_targets(args), ran=ran)]
-    for stage in dag.closure(*_targets(args)):
+    lines = [status_table(plan, targets=_targets(plan, args), ran=ran)]
+    for stage in plan.tree.closure(*_targets(plan, args)):
         if line := _highlight(plan, stage):
             lines.append(f"  {stage}: {line}")
     return "\n".join(lines)
@@ -207,8 +207,8 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
 
     try:
         runs = sweep.runs(gin_files, params)
-        if args.stage:
-            dag.check_name(args.stage)
+        for run in runs if args.stage else ():
+            run.plan.tree.select(args.stage)
     except (config.ConfigError, ValueError) as e:
         return _error(str(e))
     for run in runs:
@@ -219,8 +219,8 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
         problem = checks.unreachable(plan) or checks.unknown_keys(plan)
         if problem or (problem := checks.cannot_run(plan, _to_run(plan, args))):
             return _error(f"sweep variant {run.variant!r}: {problem}")
-    result = tasks.build([run.plan for run in runs], _targets(args), workers=args.workers,
-                         scheduler=args.scheduler)
+    result = tasks.build([run.plan for run in runs], [args.stage] if args.stage else None,
+                         workers=args.workers, scheduler=args.scheduler)
     if not result.ok:
         _failures(result)
         print(f"sweep FAILED after {time.time() - start:.1f} s", file=sys.stderr)
@@ -235,7 +235,7 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
 
 def _force(args) -> list[str]:
     """The stages `--force` names: `--stage`, or the first stage (so every stage); none for a sweep or
-    without --force. What they rerun with them is `dag.forced`."""
+    without --force. What they rerun with them is `dag.Tree.forced`."""
     if not args.force or args.command != "run":
         return []
     return [args.stage or next(iter(dag.STAGES))]
@@ -243,22 +243,28 @@ def _force(args) -> list[str]:
 
 def _to_run(plan: run_plan.Plan, args) -> list[str]:
     """The stages the command would execute: the forced ones and those of its targets not yet cached."""
-    return run_plan.to_run(plan, _targets(args), dag.forced(*_force(args)))
+    return run_plan.to_run(plan, _targets(plan, args), plan.tree.forced(*_nodes(plan, _force(args))))
 
 
-def _targets(args) -> list[str]:
-    """What to build: `--stage S` builds S (and what it needs); forcing S also rebuilds what
-    depends on it, so stale downstream outputs are never left behind. No stage: everything."""
+def _nodes(plan: run_plan.Plan, names: list[str]) -> list[str]:
+    """The nodes `names` (nodes or stages) name in `plan`: a stage names every source's instance of it."""
+    return [node for name in names for node in plan.tree.select(name)]
+
+
+def _targets(plan: run_plan.Plan, args) -> list[str]:
+    """What to build, as nodes of the plan: `--stage S` builds S (every source's S when S is a per-source
+    stage named without a source) and what it needs; forcing S also rebuilds what depends on it, so stale
+    downstream outputs are never left behind. No stage: everything."""
     if args.stage and args.force:
-        return dag.sinks(dag.downstream(args.stage))
+        return plan.tree.sinks(plan.tree.forced(*plan.tree.select(args.stage)))
     if args.stage:
-        return [args.stage]
-    return dag.sinks(list(dag.STAGES))
+        return plan.tree.select(args.stage)
+    return plan.tree.sinks()
 
 
 def status_table(plan: run_plan.Plan, targets: list[str] | None = None, ran: list[str] = (),
                  check_cache: bool = True) -> str:
-    stages = dag.closure(*targets) if targets else list(plan.stages)
+    stages = plan.tree.closure(*targets) if targets else list(plan.stages)
     rows = [("stage", "key", "status", "size", "wall", "path")]
     unknown = ""
     for name in stages:
@@ -269,10 +275,10 @@ def status_table(plan: run_plan.Plan, targets: list[str] | None = None, ran: lis
             unknown = unknown or str(e)
             rows.append((name, "?", "unknown", "-", "-", "-"))
             continue
-        done = cache.load(plan.cache_root, name, sp.key) if check_cache else None
+        done = plan.committed(name) if check_cache else None
         if done is None:
             state = "missing" if check_cache else "-"
-            size, wall, path = "-", "-", cache.stage_dir(plan.cache_root, name, sp.key)
+            size, wall, path = "-", "-", cache.stage_dir(plan.cache_root, sp.stage, sp.key)
         else:
             state = "ran" if name in ran else "cached"
             size = _human(sum(done.files.values()))
@@ -287,7 +293,7 @@ def status_table(plan: run_plan.Plan, targets: list[str] | None = None, ran: lis
 def _highlight(plan: run_plan.Plan, stage: str) -> str:
     """The stage's own one-line summary (its optional `summary(committed)`), if it has one."""
     summary = getattr(dag.module(stage), "summary", None)
-    done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
+    done = plan.committed(stage)
     if summary is None or done is None:
         return ""
     try:

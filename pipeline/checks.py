@@ -72,7 +72,7 @@ def stage_directories(plan: Plan) -> str:
     only: a bucket holds an object and a prefix of the same name side by side."""
     if not storage.is_local(plan.cache_root):
         return ""
-    for stage in plan.stages:
+    for stage in dict.fromkeys(sp.stage for sp in plan.stages.values()):
         path = storage.join(plan.cache_root, stage)
         if os.path.exists(storage.local_path(path)) and not os.path.isdir(storage.local_path(path)):
             return (f"{path} is a file, not a directory: the cache keeps the {stage} stage's outputs there; "
@@ -124,7 +124,8 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         # A stage's config against its inputs' configs (shard: its val split inside the tokenizer's held-out
         # set), so a mismatch fails now, not after the upstream stages ran.
         upstream = getattr(module, "check_upstream", None)
-        if upstream is not None and (problem := upstream(cfg, {u.name: u.config
-                                                                for u in plan.stages[stage].upstream_plans})):
+        sp = plan.stages[stage]
+        if upstream is not None and (problem := upstream(cfg, {sp.input_names.get(u.name, u.name): u.config
+                                                                for u in sp.upstream_plans})):
             return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""

@@ -96,23 +96,39 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
                 raise ConfigError(f"override {binding!r}: {why}{gin_errors.no_equals(binding)}") from None
 
     settings = _build("pipeline.Settings", registry, gin_files, gin_params)
-    stages: dict[str, StagePlan] = {}
     built = {name: _build(f"{name}.Config", registry, gin_files, gin_params) for name in dag.STAGES}
-    for name in dag.STAGES:
+    tree = dag.tree(_sources(built))
+    stages: dict[str, StagePlan] = {}
+    for node, (name, ups) in tree.nodes.items():
         module = dag.module(name)
         config = built[name]
+        if source := dag.source_of(node):        # a source's own stage: its gin scope's bindings apply
+            with gin.config_scope(source):
+                config = _build(f"{name}.Config", registry, gin_files, gin_params)
         if follow := getattr(module, "follow", None):   # fields one binding of another stage sets: clean's
             config = follow(config, built)               # contamination check follows yardsticks.Config.tasks
         if resolve := getattr(module, "resolve", None):      # a config completed from outside (init_from)
             try:
                 config = resolve(config, _bound(name, module))
             except (OSError, ValueError) as e:
-                raise ConfigError(f"{name}: {e}") from None
-        configs = {s: stages[s].config for s in dag.closure(name) if s != name} | {name: config}
-        stages[name] = StagePlan(name, config, module.VERSION, tuple(stages[u] for u in dag.upstream(name)),
-                                 config_gin=key_gin(name, configs, registry))
+                raise ConfigError(f"{node}: {e}") from None
+        configs = {s: stages[s].config for s in tree.closure(node) if s != node} | {node: config}
+        stages[node] = StagePlan(node, config, module.VERSION, tuple(stages[u] for u in ups),
+                                 config_gin=key_gin(node, configs, registry),
+                                 input_names=tree.input_names(node))
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
-    return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params)
+    return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params, tree)
+
+
+def _sources(built: dict[str, Any]) -> tuple[str, ...]:
+    """The run's sources, sorted: those a stage's config names (its module's optional
+    `named_sources(config)`: the
+    training mixture's), or none (one source)."""
+    found = set()
+    for name, config in built.items():
+        if fn := getattr(dag.module(name), "named_sources", None):
+            found.update(fn(config))
+    return tuple(sorted(found))
 
 
 def _bound(stage: str, module) -> frozenset[str]:
@@ -143,12 +159,12 @@ def key_gin(stage: str, configs: dict[str, Any], registry: dict[str, type]) -> s
     names = {cls: name for name, cls in registry.items()}
     blocks: dict[str, list[str]] = {}       # gin name (scoped where needed) -> its `field = value` lines
 
-    def render(value: Any, where: str) -> str:
+    def render(value: Any, where: str, scope: str = "") -> str:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             kept = cache.config_to_json(value, for_key=True)      # the key's own rule for which fields count
-            lines = [f"{f.name} = {render(getattr(value, f.name), f'{where}.{f.name}')}"
+            lines = [f"{f.name} = {render(getattr(value, f.name), f'{where}.{f.name}', scope)}"
                      for f in dataclasses.fields(value) if f.name in kept]
-            name = names[type(value)]
+            name = f"{scope}/{names[type(value)]}" if scope else names[type(value)]
             if blocks.setdefault(name, lines) != lines:
                 # The same class twice with different values: gin binds a class once, so this one is scoped
                 # by where it sits (`download_Config_sources_1/download.Files.paths = ...`).
@@ -156,17 +172,17 @@ def key_gin(stage: str, configs: dict[str, Any], registry: dict[str, type]) -> s
                 blocks[name] = lines
             return f"@{name}()"
         if isinstance(value, (list, tuple)):
-            items = [render(v, f"{where}.{i}") for i, v in enumerate(value)]
+            items = [render(v, f"{where}.{i}", scope) for i, v in enumerate(value)]
             return f"[{', '.join(items)}]" if isinstance(value, list) else \
                 f"({', '.join(items)}{',' if len(items) == 1 else ''})"
         if isinstance(value, dict):
-            return "{" + ", ".join(f"{k!r}: {render(v, where)}" for k, v in value.items()) + "}"
+            return "{" + ", ".join(f"{k!r}: {render(v, where, scope)}" for k, v in value.items()) + "}"
         if value is None or isinstance(value, (bool, int, float, str)):
             return repr(value)
         raise TypeError(f"{where} = {value!r} of type {type(value).__name__} cannot be written as gin")
 
-    for name, config in configs.items():
-        render(config, f"{name}.Config")
+    for node, config in configs.items():         # a source's own stage (clean[code]) in its gin scope (code/)
+        render(config, f"{dag.stage_of(node)}.Config", dag.source_of(node))
     header = (f"# The bindings the cache key of {stage} covers: the key fields of the configs of "
               f"{', '.join(configs)}, resolved.\n"
               f"#   python -m pipeline run --gin config.gin --stage {stage}\n")

@@ -2,10 +2,21 @@
 
 This is the one place the DAG is written down; config.py, tasks.py and the CLI derive
 everything (gin names, Luigi task classes, what `--force` reruns: `forced`) from it.
+
+A run with several sources (`train.Mixture` names them) is a tree: each source has its own instance of
+every stage in PER_SOURCE, named `clean[code]`, reading that source's instances, and the stages after them
+read every source's (`tree(("code", "web"))`). A one-source run is the degenerate tree, whose node names are
+the stage names. The module-level functions below are that one-source tree's.
+
+    t = tree(("code", "web"))
+    t.upstream("shard[code]")        # ("clean[code]", "tokenizer")
+    t.upstream("tokenizer")          # ("clean[code]", "clean[web]")
+    t.forced("clean[code]")          # clean[code], shard[code], train, evaluate, export: never web's
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
@@ -35,8 +46,103 @@ RUNS_ON: dict[str, str] = {
 }
 
 
+# The stages each source has its own instance of: what it reads, how it is cleaned, its tokens in shards.
+# The tokenizer is one for all (trained on a sample of every source), and so is everything after the shards.
+PER_SOURCE = ("download", "clean", "shard")
+
+
 def module(stage: str) -> ModuleType:
-    return importlib.import_module(STAGES[stage][0])
+    """The module of a stage, or of the stage a node is an instance of (`clean[code]`: stages.clean)."""
+    return importlib.import_module(STAGES[stage_of(stage)][0])
+
+
+def stage_of(node: str) -> str:
+    """`clean[code]` -> `clean`; a stage's own name is its own."""
+    return node.partition("[")[0]
+
+
+def source_of(node: str) -> str:
+    """`clean[code]` -> `code`; "" for a node that is no source's own."""
+    return node.partition("[")[2].rstrip("]")
+
+
+def node_name(stage: str, source: str) -> str:
+    return f"{stage}[{source}]" if source else stage
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """The nodes of one run, in DAG order: each node -> (its stage, the nodes it reads). Every function of
+    this module has a method here that works on node names."""
+
+    sources: tuple[str, ...]
+    nodes: dict[str, tuple[str, tuple[str, ...]]]
+
+    def upstream(self, node: str) -> tuple[str, ...]:
+        return self.nodes[node][1]
+
+    def downstream(self, node: str) -> list[str]:
+        """`node` and every node that reads it, directly or not, in DAG order."""
+        out = [node]
+        for name, (_, ups) in self.nodes.items():
+            if name not in out and any(u in out for u in ups):
+                out.append(name)
+        return out
+
+    def forced(self, *nodes: str) -> list[str]:
+        """What `--force` reruns: each of `nodes` and every node downstream of it, in DAG order. Downstream
+        keys do not depend on upstream output bytes, so a forced node's readers must rerun too, or they
+        would stay cached on the output it replaced. No nodes: nothing is forced."""
+        out = {d for node in nodes for d in self.downstream(node)}
+        return [name for name in self.nodes if name in out]
+
+    def closure(self, *nodes: str) -> list[str]:
+        """`nodes` and everything they need, in DAG order."""
+        need = set(nodes)
+        for name in reversed(list(self.nodes)):
+            if name in need:
+                need.update(self.upstream(name))
+        return [name for name in self.nodes if name in need]
+
+    def sinks(self, nodes: list[str] | None = None) -> list[str]:
+        """The nodes in `nodes` (default: all) that no other node in it reads: building these builds them
+        all."""
+        nodes = list(self.nodes) if nodes is None else nodes
+        return [n for n in nodes if not any(n in self.upstream(other) for other in nodes)]
+
+    def select(self, name: str) -> list[str]:
+        """The nodes a `--stage` argument names: a node (`clean[code]`, or `tokenizer`), or a stage, which
+        names every source's instance of it (`clean`: clean[code] and clean[web]). ValueError naming the
+        valid choices otherwise."""
+        if name in self.nodes:
+            return [name]
+        if found := [n for n, (stage, _) in self.nodes.items() if stage == name]:
+            return found
+        raise ValueError(f"unknown stage {name!r}; stages are: {', '.join(self.nodes)}"
+                         + (f" (or a stage's name for every source's: {', '.join(PER_SOURCE)})"
+                            if self.sources else ""))
+
+    def input_names(self, node: str) -> dict[str, str]:
+        """Each node `node` reads -> the name its stage sees it by (the `inputs` key of `run`, and the
+        upstream name its cache key covers): the stage's name, unless `node` reads every source's instance
+        of it (the tokenizer reads clean[code] and clean[web] by those names). So a source's own chain has
+        the keys it would have in a one-source run of that source."""
+        ups = self.upstream(node)
+        return {u: (u if sum(stage_of(v) == stage_of(u) for v in ups) > 1 else stage_of(u)) for u in ups}
+
+
+def tree(sources: tuple[str, ...] = ()) -> Tree:
+    """The nodes of a run with these sources (none: the one-source run, each stage its own node)."""
+    def instances(stage: str, source: str) -> tuple[str, ...]:
+        if stage not in PER_SOURCE or not sources:
+            return (stage,)
+        return (node_name(stage, source),) if source else tuple(node_name(stage, s) for s in sources)
+
+    nodes: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for stage, (_, ups) in STAGES.items():
+        for source in (sources if stage in PER_SOURCE and sources else ("",)):
+            nodes[node_name(stage, source)] = (stage, tuple(n for u in ups for n in instances(u, source)))
+    return Tree(tuple(sources), nodes)
 
 
 def upstream(stage: str) -> tuple[str, ...]:
@@ -44,34 +150,19 @@ def upstream(stage: str) -> tuple[str, ...]:
 
 
 def downstream(stage: str) -> list[str]:
-    """`stage` and every stage that reads it, directly or not, in DAG order."""
-    out = [stage]
-    for name, (_, ups) in STAGES.items():
-        if name not in out and any(u in out for u in ups):
-            out.append(name)
-    return out
+    return tree().downstream(stage)
 
 
 def forced(*stages: str) -> list[str]:
-    """What `--force` reruns: each of `stages` and every stage downstream of it, in DAG order. Downstream
-    keys do not depend on upstream output bytes, so a forced stage's readers must rerun too, or they
-    would stay cached on the output it replaced. No stages: nothing is forced."""
-    out = {s for stage in stages for s in downstream(stage)}
-    return [name for name in STAGES if name in out]
+    return tree().forced(*stages)
 
 
 def closure(*stages: str) -> list[str]:
-    """`stages` and everything they need, in DAG order."""
-    need = set(stages)
-    for name in reversed(list(STAGES)):
-        if name in need:
-            need.update(upstream(name))
-    return [name for name in STAGES if name in need]
+    return tree().closure(*stages)
 
 
 def sinks(stages: list[str]) -> list[str]:
-    """The stages in `stages` that no other stage in it reads: building these builds them all."""
-    return [s for s in stages if not any(s in upstream(other) for other in stages)]
+    return tree().sinks(stages)
 
 
 def check_name(stage: str) -> str:

@@ -3,7 +3,7 @@ stages a run would execute.
 
     plan = config.load(["gin/tiny.gin"])   # gin -> Plan: pipeline/config.py
     plan.stages["tokenizer"].key   # sha256 of (name, VERSION, config, upstream keys[, inputs])
-    pipeline.plan.to_run(plan, ["evaluate"], dag.forced("train"))   # train, evaluate + what is missing
+    pipeline.plan.to_run(plan, ["evaluate"], plan.tree.forced("train"))   # train, evaluate + what is missing
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ class StagePlan:
     upstream_plans: tuple[StagePlan, ...] = dataclasses.field(default=(), repr=False, compare=False)
     # What the key covers, as gin (`config.key_gin`): written next to the stage's output as config.gin
     config_gin: str = dataclasses.field(default="", repr=False, compare=False)
+    # Each upstream node -> the name the stage reads it by, and its key covers it by (`dag.Tree.input_names`)
+    input_names: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def stage(self) -> str:
+        """The stage this node is (`clean` for `clean[code]`): its code, and its directory in the cache."""
+        return dag.stage_of(self.name)
 
     @property
     def upstream(self) -> tuple[str, ...]:
@@ -43,8 +50,11 @@ class StagePlan:
     def key(self) -> str:
         """sha256 of (name, VERSION, config, upstream keys, inputs); InputsError when the inputs cannot be
         listed, here or upstream."""
-        return cache.stage_key(self.name, self.version, self.config,
-                               {u.name: u.key for u in self.upstream_plans}, self.inputs)
+        # By stage name, and upstream stages by the names the stage reads them by: a source's own chain has
+        # the keys a one-source run of that source gives it.
+        return cache.stage_key(self.stage, self.version, self.config,
+                               {self.input_names.get(u.name, u.name): u.key for u in self.upstream_plans},
+                               self.inputs)
 
     @property
     def inputs(self) -> Any:
@@ -78,13 +88,18 @@ class Plan:
     operative_gin: str             # gin's operative config of the whole run (each stage saves its config_gin)
     gin_files: tuple[str, ...]
     gin_params: tuple[str, ...]
+    tree: dag.Tree = dataclasses.field(default_factory=dag.tree)   # the nodes: one per stage, or per source
+
+    def committed(self, node: str) -> cache.Committed | None:
+        """The node's committed output (`cache.load`), or None."""
+        sp = self.stages[node]
+        return cache.load(self.cache_root, sp.stage, sp.key)
 
 
 def to_run(plan: Plan, targets: list[str], forced: list[str] = ()) -> list[str]:
     """The stages a run of `targets` would execute, in DAG order: the `forced` ones (`dag.forced`) and those
     the targets need that are not in the cache (a damaged one among them: `damaged`)."""
-    return [s for s in dag.closure(*targets)
-            if s in forced or cache.load(plan.cache_root, s, plan.stages[s].key) is None]
+    return [s for s in plan.tree.closure(*targets) if s in forced or plan.committed(s) is None]
 
 
 def damaged(plan: Plan, targets: list[str]) -> list[str]:
@@ -94,5 +109,5 @@ def damaged(plan: Plan, targets: list[str]) -> list[str]:
     complete, so a committed export would hide a damaged evaluate for good ("missing", 0 stages ran). What
     was built from it stays: a key names one output, so the rebuilt stage holds what they read, and
     rebuilding them would retrain a model for a damaged shard file."""
-    return [s for s in dag.closure(*targets) if cache.load(plan.cache_root, s, plan.stages[s].key) is None
-            and cache.damaged(plan.cache_root, s, plan.stages[s].key)]
+    return [s for s in plan.tree.closure(*targets) if plan.committed(s) is None
+            and cache.damaged(plan.cache_root, plan.stages[s].stage, plan.stages[s].key)]

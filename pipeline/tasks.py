@@ -38,6 +38,9 @@ _PLANS: dict[str, Plan] = {}
 class StageTask(luigi.Task):
     stage: str = ""                                           # set by each subclass
     key = luigi.Parameter(description="the stage's cache key")
+    # The plan's node this task runs (`clean[code]`; the stage's name in a one-source run). Not significant:
+    # two sources whose chains have one key share one task, which runs once.
+    node = luigi.Parameter(significant=False, default="")
     plan_id = luigi.Parameter(significant=False, visibility=luigi.parameter.ParameterVisibility.PRIVATE)
     run_id = luigi.Parameter(significant=False, default="")
 
@@ -46,10 +49,10 @@ class StageTask(luigi.Task):
         return _PLANS[self.plan_id]
 
     def requires(self):
-        return {u: self.plan_task(u) for u in dag.upstream(self.stage)}
-
-    def plan_task(self, stage: str) -> StageTask:
-        return task_class(stage)(key=self.plan.stages[stage].key, plan_id=self.plan_id, run_id=self.run_id)
+        """Each node this one reads, by the name its stage reads it by (`dag.Tree.input_names`)."""
+        sp = self.plan.stages[self.node or self.stage]
+        return {sp.input_names.get(u, u): plan_task(self.plan, u, self.plan_id, self.run_id)
+                for u in sp.upstream}
 
     @property
     def since(self) -> int | None:
@@ -70,33 +73,40 @@ class StageTask(luigi.Task):
         plan = self.plan
         owner = f"run {self.run_id} of {self.stage} {self.key[:12]}"
         with contextlib.ExitStack() as pins:
-            upstream = {u: pins.enter_context(cache.reading(plan.cache_root, u, t.key, owner=owner))
+            upstream = {u: pins.enter_context(cache.reading(plan.cache_root, t.stage, t.key, owner=owner))
                         for u, t in self.requires().items()}
             missing = [u for u, c in upstream.items() if c is None]
             if missing:
                 raise RuntimeError(f"{self.stage}: upstream {missing} not committed")
-            log.info("running %s (key %s)", self.stage, self.key[:12])
+            log.info("running %s (key %s)", self.node or self.stage, self.key[:12])
             self._run(upstream)
 
     def _run(self, upstream: dict[str, cache.Committed]) -> None:
         plan = self.plan
         try:
             cache.run_stage(cache_root=plan.cache_root, stage=self.stage, key=self.key,
-                            config=plan.stages[self.stage].config, upstream=upstream,
+                            config=plan.stages[self.node or self.stage].config, upstream=upstream,
                             fn=dag.module(self.stage).run,
-                            extra_files={"config.gin": plan.stages[self.stage].config_gin},
+                            extra_files={"config.gin": plan.stages[self.node or self.stage].config_gin},
                             run_id=self.run_id, since=self.since)
         except Exception as e:
+            node = self.node or self.stage
             if getattr(e, "resumable", False):    # stopped on request after saving (training's preemption)
-                _STOPPED.setdefault(self.run_id, []).append(f"{self.stage}: {e}")
+                _STOPPED.setdefault(self.run_id, []).append(f"{node}: {e}")
             elif isinstance(e, Refusal):          # a guard declined: reported in one line, no traceback
-                _REFUSED.setdefault(self.run_id, []).append(f"{self.stage}: {e}")
+                _REFUSED.setdefault(self.run_id, []).append(f"{node}: {e}")
             else:
-                _CRASHED.setdefault(self.run_id, []).append(self.stage)
+                _CRASHED.setdefault(self.run_id, []).append(node)
             raise
 
 
 _CLASSES: dict[str, type[StageTask]] = {}
+
+
+def plan_task(plan: Plan, node: str, plan_id: str, run_id: str) -> StageTask:
+    """The task of one of `plan`'s nodes."""
+    sp = plan.stages[node]
+    return task_class(sp.stage)(key=sp.key, plan_id=plan_id, run_id=run_id, node=node)
 
 
 def task_class(stage: str) -> type[StageTask]:
@@ -130,28 +140,30 @@ class BuildResult:
     crashed: list[str] = dataclasses.field(default_factory=list)   # stages that failed otherwise
 
 
-def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str] = (), workers: int = 1,
-          scheduler: str | None = None) -> BuildResult:
-    """Runs `targets` (stage names) for every plan, building what they need; `force` stages rerun
-    even when cached, together with everything downstream of them. A damaged stage the targets need is
-    rebuilt on its own (`pipeline.plan.damaged`)."""
-    plans, targets = list(plans), list(targets)
+def build(plans: Iterable[Plan], targets: Iterable[str] | None = None, *, force: Iterable[str] = (),
+          workers: int = 1, scheduler: str | None = None) -> BuildResult:
+    """Runs `targets` for every plan, building what they need (None: every node); `force` ones rerun even
+    when cached, together with everything downstream of them. Both name nodes (`clean[code]`) or stages (every
+    source's instance: `targets_of`). A damaged node the targets need is rebuilt on its own
+    (`pipeline.plan.damaged`)."""
+    plans = list(plans)
     run_id = uuid.uuid4().hex
-    forced = dag.forced(*force)
-    _FORCED[run_id] = {(plan.cache_root, stage, key): cache.lease_now(plan.cache_root, stage, key)
-                       for plan in plans for stage in dag.closure(*targets) if stage in forced
-                       for key in (plan.stages[stage].key,)}
+    per_plan = [(plan, targets_of(plan, targets), plan.tree.forced(*targets_of(plan, force)))
+                for plan in plans]
+    _FORCED[run_id] = {(plan.cache_root, sp.stage, sp.key): cache.lease_now(plan.cache_root, sp.stage, sp.key)
+                       for plan, nodes, forced in per_plan for node in plan.tree.closure(*nodes)
+                       if node in forced for sp in (plan.stages[node],)}
     tasks = []
-    for plan in plans:
+    for plan, nodes, _ in per_plan:
         plan_id = uuid.uuid4().hex
         _PLANS[plan_id] = plan
-        # A damaged stage is a target of its own: Luigi stops at the first complete task, so a committed
+        # A damaged node is a target of its own: Luigi stops at the first complete task, so a committed
         # export would hide a damaged evaluate for good.
-        if broken := run_plan.damaged(plan, targets):
+        if broken := run_plan.damaged(plan, nodes):
             log.warning("damaged in the cache: %s; rebuilding it into the same key",
                         ", ".join(f"{s} {plan.stages[s].key[:12]}" for s in broken))
-        for stage in [*targets, *(s for s in broken if s not in targets)]:
-            tasks.append(task_class(stage)(key=plan.stages[stage].key, plan_id=plan_id, run_id=run_id))
+        for node in [*nodes, *(s for s in broken if s not in nodes)]:
+            tasks.append(plan_task(plan, node, plan_id, run_id))
     _configure_luigi()
     kwargs = {"workers": workers, "detailed_summary": True, "log_level": "WARNING"}
     if scheduler:
@@ -163,16 +175,24 @@ def build(plans: Iterable[Plan], targets: Iterable[str], *, force: Iterable[str]
     ok = result.status in (luigi.LuigiStatusCode.SUCCESS, luigi.LuigiStatusCode.SUCCESS_WITH_RETRY)
     ran = []
     try:
-        for plan in plans:
-            for stage in dag.closure(*targets):
-                done = cache.load(plan.cache_root, stage, plan.stages[stage].key)
-                if done is not None and done.manifest.get("run_id") == run_id and stage not in ran:
-                    ran.append(stage)
+        for plan, nodes, _ in per_plan:
+            for node in plan.tree.closure(*nodes):
+                done = plan.committed(node)
+                if done is not None and done.manifest.get("run_id") == run_id and node not in ran:
+                    ran.append(node)
     except OSError as e:      # the cache went away during the run (a failed build says so, in one line)
         log.warning("cannot read back what this run committed: %s", e)
         ok = False
     return BuildResult(ok, run_id, result.summary_text, ran, _STOPPED.pop(run_id, []),
                        _REFUSED.pop(run_id, []), _CRASHED.pop(run_id, []))
+
+
+def targets_of(plan: Plan, names: Iterable[str] | None) -> list[str]:
+    """The nodes `names` name in `plan` (`dag.Tree.select`: a stage names every source's instance); None:
+    the plan's sinks, which build every node."""
+    if names is None:
+        return plan.tree.sinks()
+    return list(dict.fromkeys(node for name in names for node in plan.tree.select(name)))
 
 
 def _configure_luigi() -> None:

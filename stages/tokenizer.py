@@ -39,9 +39,11 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from stages.io import documents, split_rule, storage
+from stages.io.committed import by_source
 from stages.io.refusal import Refusal
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,9 @@ class Config:
     # tokenizer.model (local, gs://, hf://owner/name@<commit>), e.g. the checkpoint of train.Config.init_from.
     # The fields above that shape training are then unused; held-out bytes per token is still measured.
     pretrained: str = ""
+    # With several sources (train.Mixture): each one's share of `sample_chars`, {source: weight}, normalized;
+    # empty: equal characters from each. Not the training mixture: a weight change there never retrains this.
+    source_shares: Any = ()
     # True: a vocab_size beyond `max_vocab_size` of the sample only warns (check_vocab_size)
     allow_large_vocab: bool = dataclasses.field(default=False, metadata={"key": False})
 
@@ -98,6 +103,13 @@ class Config:
                 f"tokenizer.Config.character_coverage={self.character_coverage} is not in (0, 1]")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"tokenizer.Config.heldout_fraction={self.heldout_fraction} is not in [0, 1)")
+        if isinstance(self.source_shares, Mapping):      # gin gives a dict: kept sorted, so it hashes
+            object.__setattr__(self, "source_shares", tuple(sorted(self.source_shares.items())))
+        for name, share in self.source_shares:
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < math.inf:
+                raise ValueError(f"tokenizer.Config.source_shares[{name!r}]={share!r} must be a number >= 0")
+        if self.source_shares and not sum(share for _, share in self.source_shares) > 0:
+            raise ValueError("tokenizer.Config.source_shares are all 0; give one source a share > 0")
         if self.sample_chars < 1:
             raise ValueError(f"tokenizer.Config.sample_chars={self.sample_chars} must be >= 1")
         if self.max_sentence_length < 4:     # room for any one UTF-8 character
@@ -156,8 +168,10 @@ def check(config: Config) -> str:
 def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 
-    shards = documents.shards_of(inputs["clean"])
-    sentences, heldout, stats = sample(shards, config)
+    cleans = by_source(inputs, "clean")         # {"": clean} or one per source of a mixture
+    shards = [path for c in cleans.values() for path in documents.shards_of(c)]
+    where = ", ".join(c.path for c in cleans.values())
+    sentences, heldout, stats = sample_sources(cleans, config)
     if config.pretrained:
         path = pretrained_file(config.pretrained)
         log.info("tokenizer: using %s as it is (tokenizer.Config.pretrained); not training", path)
@@ -166,8 +180,8 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
                out_dir)
         return
     if not sentences:
-        raise ValueError(f"no training text in {len(shards)} clean shards under {inputs['clean'].path}")
-    check_vocab_size(config, sentences, stats, inputs["clean"].path)
+        raise ValueError(f"no training text in {len(shards)} clean shards under {where}")
+    check_vocab_size(config, sentences, stats, where)
     log.info("training a %s tokenizer (vocab %d) on %d sentences, %d chars",
              config.model_type, config.vocab_size, stats["sentences"], stats["sampled_chars"])
 
@@ -321,8 +335,33 @@ def vocab_text(sp) -> str:
     return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
 
 
-def sample(shards: list[str], config: Config) -> tuple[list[str], list[str], dict]:
-    """(training sentences, held-out document texts, counts) from `shards`, deterministically."""
+def sample_sources(cleans: Mapping, config: Config) -> tuple[list[str], list[str], dict]:
+    """`sample` over one clean stage, or over each source's ({source: clean}), each giving its share of
+    `sample_chars` (`source_shares`, equal by default): the counts summed, and each source's under
+    "sources"."""
+    if list(cleans) == [""]:
+        return sample(documents.shards_of(cleans[""]), config)
+    shares = dict(config.source_shares) or dict.fromkeys(cleans, 1.0)
+    if unknown := sorted(set(shares) - set(cleans)):
+        raise ValueError(f"tokenizer.Config.source_shares names {unknown}, not sources of this run: "
+                         f"{sorted(cleans)}")
+    total = sum(shares.values())
+    sentences, heldout, counts = [], [], {"sources": {}}
+    for source, clean in cleans.items():
+        chars = round(config.sample_chars * shares.get(source, 0.0) / total)
+        got, held, c = sample(documents.shards_of(clean), config, chars) if chars else ([], [], {})
+        sentences += got
+        heldout += held
+        counts["sources"][source] = c | {"share": shares.get(source, 0.0) / total}
+        for name, value in c.items():
+            counts[name] = counts.get(name, 0) + value
+    return sentences, heldout, counts
+
+
+def sample(shards: list[str], config: Config, chars: int | None = None) -> tuple[list[str], list[str], dict]:
+    """(training sentences, held-out document texts, counts) from `shards`, deterministically: about
+    `chars` (default `config.sample_chars`) characters."""
+    chars = config.sample_chars if chars is None else chars
 
     order = sorted(shards, key=lambda path: hashlib.sha256(f"{config.seed}:{os.path.basename(path)}".encode())
                    .digest())
@@ -331,7 +370,7 @@ def sample(shards: list[str], config: Config) -> tuple[list[str], list[str], dic
     counts = {"shards_read": 0, "sampled_docs": 0, "sampled_chars": 0, "sentences": 0,
               "long_lines_split": 0, "long_line_pieces": 0}
     for i, path in enumerate(order):
-        budget = (config.sample_chars - counts["sampled_chars"]) / (len(order) - i)
+        budget = (chars - counts["sampled_chars"]) / (len(order) - i)
         taken = 0
         counts["shards_read"] += 1
         for doc in documents.read(path, columns=("id", "text")):
@@ -347,7 +386,7 @@ def sample(shards: list[str], config: Config) -> tuple[list[str], list[str], dic
                 taken += len(line)
             counts["sampled_docs"] += 1
         counts["sampled_chars"] += taken
-        if counts["sampled_chars"] >= config.sample_chars:
+        if counts["sampled_chars"] >= chars:
             break
     counts["sentences"] = len(sentences)
     return sentences, heldout, counts

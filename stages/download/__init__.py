@@ -28,6 +28,7 @@ host, or a file the globs do not match does not.
                     the network: offline, `plan` shows the download key as unknown and `run` stops)
     Tfds            the dataset name (with its version, if given) and the installed TFDS version
     Embedded        the interpreter and its version, whose standard library is the corpus
+    EmbeddedCode    the same, as code
 
 `--force` reruns the stage into the key of the inputs as they are now, reading them again.
 
@@ -48,7 +49,7 @@ from typing import Any
 
 from stages import beam_runner
 from stages.download.document import BadFile
-from stages.download.sources import SOURCES, Embedded, Files, FineWeb, Tfds, Warc
+from stages.download.sources import SOURCES, Embedded, EmbeddedCode, Files, FineWeb, Tfds, Warc
 from stages.io import storage
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ log = logging.getLogger(__name__)
 class Config:
     """What to download and into how many shards; `runner` says where Beam runs (not in the key)."""
 
-    source: Embedded | Files | Tfds | FineWeb | Warc = dataclasses.field(default_factory=Embedded)
+    source: Embedded | EmbeddedCode | Files | Tfds | FineWeb | Warc = dataclasses.field(
+        default_factory=Embedded)
     num_shards: int = 8   # output shards; fewer when the source has fewer units
     # Both in the key: a cached output must be one that met them (a skipped file, an empty output).
     skip_bad_files: bool = False   # a damaged file: fail naming it, or (True) keep what was read and count it

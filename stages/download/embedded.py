@@ -1,9 +1,11 @@
-"""The embedded offline corpus: English prose that ships with every Python.
+"""The embedded offline corpus: English prose that ships with every Python, and the code it documents.
 
 One document per docstring (module, class, function) of the standard library's `.py` files, read
 with `ast` without importing anything, plus one per pydoc help topic (the `topics` dict literal in
 `pydoc_data/topics.py`). On CPython 3.11 that is ~7.7k docstrings (1.6 MB) and 79 topics (0.46 MB).
-The corpus is whatever the running interpreter ships, so a different Python version gives
+`read_code` gives the same modules as code instead: one document per `.py` file, its source text (the
+prose + code pair of gin/mixtures/prose_code.gin). The corpus is whatever the running interpreter ships,
+so a different Python version gives
 different (equally valid) text; `version()` names it, and goes into the download key.
 
 Units are batches of paths relative to the stdlib directory, so a worker whose Python lives
@@ -27,6 +29,7 @@ from collections.abc import Iterator
 from stages.download.document import doc_id
 
 SOURCE = "embedded"
+CODE_SOURCE = "embedded_code"      # EmbeddedCode: the same modules' source text
 TOPICS = "pydoc_data/topics.py"
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "lib2to3", "__pycache__"})
 FILES_PER_UNIT = 8   # ~75 units for the whole stdlib: enough to spread over shards, few elements
@@ -68,6 +71,21 @@ def read(unit: tuple[str, ...]) -> Iterator[dict]:
                    "error": "syntax_error"}
             continue
         yield from _topics(tree) if rel == TOPICS else _docstrings(tree, rel)
+
+
+def read_code(unit: tuple[str, ...]) -> Iterator[dict]:
+    """The modules of `unit` as code: one document per `.py` file, its source text as it is (the offline
+    corpus's second kind, for mixtures of prose and code)."""
+    root = _stdlib()
+    for rel in unit:
+        with open(os.path.join(root, rel), "rb") as f:
+            raw = f.read()
+        try:
+            text, error = raw.decode("utf-8"), None
+        except UnicodeDecodeError:
+            text, error = None, "not_utf8"
+        yield {"id": doc_id(CODE_SOURCE, rel), "text": text, "url": rel, "source": CODE_SOURCE,
+               "error": error}
 
 
 def _docstrings(tree: ast.Module, rel: str) -> Iterator[dict]:

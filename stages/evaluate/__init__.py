@@ -34,6 +34,7 @@ import logging
 from collections.abc import Mapping
 
 from stages.io import storage
+from stages.io.committed import by_source
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.train import native
 
     native.backends_initialized()       # no TPU here: one line, not libtpu's dozen
-    result = measure.evaluate(config, inputs["train"], inputs["shard"], inputs["tokenizer"],
+    result = measure.evaluate(config, inputs["train"], by_source(inputs, "shard"), inputs["tokenizer"],
                               inputs["yardsticks"])
     if config.harness_tasks:
         from stages.evaluate import harness
@@ -124,7 +125,10 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         found = harness.run_tasks(lm, config.harness_tasks, limit=config.harness_limit or None,
                                   include_path=config.harness_include_path or None)
         result["metrics"]["harness"] = found["results"]      # lm-eval's timings and configs are not kept
-    result["metrics"]["contamination"] = contamination(inputs["clean"], inputs["yardsticks"])
+    # a mixture: each source's training text checked on its own (the report sums them)
+    cleans = by_source(inputs, "clean")
+    found = {source: contamination(clean, inputs["yardsticks"]) for source, clean in cleans.items()}
+    result["metrics"]["contamination"] = found.get("", found)
     storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
     storage.write_text(storage.join(out_dir, "samples.txt"), report.samples_text(result["samples"]))
     metrics_rows = report.read_metrics(inputs["train"].file("metrics.jsonl"))
@@ -150,7 +154,14 @@ def check_upstream(config: Config, upstream: dict) -> str:
     clean's contamination check must check the yardsticks scored (or none of a kind: `()`), else the report
     beside the scores would show a stale check. Clean's config is read, not imported: evaluate imports no
     data stage."""
-    check, scored = upstream["clean"].contamination, upstream["yardsticks"]
+    scored = upstream["yardsticks"]
+    for name, clean in upstream.items():         # clean, or every source's clean[<source>]
+        if name.partition("[")[0] == "clean" and (problem := _stale_check(clean.contamination, scored)):
+            return problem
+    return ""
+
+
+def _stale_check(check, scored) -> str:
     for field, checked, want in (("reference_sets", check.checked_sets, scored.reference_sets),
                                  ("tasks", check.checked_tasks, scored.tasks)):
         if tuple(checked) not in (tuple(want), ()):

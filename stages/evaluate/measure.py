@@ -26,22 +26,60 @@ log = logging.getLogger(__name__)
 UNIGRAM_TOKENS = 50_000_000
 
 
-def evaluate(config, train, shard, tokenizer, yardsticks) -> dict:
+def evaluate(config, train, shards, tokenizer, yardsticks) -> dict:
+    """eval.json's numbers for a trained model. `shards`: {"": shard} for a one-source run, or each source's
+    shard stage; with several, each source's held-out figures go under "sources" and the top-level ones pool
+    them (every source's evaluated tokens and bytes summed)."""
     import sentencepiece as spm
 
-    manifest = storage.read_json(shard.file("manifest.json"))
+    manifest = storage.read_json(next(iter(shards.values())).file("manifest.json"))
     summary = storage.read_json(train.file("summary.json"))
     net, graphdef, params = restore(train, summary)
     sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(tokenizer.file("tokenizer.model")))
     seq_len = summary["seq_len"]
+    options = {"eos_id": manifest["eos_id"], "loss_chunk": config.loss_chunk, "z_loss": 0.0}
+    eval_fn = jax.jit(functools.partial(_batch_loss, graphdef, **options))
+    per_source = {source: held_out(config, eval_fn, params, shard, sp, seq_len, UNIGRAM_TOKENS // len(shards))
+                  for source, shard in shards.items()}
+    parts = list(per_source.values())
+    loss_sum, tokens = sum(p.pop("loss_sum") for p in parts), sum(p["tokens"] for p in parts)
+    bits = sum(p["bits_per_byte"] * p["val_bytes"] for p in parts)
+    val_bytes = sum(p["val_bytes"] for p in parts)
+    unigram_tokens = np.concatenate([p.pop("unigram_sample") for p in parts])
+    loss = loss_sum / max(tokens, 1)
+    metrics = {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        # one source: its own figure as computed (the pooled one equals it but for rounding)
+        "bits_per_byte": parts[0]["bits_per_byte"] if len(parts) == 1 else bits / max(val_bytes, 1),
+        "tokens": tokens,
+        "tokens_per_s": tokens / max(sum(p.pop("seconds") for p in parts), 1e-9),
+        "unigram_entropy": unigram_entropy(unigram_tokens, manifest["vocab_size"]),
+        "val_bytes": val_bytes,
+        "train_final_loss": summary.get("final_loss"),
+    }
+    if list(per_source) != [""]:
+        metrics["sources"] = per_source
+    scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size, length=seq_len)
+    start = time.perf_counter()
+    metrics.update(score.score(scorer, tokenized.load(yardsticks)))
+    # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it does
+    # not need (tokens_per_s above is the evaluation's throughput, its one stated exception)
+    log.info("yardsticks scored in %.1f s", time.perf_counter() - start)
+    samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
+    # the model as the harness (`harness.RefineryLM`) takes it: (net, sp, eos_id, scoring length)
+    return {"metrics": metrics, "samples": samples, "model": (net, sp, manifest["eos_id"], seq_len)}
 
+
+def held_out(config, eval_fn, params, shard, sp, seq_len: int, unigram_tokens: int) -> dict:
+    """One shard stage's validation split: loss (mean and summed), perplexity, bits per byte, tokens, bytes
+    and seconds, and a sample of its first training tokens for the unigram baseline ("unigram_sample")."""
+    manifest = storage.read_json(shard.file("manifest.json"))
     batches = config.max_eval_batches
     val_needed = batches * config.batch_size * seq_len + 1 if batches else None
-    # Copied locally (when remote) only as far as they are read: the first UNIGRAM_TOKENS training tokens.
+    # Copied locally (when remote) only as far as they are read: the first unigram_tokens training tokens.
     with storage.local_files(leading_shards(shard, manifest, "val", val_needed)) as val_files, \
-            storage.local_files(leading_shards(shard, manifest, "train", UNIGRAM_TOKENS)) as train_files:
-        options = {"eos_id": manifest["eos_id"], "loss_chunk": config.loss_chunk, "z_loss": 0.0}
-        eval_fn = jax.jit(functools.partial(_batch_loss, graphdef, **options))
+            storage.local_files(leading_shards(shard, manifest, "train", unigram_tokens)) as train_files:
         losses, tokens, start = [], 0, time.perf_counter()
         for i, batch in enumerate(data.eval_batches(val_files, manifest, seq_len=seq_len,
                                                     batch_size=config.batch_size)):
@@ -55,26 +93,11 @@ def evaluate(config, train, shard, tokenizer, yardsticks) -> dict:
         # Bytes per token from the tokens the loss covered (the windows are read from the start, in order).
         val_tokens = _first_tokens(val_files, tokens + 1)
         val_bytes = _utf8_bytes(sp, val_tokens, manifest["eos_id"])
-        unigram = unigram_entropy(_first_tokens(train_files, UNIGRAM_TOKENS), manifest["vocab_size"])
-    metrics = {
-        "loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)),
-        "bits_per_byte": loss / math.log(2) * len(val_tokens) / max(val_bytes, 1),
-        "tokens": tokens,
-        "tokens_per_s": tokens / max(seconds, 1e-9),
-        "unigram_entropy": unigram,
-        "val_bytes": val_bytes,
-        "train_final_loss": summary.get("final_loss"),
-    }
-    scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size, length=seq_len)
-    start = time.perf_counter()
-    metrics.update(score.score(scorer, tokenized.load(yardsticks)))
-    # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it does
-    # not need (tokens_per_s above is the evaluation's throughput, its one stated exception)
-    log.info("yardsticks scored in %.1f s", time.perf_counter() - start)
-    samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
-    # the model as the harness (`harness.RefineryLM`) takes it: (net, sp, eos_id, scoring length)
-    return {"metrics": metrics, "samples": samples, "model": (net, sp, manifest["eos_id"], seq_len)}
+        unigram_sample = _first_tokens(train_files, unigram_tokens)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+            "bits_per_byte": loss / math.log(2) * len(val_tokens) / max(val_bytes, 1),
+            "tokens": tokens, "val_bytes": val_bytes, "loss_sum": sum(losses), "seconds": seconds,
+            "unigram_sample": unigram_sample}
 
 
 def downstream_tasks(scorer, sp, items_by_task: dict, eos_id: int) -> dict:

@@ -121,6 +121,7 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
          "The model does **not** beat the unigram baseline: it has not learned to use context."),
         "",
     ]
+    lines += source_table(m)
     refs = m.get("reference_bpb", {})
     if refs:
         lines += ["## Reference text (bits per byte)", "",
@@ -140,6 +141,20 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
         lines += [f"**{s['prompt']!r}**", "", f"- greedy: `{_one_line(s['greedy'])}`",
                   f"- temperature {s['temperature']}: `{_one_line(s['sampled'])}`", ""]
     return "\n".join(lines) + "\n"
+
+
+def source_table(m: dict) -> list[str]:
+    """report.md's sources of a mixture: each one's own validation split (the figures above pool them)."""
+    sources = m.get("sources", {})
+    if not sources:
+        return []
+    lines = ["## Sources (each one's validation split)", "",
+             "Each source's held-out text in its own shards: a diagnostic of what the mixture taught, not a "
+             "yardstick (another mixture's sources are other text).", "",
+             "| source | val loss | bits per byte | val tokens | val bytes |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {s['loss']:.4f} | {s['bits_per_byte']:.4f} | {s['tokens']:,} | "
+              f"{s['val_bytes']:,} |" for name, s in sources.items()]
+    return lines + [""]
 
 
 def task_table(m: dict) -> list[str]:
@@ -168,6 +183,8 @@ def contamination_table(m: dict) -> list[str]:
     holds (clean's contamination.json: a shared 13-gram, or a shorter item whole), and whether clean dropped
     those documents; a yardstick clean did not check says so."""
     found = m.get("contamination", {})
+    if "sources" in m:        # a mixture: each source's clean checked its own text
+        found = {f"{name} ({source})": c for source, per in found.items() for name, c in per.items()}
     if not found:
         return []
     lines = ["## Contamination (training text that holds a yardstick)", "",

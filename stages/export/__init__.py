@@ -43,6 +43,7 @@ import logging
 from collections.abc import Mapping
 
 from stages.io import storage
+from stages.io.committed import by_source
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     sp = tokenizer_json.read_model(sp_bytes)
     if why := tokenizer_json.problem(sp):
         raise ValueError(f"export: tokenizer {tok.file('tokenizer.model')}: {why}")
-    shard = storage.read_json(inputs["shard"].file("manifest.json"))
+    # a mixture's sources share one tokenizer and its special ids (training checked): any one's manifest
+    shard = storage.read_json(next(iter(by_source(inputs, "shard").values())).file("manifest.json"))
     dtype = config.dtype or mcfg.param_dtype
 
     arrays = CheckpointArrays(storage.join(train.path, "checkpoint"))

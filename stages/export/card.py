@@ -58,7 +58,11 @@ def stage_keys(inputs: Mapping) -> dict[str, str]:
     reads: dict[str, set[str]] = {}
     for stage, committed in inputs.items():
         keys[stage] = committed.key
-        upstream = committed.manifest.get("upstream", {})
+        # A source's own stage (shard[code]) names the stages of its chain as a one-source run would (clean):
+        # they are that source's (clean[code]); a stage the export read itself (tokenizer) keeps its name.
+        source = stage.partition("[")[2]
+        upstream = {(f"{name}[{source}" if source and name not in inputs else name): key
+                    for name, key in committed.manifest.get("upstream", {}).items()}
         reads[stage] = set(upstream)
         for name, key in upstream.items():
             keys.setdefault(name, key)
@@ -111,6 +115,7 @@ def _summary(stage: str, committed) -> str:
     if committed is None:
         return ""
     try:
+        stage = stage.partition("[")[0]          # a source's own stage: clean[code] is a clean stage
         figures = FIGURES.get(stage) or importlib.import_module(f"stages.{stage}").summary
         line = figures(committed)
     except Exception as e:  # noqa: BLE001 - a figure the card cannot read must not fail the export

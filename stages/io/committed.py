@@ -36,3 +36,16 @@ class Committed:
 
     def paths(self, pattern: str = "*") -> list[str]:
         return [storage.join(self.path, n) for n in sorted(self.files) if fnmatch.fnmatch(n, pattern)]
+
+
+def by_source(inputs: dict[str, Committed], stage: str) -> dict[str, Committed]:
+    """A stage's inputs of one upstream stage, by source: {"": it} in a one-source run, where the input is
+    named `stage`; {"code": ..., "web": ...} when the stage reads every source's instance (`shard[code]`,
+    `shard[web]`: pipeline/dag.py names them so). Sorted by source."""
+    if stage in inputs:
+        return {"": inputs[stage]}
+    prefix = f"{stage}["
+    found = {name[len(prefix):-1]: c for name, c in inputs.items() if name.startswith(prefix)}
+    if not found:
+        raise KeyError(f"no {stage} among the inputs: {sorted(inputs)}")
+    return dict(sorted(found.items()))

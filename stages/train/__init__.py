@@ -27,13 +27,15 @@ import os
 from collections.abc import Mapping
 
 from stages.io import storage
+from stages.io.committed import by_source
 from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
+from stages.train.mixture import Mixture
 from stages.train.stage_config import Config, LaunchConfig
 
 log = logging.getLogger(__name__)
 
-CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig, HardwareConfig)
+CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig, HardwareConfig, Mixture)
 # 2: parameters and optimizer state are initialized by one jitted program directly in their shardings;
 #    the weights differ from version 1's op-by-op initialization in the last bits.
 # 3: YaRN's ramp ends at min(ceil(dim), head_dim - 1), as the paper's code and transformers do (it was clipped
@@ -50,6 +52,12 @@ def resolve(config: Config, bound: frozenset[str]) -> Config:
 
     fields = frozenset(name.removeprefix("ModelConfig.") for name in bound if name.startswith("ModelConfig."))
     return dataclasses.replace(config, model=init_from.resolve(config.model, fields, config.init_from))
+
+
+def named_sources(config: Config) -> tuple[str, ...]:
+    """The sources the mixture weighs (each gets its own download, clean and shard stages), or () for a
+    one-source run."""
+    return config.mixture.sources if config.mixture is not None else ()
 
 
 def key_inputs(config: Config) -> dict | None:
@@ -73,7 +81,12 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         if problem := init_from.tokenizer_problem(sp_model, config.init_from):
             raise ValueError(f"train.Config.init_from: {problem}")
     spec_path = storage.join(work_dir, "spec.json")     # JSON, never code: every TPU host reads it (spec.py)
-    spec.write(spec.WorkerSpec(config, inputs["shard"], out_dir, work_dir, inputs.get("yardsticks")),
+    shards = by_source(inputs, "shard")          # {"": shard} or, for a mixture, one per source
+    if config.mixture is not None:
+        check_mixture(config, shards)
+    sources = shards if config.mixture is not None else {}
+    first = next(iter(shards.values()))         # a mixture's sources share a tokenizer: its ids are any one's
+    spec.write(spec.WorkerSpec(config, first, out_dir, work_dir, inputs.get("yardsticks"), sources=sources),
                spec_path)
     log.info("training %d steps with the %s launcher into %s", config.steps, config.launcher.kind, out_dir)
     launch.launch(config.launcher, spec_path)
@@ -123,6 +136,26 @@ def check(config: Config) -> str:
         if problem := init_from.problem(config.init_from, config.model):
             return f"train.Config.init_from={config.init_from!r}: {problem}"
     return ""
+
+
+def check_mixture(config: Config, shards: Mapping) -> None:
+    """Refuses, before anything compiles, a mixture that would read a source past train.Mixture.max_epochs
+    (counted from the shard manifests' token counts), in one line."""
+    from stages.io.refusal import Refusal
+
+    if problem := config.mixture.problem(steps=config.steps, global_batch=config.global_batch,
+                                         windows=mixture_windows(config, shards)):
+        raise Refusal(problem)
+
+
+def mixture_windows(config: Config, shards: Mapping) -> dict[str, int]:
+    """Each source's training windows of seq_len + 1 tokens (data.TokenStream's count), from its shard
+    manifest."""
+    out = {}
+    for source, shard in shards.items():
+        tokens = storage.read_json(shard.file("manifest.json"))["splits"]["train"]["tokens"]
+        out[source] = max(0, (tokens - 1) // config.seq_len)
+    return out
 
 
 def check_fits(config: Config) -> None:

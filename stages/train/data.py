@@ -87,7 +87,7 @@ class MixedTokenData:
     Process i takes rows [i * B_local, (i + 1) * B_local) of the global batch, as in TokenData.
     """
 
-    def __init__(self, streams: Mapping[str, "TokenStream"], mix, *, seq_len: int, global_batch: int,
+    def __init__(self, streams: Mapping[str, TokenStream], mix, *, seq_len: int, global_batch: int,
                  seed: int, process_index: int = 0, process_count: int = 1):
         _check_processes(global_batch, process_index, process_count, "global_batch")
         if missing := [s for s in mix.sources if s not in streams]:
@@ -101,8 +101,9 @@ class MixedTokenData:
         self.num_windows = {name: s.num_windows(seq_len) for name, s in self.streams.items()}
         for name, m in self.num_windows.items():
             if m < 1:
-                raise ValueError(f"source {name!r} holds {self.streams[name].total_tokens} tokens, fewer than "
-                                 f"seq_len + 1 = {seq_len + 1}: lower seq_len or give it more text")
+                tokens = self.streams[name].total_tokens
+                raise ValueError(f"source {name!r} holds {tokens} tokens, fewer than seq_len + 1 = "
+                                 f"{seq_len + 1}: lower seq_len or give it more text")
         self._perms: dict[tuple[str, int], np.ndarray] = {}
 
     def rows(self, step: int) -> list[tuple[str, int]]:
@@ -139,7 +140,8 @@ class MixedTokenData:
                 del self._perms[old]        # a step reads at most two epochs of a source
             m = self.num_windows[name]
             rng = np.random.default_rng([self.seed, _name_seed(name), epoch])
-            self._perms[name, epoch] = rng.permutation(np.arange(m, dtype=np.int32 if m < 2**31 else np.int64))
+            index_dtype = np.int32 if m < 2**31 else np.int64
+            self._perms[name, epoch] = rng.permutation(np.arange(m, dtype=index_dtype))
         return self._perms[name, epoch]
 
 

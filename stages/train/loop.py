@@ -53,10 +53,11 @@ HISTORY = "metrics.jsonl"      # in work_dir: the metrics rows up to the newest 
 MAX_IN_FLIGHT = 2
 
 
-def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, process_index: int = 0,
+def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=None, process_index: int = 0,
           process_count: int = 1) -> dict:
     """Trains `cfg` (a `stages.train.Config`) on a committed shard stage; returns the summary. With a
     committed yardsticks stage, every evaluation step also scores its in-loop subset (`in_loop_scores`).
+    With `sources` ({source: committed shard stage}) it trains on cfg.mixture of them (data.MixedTokenData).
 
     Periodic checkpoints go to `work_dir`, the final one, the metrics and summary.json to `out_dir`.
     Raises `TrainingStopped` after saving when asked to stop before the last step.
@@ -68,8 +69,15 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, process_i
         # Metrics are written locally and copied up at the end when out_dir is remote.
         local_out = out_dir if storage.is_local(out_dir) else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="refinery-train-"))
-        train_files = stack.enter_context(storage.local_files(shard.paths("train-*.bin")))
-        val_files = stack.enter_context(storage.local_files(shard.paths("val-*.bin")))
+        if sources:       # {source: local files}: a stream of its own per source
+            manifest = same_tokens(sources)
+            train_files = {s: stack.enter_context(storage.local_files(c.paths("train-*.bin")))
+                           for s, c in sources.items()}
+            val_files = {s: stack.enter_context(storage.local_files(c.paths("val-*.bin")))
+                         for s, c in sources.items()}
+        else:
+            train_files = stack.enter_context(storage.local_files(shard.paths("train-*.bin")))
+            val_files = stack.enter_context(storage.local_files(shard.paths("val-*.bin")))
         run, params, opt_state = set_up(cfg, manifest, train_files, val_files, process_index, process_count,
                                         tokenized.load(yardsticks, in_loop=True) if yardsticks else None)
         stack.enter_context(jax.set_mesh(run.mesh))       # every step is traced under the mesh
@@ -116,7 +124,7 @@ class Run:
     cfg: Any                          # stages.train.Config
     model_config: Any                 # ModelConfig with the tokenizer's vocab size
     mesh: jax.sharding.Mesh
-    batches: data.TokenData
+    batches: data.TokenData | data.MixedTokenData
     eval_data: list[np.ndarray]       # the held-out batches of every evaluation, (B_local, T + 1) each
     step_fn: Callable                 # (params, opt_state, batch) -> (params, opt_state, outputs)
     eval_fn: Callable                 # (params, batch) -> mean loss
@@ -139,12 +147,22 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
                          f"train.Config.init_from={cfg.init_from!r} embeds {mcfg.vocab_size:,}")
     ocfg = cfg.optimizer_for_run()
     mesh = sharding.make_mesh(cfg.mesh)
-    batches = data.TokenData(train_files, manifest, seq_len=cfg.seq_len, global_batch=cfg.global_batch,
-                             seed=cfg.seed, process_index=process_index, process_count=process_count)
-    held_out = data.eval_batches(val_files or train_files, manifest, seq_len=cfg.seq_len,
-                                 batch_size=cfg.global_batch, process_index=process_index,
-                                 process_count=process_count)
-    eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
+    where = {"process_index": process_index, "process_count": process_count}
+    if isinstance(train_files, dict):      # a mixture: one stream per source
+        streams = {s: data.TokenStream(files, manifest) for s, files in train_files.items()}
+        batches = data.MixedTokenData(streams, cfg.mixture, seq_len=cfg.seq_len,
+                                      global_batch=cfg.global_batch, seed=cfg.seed, **where)
+        # The in-loop held-out loss: each source's validation windows in turn (its training windows when it
+        # has none), one batch of each, until eval_batches.
+        held = [data.eval_batches(val_files[s] or train_files[s], manifest, seq_len=cfg.seq_len,
+                                  batch_size=cfg.global_batch, **where) for s in sorted(train_files)]
+        eval_data = [b for _, b in zip(range(cfg.eval_batches), _round_robin(held))]
+    else:
+        batches = data.TokenData(train_files, manifest, seq_len=cfg.seq_len, global_batch=cfg.global_batch,
+                                 seed=cfg.seed, **where)
+        held_out = data.eval_batches(val_files or train_files, manifest, seq_len=cfg.seq_len,
+                                     batch_size=cfg.global_batch, **where)
+        eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
 
     graphdef, tx, init = init_program(mcfg, ocfg, cfg.seed, mesh)
     params, opt_state = init()
@@ -345,9 +363,39 @@ def finish(run: Run, params, opt_state, out_dir: str, local_out: str, last: dict
                "device": run.peak[0], "devices": jax.device_count(), "processes": run.processes,
                "model": dataclasses.asdict(run.model_config), "seq_len": cfg.seq_len,
                "global_batch": cfg.global_batch}
+    if cfg.mixture is not None:      # what the sampler gave each source over the run: rows, tokens, epochs
+        rows = cfg.mixture.rows_before(cfg.steps, cfg.global_batch)
+        summary["mixture"] = {s: {"rows": rows[s], "tokens": rows[s] * cfg.seq_len,
+                                  "share": rows[s] / (cfg.steps * cfg.global_batch),
+                                  "epochs": rows[s] / run.batches.num_windows[s]} for s in rows}
     if process_index == 0:
         _publish(local_out, out_dir, summary)
     return summary
+
+
+def same_tokens(sources) -> dict:
+    """The shard manifest the sources share (one tokenizer made them all), or ValueError naming the two that
+    differ in vocabulary, dtype or special ids."""
+    manifests = {s: storage.read_json(c.file("manifest.json")) for s, c in sources.items()}
+    first, manifest = next(iter(manifests.items()))
+    for s, m in manifests.items():
+        for field in ("vocab_size", "dtype", "eos_id", "bos_id", "add_bos"):
+            if m.get(field) != manifest.get(field):
+                raise ValueError(f"the shards of sources {first!r} and {s!r} differ in {field} "
+                                 f"({manifest.get(field)!r} vs {m.get(field)!r}): a mixture needs one "
+                                 "tokenizer")
+    return manifest
+
+
+def _round_robin(iterators):
+    """One item of each iterator in turn, skipping those that ran out."""
+    live = list(iterators)
+    while live:
+        for it in list(live):
+            try:
+                yield next(it)
+            except StopIteration:
+                live.remove(it)
 
 
 # --------------------------------------------------------------------------------------- the jitted steps

@@ -58,12 +58,13 @@ class Mixture:
 
     def __post_init__(self):
         if not self.phases:
-            raise ValueError('phases is empty; give at least one, from step 0: ((0, {"web": 0.7, "code": 0.3}),)')
+            raise ValueError('phases is empty; give at least one, from step 0: '
+                             '((0, {"web": 0.7, "code": 0.3}),)')
         phases = []
         for i, phase in enumerate(self.phases):
-            if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and isinstance(phase[1], Mapping)):
+            if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and _is_weights(phase[1])):
                 raise ValueError(f"phases[{i}] = {phase!r} is not (first step, {{source: weight}})")
-            start, weights = phase
+            start, weights = phase[0], dict(phase[1])
             if isinstance(start, bool) or not isinstance(start, int) or start < 0:
                 raise ValueError(f"phases[{i}] starts at step {start!r}; a phase starts at an int step >= 0")
             phases.append((start, _weights(weights, f"phases[{i}]")))
@@ -161,6 +162,12 @@ def apportion(weights: Mapping[str, Fraction], n: int) -> dict[str, int]:
     for name in sorted(quotas, key=lambda k: -(quotas[k] - out[k]))[:left]:   # sorted() is stable
         out[name] += 1
     return out
+
+
+def _is_weights(value: Any) -> bool:
+    """A {source: weight} dict, or the ((source, weight), ...) pairs a Mixture keeps (and JSON gives back)."""
+    return isinstance(value, Mapping) or (isinstance(value, (tuple, list)) and all(
+        isinstance(p, (tuple, list)) and len(p) == 2 for p in value))
 
 
 def _weights(weights: Mapping, where: str) -> tuple[tuple[str, float], ...]:

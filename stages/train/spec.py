@@ -32,7 +32,7 @@ from stages.io.committed import Committed
 from stages.train.stage_config import Config
 
 # Bump when the schema changes shape (not when a config gains a field: that is checked field by field).
-FORMAT = "refinery.train.spec/1"
+FORMAT = "refinery.train.spec/2"   # 2: `sources`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,9 @@ class WorkerSpec:
     out_dir: str         # the attempt directory (what the cache commits)
     work_dir: str        # resumable scratch: periodic checkpoints
     yardsticks: Committed | None = None   # the yardsticks stage's output: scored in the loop (loop.py)
+    # A mixture's shards, one per source (config.mixture names them); empty for a one-source run, which
+    # trains on `shard` (a mixture's `shard` is its first source's, for the vocabulary and the special ids)
+    sources: dict[str, Committed] = dataclasses.field(default_factory=dict)
 
 
 def write(spec: WorkerSpec, path: str) -> None:

@@ -24,6 +24,7 @@ from stages.train.configs import (
     OptimizerConfig,
     expert_split_problem,
 )
+from stages.train.mixture import Mixture
 
 LAUNCH_KINDS = ("inprocess", "local", "tpu_vm")
 
@@ -78,6 +79,9 @@ class Config:
     # A Hugging Face Llama directory to start from (local, gs://, or hf://owner/name@<commit>): its
     # config.json gives the model config and its weights the starting point (stages/train/init_from.py)
     init_from: str = ""
+    # Several sources weighted by tokens, in phases (stages/train/mixture.py); None: the run's one source.
+    # The sources it names are the run's: each has its own download, clean and shard stages.
+    mixture: Mixture | None = None
     log_every: int = dataclasses.field(default=10, metadata={"key": False})
     checkpoint_every: int = dataclasses.field(default=100, metadata={"key": False})
     keep_checkpoints: int = dataclasses.field(default=2, metadata={"key": False})
@@ -117,6 +121,9 @@ class Config:
                              f"OptimizerConfig.grad_accum_steps={self.optimizer.grad_accum_steps} "
                              "(each optimizer step is that many equal micro-batches)")
         self.optimizer_for_run()   # the schedule's checks (warmup vs steps) against this run's length
+        if self.mixture is not None and (problem := self.mixture.problem(steps=self.steps,
+                                                                         global_batch=self.global_batch)):
+            raise ValueError(problem)
 
     def optimizer_for_run(self) -> OptimizerConfig:
         """The optimizer config with total_steps = steps (the run length is stated once, here)."""

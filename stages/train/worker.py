@@ -22,7 +22,7 @@ def main(spec_path: str) -> dict:
     process_index, process_count = init_distributed()
     from stages.train import loop
 
-    return loop.train(s.config, s.shard, s.out_dir, s.work_dir, yardsticks=s.yardsticks,
+    return loop.train(s.config, s.shard, s.out_dir, s.work_dir, yardsticks=s.yardsticks, sources=s.sources,
                       process_index=process_index, process_count=process_count)
 
 

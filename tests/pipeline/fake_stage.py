@@ -20,6 +20,7 @@ class Config:
     log: str = dataclasses.field(default="", metadata={"key": False})
     reads: str = ""
     hold: str = dataclasses.field(default="", metadata={"key": False})
+    sources: tuple[str, ...] = ()     # the run's sources, when this stage names them (named_sources)
 
 
 def key_inputs(config: Config):
@@ -29,6 +30,11 @@ def key_inputs(config: Config):
     if not found:
         raise ValueError(f"{config.reads!r} matches no files")
     return found
+
+
+def named_sources(config: Config) -> tuple[str, ...]:
+    """What makes the DAG a tree (pipeline/config.py asks every stage; train's mixture names them)."""
+    return config.sources
 
 
 CONFIGURABLES = (Config,)

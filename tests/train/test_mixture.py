@@ -125,7 +125,8 @@ def test_a_resumed_run_and_a_two_process_run_see_the_single_process_batches(stre
 def test_adding_a_source_leaves_the_order_of_another_sources_windows_alone(streams):
     alone = _data(streams, Mixture(phases=((0, {"web": 1, "code": 1}),)))
     more = _data(streams, Mixture(phases=((0, {"web": 1, "code": 1, "math": 2}),)))
-    assert [tuple(alone.window("code", k)) for k in range(30)] == [tuple(more.window("code", k)) for k in range(30)]
+    assert [tuple(alone.window("code", k)) for k in range(30)] == \
+        [tuple(more.window("code", k)) for k in range(30)]
 
 
 def test_epochs_and_the_repetition_limit():
@@ -133,9 +134,9 @@ def test_epochs_and_the_repetition_limit():
     windows = {"web": 1200, "code": 100}
     assert mix.epochs(100, 16, windows) == {"code": 4.0, "web": 1.0}       # 400 and 1200 rows
     problem = mix.problem(steps=100, global_batch=16, windows=windows)
-    assert problem == ("train.Mixture: source 'code' would be read 4 times (100 windows, 400 asked for), past "
-                       "max_epochs=2; lower its weight, raise train.Mixture.max_epochs, or give that source "
-                       "more data")
+    assert problem == ("train.Mixture: source 'code' would be read 4 times (100 windows, 400 asked for), "
+                       "past max_epochs=2; lower its weight, raise train.Mixture.max_epochs, or give that "
+                       "source more data")
     assert mix.problem(steps=50, global_batch=16, windows=windows) == ""
     assert "names source(s) 'code' that the run does not have" in \
         mix.problem(steps=50, global_batch=16, windows={"web": 1200})
@@ -145,3 +146,17 @@ def test_phase_rows_split_the_run_at_each_phase():
     mix = Mixture(phases=((0, {"web": 1}), (10, {"web": 1, "code": 1})))
     assert mix.phase_rows(30, 8) == [(0, 10, {"code": 0, "web": 80}), (10, 30, {"code": 80, "web": 80})]
     assert mix.rows_before(30, 8) == {"code": 80, "web": 160}
+
+
+def test_a_mixture_survives_the_worker_spec_round_trip(tmp_path):
+    from stages.train import spec
+    from stages.train.stage_config import Config
+
+    mix = Mixture(phases=((0, {"web": 0.7, "code": 0.3}), (90, {"web": 1.0})), max_epochs=2.5)
+    cfg = Config(steps=100, global_batch=16, mixture=mix)
+    shard = spec.Committed("shard", "k", "/c/shard/k/a", {"manifest.json": 10}, {})
+    path = str(tmp_path / "spec.json")
+    spec.write(spec.WorkerSpec(cfg, shard, "/o", "/w", sources={"code": shard, "web": shard}), path)
+    back = spec.read(path)
+    assert back.config.mixture == mix and back.config == cfg
+    assert list(back.sources) == ["code", "web"]

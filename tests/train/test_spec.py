@@ -37,6 +37,8 @@ FULL = train.Config(
     steps=300, global_batch=32, seq_len=384, seed=7, z_loss=1e-4, loss_chunk=2048, eval_every=25,
     eval_batches=2, nan_policy="skip", init_from="gs://models/llama", log_every=5, checkpoint_every=50,
     keep_checkpoints=3,
+    mixture=train.Mixture(phases=((0, {"web": 0.75, "code": 0.25}), (200, {"web": 0.5, "code": 0.5})),
+                          max_epochs=3.0),
     launcher=LaunchConfig(kind="tpu_vm", num_processes=4, tpu_name="pod", zone="us-east5-a", project="proj",
                           remote_dir="/opt/refinery", timeout_s=3600),
     hardware=HardwareConfig(device="tpu-v5p", topology="v5p:2x2x2", chips=16, num_slices=16, mfu=0.5,

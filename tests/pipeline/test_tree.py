@@ -1,0 +1,112 @@
+"""Several sources make the DAG a tree (pipeline/dag.py): each source's own download -> clean -> shard, one
+tokenizer over all, training and what follows over every shard. Counted stage runs on the real stage names
+with fake stages (tests/pipeline/fake_stage.py), and the keys of the real prose + code run file."""
+
+import pytest
+
+from pipeline import __main__ as cli
+from pipeline import config, dag, tasks
+
+FAKE = "tests.pipeline.fake_stage"
+# The real tree's shape under other names (gin registers a configurable once per name, and the real stages'
+# names must keep their real configurables for the tests after these)
+STAGES = {"fetch": (FAKE, ()), "wash": (FAKE, ("fetch",)), "vocab": (FAKE, ("wash",)),
+          "cut": (FAKE, ("wash", "vocab")), "fit": (FAKE, ("cut", "vocab")), "score": (FAKE, ("fit", "cut"))}
+PER_SOURCE = ("fetch", "wash", "cut")
+
+
+@pytest.fixture
+def tree_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(dag, "STAGES", STAGES)
+    monkeypatch.setattr(dag, "PER_SOURCE", PER_SOURCE)
+    log = tmp_path / "runs.log"
+    base = [f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"']
+    base += [f'{s}.Config.name = "{s}"' for s in STAGES] + [f'{s}.Config.log = "{log}"' for s in STAGES]
+    base += [f'{src}/{s}.Config.name = "{s}[{src}]"' for src in ("code", "web") for s in PER_SOURCE]
+
+    def build(*params, **kw):
+        result = tasks.build([config.load([], base + list(params))], **kw)
+        assert result.ok, result.summary
+        text = log.read_text() if log.exists() else ""
+        log.write_text("")
+        return sorted(text.split())
+
+    return build
+
+
+TWO = 'fit.Config.sources = ("code", "web")'
+
+
+def test_the_tree_of_two_sources():
+    t = dag.tree(("code", "web"))
+    assert list(t.nodes) == ["download[code]", "download[web]", "clean[code]", "clean[web]", "tokenizer",
+                             "shard[code]", "shard[web]", "yardsticks", "train", "evaluate", "export"]
+    assert t.upstream("shard[web]") == ("clean[web]", "tokenizer")
+    assert t.upstream("tokenizer") == ("clean[code]", "clean[web]")
+    assert t.upstream("evaluate") == ("train", "shard[code]", "shard[web]", "tokenizer", "yardsticks",
+                                      "clean[code]", "clean[web]")
+    # a source's own stage reads its chain by stage name, as in a one-source run; fan-in keeps the source
+    assert t.input_names("shard[web]") == {"clean[web]": "clean", "tokenizer": "tokenizer"}
+    assert t.input_names("tokenizer") == {"clean[code]": "clean[code]", "clean[web]": "clean[web]"}
+    assert t.select("clean") == ["clean[code]", "clean[web]"] and t.select("clean[web]") == ["clean[web]"]
+    with pytest.raises(ValueError, match=r"unknown stage 'clean\[docs\]'; stages are: download\[code\], "):
+        t.select("clean[docs]")
+    assert dag.tree().nodes == {s: (s, ups) for s, (_, ups) in dag.STAGES.items()}   # one source: the DAG
+
+
+def test_a_weight_change_reruns_only_training_and_what_follows(tree_run):
+    assert tree_run(TWO) == sorted(["fetch[code]", "fetch[web]", "wash[code]", "wash[web]", "vocab",
+                                    "cut[code]", "cut[web]", "fit", "score"])
+    assert tree_run(TWO) == []
+    assert tree_run(TWO, "fit.Config.value = 3") == ["fit", "score"]
+
+
+def test_one_sources_cleaning_reruns_its_chain_and_what_reads_it_never_the_other_sources_text(tree_run):
+    tree_run(TWO)
+    # The tokenizer samples every source's clean text, so it follows; every shard then holds new token ids.
+    # The other source's download and clean are never touched.
+    assert tree_run(TWO, "code/wash.Config.value = 5") == sorted(
+        ["wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "score"])
+
+
+def test_adding_a_source_reuses_the_chain_a_one_source_run_built(tree_run):
+    tree_run('fit.Config.sources = ("web",)')
+    # one named source: its chain's keys are a one-source run's (its stages read each other by stage name)
+    ran = tree_run(TWO)
+    assert "fetch[web]" not in ran and "wash[web]" not in ran
+    assert ran == sorted(["fetch[code]", "wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "score"])
+
+
+def test_force_and_stage_name_a_sources_node_or_every_sources(tree_run, tmp_path, capsys):
+    tree_run(TWO)
+    assert tree_run(TWO, force=["cut[web]"]) == ["cut[web]", "fit", "score"]
+    assert tree_run(TWO, force=["cut"]) == ["cut[code]", "cut[web]", "fit", "score"]
+    assert tree_run(TWO, targets=["wash[code]"], force=["wash[code]"]) == ["wash[code]"]
+    names = [f'{s}.Config.name = "{s}"' for s in STAGES]
+    names += [f'{src}/{s}.Config.name = "{s}[{src}]"' for src in ("code", "web") for s in PER_SOURCE]
+    root = f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"'
+    (tmp_path / "run.gin").write_text("\n".join([root, TWO, *names]) + "\n")
+    assert cli.main(["status", "--gin", str(tmp_path / "run.gin")]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == list(dag.tree(("code", "web")).nodes)
+    assert {r[2] for r in rows} == {"cached"}
+    assert cli.main(["run", "--gin", str(tmp_path / "run.gin"), "--stage", "wash[docs]"]) == 2
+    assert "error: unknown stage 'wash[docs]'" in capsys.readouterr().err
+
+
+def test_the_prose_code_run_file_keys_follow_the_tree():
+    """The real run file: a weight change moves only train, evaluate and export; a code cleaning change
+    leaves prose's download and clean alone; prose's chain has the keys of the one-source embedded run."""
+    gin = ["gin/mixtures/prose_code.gin"]
+    plan = config.load(gin)
+    assert plan.tree.sources == ("code", "prose")
+    keys = {n: sp.key for n, sp in plan.stages.items()}
+    reweighed = config.load(gin, ['train.Mixture.phases = ((0, {"prose": 0.5, "code": 0.5}),)'])
+    assert [n for n, sp in reweighed.stages.items() if sp.key != keys[n]] == ["train", "evaluate", "export"]
+    recleaned = config.load(gin, ["code/clean.Config.min_chars = 300"])
+    changed = [n for n, sp in recleaned.stages.items() if sp.key != keys[n]]
+    assert "clean[code]" in changed
+    assert not {"download[code]", "download[prose]", "clean[prose]"} & set(changed)
+    one = config.load(["gin/tiny.gin"])
+    assert keys["download[prose]"] == one.stages["download"].key
+    assert keys["clean[prose]"] == one.stages["clean"].key
