@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             return _error(str(e))
         print(status_table(plan, targets=_targets(plan, args), check_cache=not unfilled))
-        for line in _stage_plans(plan, _targets(plan, args), args.compile):
+        for line in _stage_plans(plan, _targets(plan, args), args.compile, read_cache=not unfilled):
             print(line)
         if slices:
             print(slices)
@@ -128,9 +128,11 @@ def _error(message: str) -> int:
     return 2
 
 
-def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None) -> list[str]:
+def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
+                 read_cache: bool = False) -> list[str]:
     """Each stage's own plan (its optional `plan(config, compile=...)`: the train stage's memory and time,
-    and with `compile` XLA's figure for the named TPU topology)."""
+    and with `compile` XLA's figure for the named TPU topology), and with `read_cache` what its committed
+    inputs add (`plan_inputs(config, inputs)`: a mixture's tokens and epochs per source)."""
     out = []
     for stage in plan.tree.closure(*targets):
         fn = getattr(dag.module(stage), "plan", None)
@@ -139,6 +141,10 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None) 
                 out.append(fn(plan.stages[stage].config, compile=compile))
         except ValueError as e:      # the config cannot be planned (a mesh that does not tile the chips)
             raise ValueError(f"{stage}: {e}") from None
+        # what the stage's inputs in the cache say of its plan (train: the mixture's tokens and epochs)
+        fn = getattr(dag.module(stage), "plan_inputs", None) if read_cache else None
+        if fn is not None and (text := fn(plan.stages[stage].config, checks.inputs(plan, stage))):
+            out.append(text)
     return out
 
 

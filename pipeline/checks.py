@@ -128,4 +128,15 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         if upstream is not None and (problem := upstream(cfg, {sp.input_names.get(u.name, u.name): u.config
                                                                 for u in sp.upstream_plans})):
             return f"{stage}: {problem}"
+        # A stage's config against what the cache already holds of its inputs (train: a mixture that would
+        # repeat a source past its limit, counted from the committed shards' manifests).
+        committed = getattr(module, "check_inputs", None)
+        if committed is not None and (problem := committed(cfg, inputs(plan, stage))):
+            return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""
+
+
+def inputs(plan: Plan, node: str) -> dict:
+    """{the name `node`'s stage reads each input by: its committed output, or None when not built yet}."""
+    sp = plan.stages[node]
+    return {sp.input_names.get(u, u): plan.committed(u) for u in sp.upstream}

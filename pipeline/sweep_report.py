@@ -59,7 +59,7 @@ class Result:
     seed: int
     evaluation: dict                    # evaluate's eval.json
     metrics: list[dict]                 # train's metrics.jsonl rows
-    data_keys: dict[str, str]           # {stage upstream of train: its key}
+    data_keys: dict[str, str]           # {node upstream of train (clean; clean[code] in a mixture): its key}
 
 
 def collect(runs) -> list[Result]:
@@ -77,7 +77,7 @@ def collect(runs) -> list[Result]:
         lines = storage.read_text(done["train"].file("metrics.jsonl")).splitlines()
         rows = [json.loads(line) for line in lines if line.strip()]
         out.append(Result(run.variant, run.seed, storage.read_json(done["evaluate"].file("eval.json")), rows,
-                          {stage: plan.stages[stage].key for stage in DATA_STAGES}))
+                          {node: sp.key for node, sp in plan.stages.items() if sp.stage in DATA_STAGES}))
     return out
 
 
@@ -142,13 +142,30 @@ def pairs(variants: list[str]) -> list[tuple[str, str]]:
 def own_split(by_variant: dict[str, list[Result]]) -> dict:
     """Each variant's own validation loss and bits per byte (mean over seeds, and per seed), whether the
     variants are comparable on them, and the stages upstream of train whose keys differ."""
-    differs = [stage for stage in DATA_STAGES
-               if len({r.data_keys.get(stage) for runs in by_variant.values() for r in runs}) > 1]
-    return {"comparable": not differs, "differs_at": differs,
-            "variants": {v: {metric: {"mean": _mean([r.evaluation.get(metric) for r in runs]),
-                                      "seeds": {r.seed: r.evaluation.get(metric) for r in runs}}
-                             for metric in OWN_SPLIT}
+    results = [r for runs in by_variant.values() for r in runs]
+    nodes = list(dict.fromkeys(node for r in results for node in r.data_keys))
+    differs = [node for node in nodes if len({r.data_keys.get(node) for r in results}) > 1]
+    metrics = own_metrics(results)
+    return {"comparable": not differs, "differs_at": differs, "metrics": metrics,
+            "variants": {v: {metric: {"mean": _mean([own_value(r.evaluation, metric) for r in runs]),
+                                      "seeds": {r.seed: own_value(r.evaluation, metric) for r in runs}}
+                             for metric in metrics}
                          for v, runs in by_variant.items()}}
+
+
+def own_metrics(results: list[Result]) -> list[str]:
+    """OWN_SPLIT, then each source's bits per byte in a mixture (`bits_per_byte[code]`): how the mixture
+    traded one source's text for another's."""
+    sources = sorted({s for r in results for s in r.evaluation.get("sources", {})})
+    return [*OWN_SPLIT, *(f"bits_per_byte[{s}]" for s in sources)]
+
+
+def own_value(evaluation: dict, metric: str):
+    """An eval.json's value of an `own_metrics` name, or None."""
+    name, _, source = metric.partition("[")
+    if source:
+        return evaluation.get("sources", {}).get(source.rstrip("]"), {}).get(name)
+    return evaluation.get(metric)
 
 
 def summary(decision: dict) -> str:
@@ -201,10 +218,10 @@ def markdown(name: str, decision: dict) -> str:
             "Every variant trained on the same data (the same shard key), so these are comparable too.")
     heading = "a training diagnostic" + ("" if own["comparable"] else f": {NOT_COMPARABLE}")
     lines += ["", f"## Own validation split ({heading})", "", mark, "",
-              "| variant | " + " | ".join(OWN_SPLIT) + " |", "|---|" + "---|" * len(OWN_SPLIT)]
+              "| variant | " + " | ".join(own["metrics"]) + " |", "|---|" + "---|" * len(own["metrics"])]
     for v in variants:
         row = [f"{_num(m['mean'], '.4f')} ({', '.join(_num(x, '.4f') for x in m['seeds'].values())})"
-               for m in (own["variants"][v][metric] for metric in OWN_SPLIT)]
+               for m in (own["variants"][v][metric] for metric in own["metrics"])]
         lines.append(f"| {v} | " + " | ".join(row) + " |")
     lines += ["", "![yardsticks by variant: mean over seeds, interval, seeds as dots](comparison.png)", "",
               "![in-loop curves: seeds thin, mean over seeds bold](curves.png)", ""]
@@ -223,7 +240,8 @@ def write_results(name: str, results: list[Result], out: str) -> str:
     """`write`, from results already collected (tests fabricate them), into the folder `out`."""
     decision = decide(results)
     per_variant = {v: {"seeds": decision["seeds"][v],
-                       **{m: decision["own_split"]["variants"][v][m]["mean"] for m in OWN_SPLIT},
+                       **{m: decision["own_split"]["variants"][v][m]["mean"]
+                          for m in decision["own_split"]["metrics"]},
                        "yardsticks": {n: t["variants"][v] for n, t in decision["yardsticks"].items()
                                       if v in t["variants"]}}
                    for v in decision["variants"]}

@@ -36,9 +36,10 @@ FILES_PER_UNIT = 8   # ~75 units for the whole stdlib: enough to spread over sha
 DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def units(max_files: int = 0, include_topics: bool = True) -> list[tuple[str, ...]]:
-    """Sorted batches of stdlib-relative `.py` paths; `max_files` > 0 keeps the first N modules."""
-    files = [f for f in _stdlib_files() if f != TOPICS]
+def units(max_files: int = 0, include_topics: bool = True, skip: int = 0) -> list[tuple[str, ...]]:
+    """Sorted batches of stdlib-relative `.py` paths; `max_files` > 0 keeps the first N modules (after the
+    first `skip`)."""
+    files = [f for f in _stdlib_files() if f != TOPICS][skip:]
     if max_files:
         files = files[:max_files]
     if include_topics:

@@ -61,15 +61,17 @@ class EmbeddedCode:
     module; `max_files` keeps the first N in sorted order); no network. Code for a prose + code mixture."""
 
     max_files: int = 0            # 0 = every stdlib module
+    skip_files: int = 0           # leave out the first N modules: a held-out code set past a training one
 
     def __post_init__(self):
         _check_at_least("EmbeddedCode.max_files", self.max_files, 0)
+        _check_at_least("EmbeddedCode.skip_files", self.skip_files, 0)
 
     def fingerprint(self) -> dict:
         return {"corpus": embedded.version(), "kind": "code"}
 
     def units(self) -> list[tuple[str, ...]]:
-        return embedded.units(self.max_files, include_topics=False)
+        return embedded.units(self.max_files, include_topics=False, skip=self.skip_files)
 
     def read(self, unit: tuple[str, ...]) -> Iterator[dict]:
         return embedded.read_code(unit)

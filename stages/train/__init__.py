@@ -138,6 +138,54 @@ def check(config: Config) -> str:
     return ""
 
 
+def check_inputs(config: Config, inputs: Mapping) -> str:
+    """The pre-run check against what the cache holds (pipeline/checks.py), in one line, or "": a mixture that
+    would read a source past train.Mixture.max_epochs, when every source's shard stage is committed (a
+    weight change over cached data is refused before anything runs; otherwise `run` refuses it before
+    compiling). `inputs`: {the name train reads it by: committed output or None}."""
+    if config.mixture is None:
+        return ""
+    shards = _shards_of(inputs)
+    if any(c is None for c in shards.values()):
+        return ""
+    return config.mixture.problem(steps=config.steps, global_batch=config.global_batch,
+                                  windows=mixture_windows(config, shards))
+
+
+def plan_inputs(config: Config, inputs: Mapping) -> str:
+    """`make plan`'s mixture table: per phase and source the weight, the tokens asked for and the epochs they
+    make of the source's training tokens (from its shard manifest, once the shard stage is committed)."""
+    if config.mixture is None:
+        return ""
+    shards = _shards_of(inputs)
+    windows = mixture_windows(config, {s: c for s, c in shards.items() if c is not None})
+    mix, tokens_per_row = config.mixture, config.seq_len
+    rows = [("phase", "steps", "source", "weight", "tokens asked", "tokens held", "epochs")]
+    for p, (start, end, asked) in enumerate(mix.phase_rows(config.steps, config.global_batch)):
+        for source, n in asked.items():
+            held = windows.get(source)
+            rows.append((str(p), f"{start}-{end}", source, f"{float(mix.fractions(p)[source]):.3f}",
+                         f"{n * tokens_per_row:,}",
+                         f"{held * tokens_per_row:,}" if held else "not sharded yet",
+                         f"{n / held:.2f}" if held else "-"))
+    total = mix.epochs(config.steps, config.global_batch, windows) if len(windows) == len(shards) else {}
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["mixture (train.Mixture, by tokens; epochs = passes over a source's training tokens):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if total:
+        lines.append("  whole run: " + ", ".join(f"{s} {e:.2f} epochs" for s, e in total.items()) +
+                     f" (limit {mix.max_epochs:g})")
+    if problem := check_inputs(config, inputs):
+        lines.append(f"  REFUSED: {problem}")
+    return "\n".join(lines)
+
+
+def _shards_of(inputs: Mapping) -> dict:
+    """{source: committed shard or None} of train's inputs ("" for a one-source run)."""
+    return {name.partition("[")[2].rstrip("]"): c for name, c in inputs.items()
+            if name.partition("[")[0] == "shard"}
+
+
 def check_mixture(config: Config, shards: Mapping) -> None:
     """Refuses, before anything compiles, a mixture that would read a source past train.Mixture.max_epochs
     (counted from the shard manifests' token counts), in one line."""

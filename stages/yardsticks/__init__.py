@@ -129,9 +129,9 @@ def first_text_problem(source) -> str:
                 if doc.get("error"):
                     errors[doc["error"]] = errors.get(doc["error"], 0) + 1
     except (OSError, ValueError, EOFError) as e:
-        return f"cannot read {', '.join(source.paths)}: {type(e).__name__}: {e}"
+        return f"cannot read {described(source)}: {type(e).__name__}: {e}"
     why = "; ".join(f"{n} record(s) {reason}" for reason, n in sorted(errors.items()))
-    return (f"{', '.join(source.paths)} hold no document with text ({why or 'the files are empty'}); a "
+    return (f"{described(source)} hold no document with text ({why or 'the files are empty'}); a "
             "reference set needs text to score")
 
 
@@ -178,9 +178,16 @@ def reference_documents(config: Config):
                  if doc.get("text"))
         docs = list(itertools.islice(found, cap))
         if not docs:
-            raise ValueError(f"yardsticks.Config.reference_files[{name!r}]: {source.paths} hold no document "
-                             f"with text")
-        yield name, f"files: {', '.join(source.paths)}", docs
+            raise ValueError(f"yardsticks.Config.reference_files[{name!r}]: {described(source)} hold no "
+                             "document with text")
+        yield name, f"files: {described(source)}", docs
+
+
+def described(source) -> str:
+    """What a reference set from a download source reads: its paths (`download.Files`), else the source
+    itself (`EmbeddedCode(max_files=40, skip_files=450)`)."""
+    paths = getattr(source, "paths", None)
+    return ", ".join(paths) if paths else repr(source)
 
 
 def summary(out) -> str:

@@ -1,0 +1,105 @@
+"""The prose + code mixture (gin/mixtures/prose_code.gin) through the whole tree, small: each source's own
+download, clean and shard, one tokenizer, training on the mixture, evaluation per source and per domain,
+export. One run shared by the tests of this file; each later command is counted from its status table."""
+
+import contextlib
+import io
+
+import pytest
+
+from pipeline import __main__ as cli
+from pipeline import config
+from stages.io import storage
+from tests.conftest import REPO
+from tests.test_end_to_end import SMALL
+
+GIN = f"{REPO}/gin/mixtures/prose_code.gin"
+MIX_SMALL = [*SMALL, "code/download.EmbeddedCode.max_files = 24",
+             "stdlib_code/download.EmbeddedCode.max_files = 4"]
+TREE = ["download[code]", "download[prose]", "clean[code]", "clean[prose]", "tokenizer", "shard[code]",
+        "shard[prose]", "yardsticks", "train", "evaluate", "export"]
+
+
+def _argv(root, *extra):
+    return ["--gin", GIN, "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
+            *[a for p in MIX_SMALL + list(extra) for a in ("--gin-param", p)]]
+
+
+def _ran(out: str) -> list[str]:
+    rows = [line.split() for line in out.splitlines()[1:]]
+    return [row[0] for row in rows if len(row) > 2 and row[2] == "ran"]
+
+
+@pytest.fixture(scope="module")
+def mixture_run(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("mixture") / "cache")
+    out = io.StringIO()        # the CLI's status table, read back: a module fixture has no capsys
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["run", *_argv(root)])
+    assert code == 0, out.getvalue()[-3000:]
+    return root, out.getvalue()
+
+
+def _plan(root, *extra):
+    return config.load([GIN], [f'pipeline.Settings.cache_root = "{root}"', *MIX_SMALL, *extra])
+
+
+def test_the_whole_tree_runs_and_each_source_is_scored_on_its_own(mixture_run):
+    root, out = mixture_run
+    assert _ran(out) == TREE
+    plan = _plan(root)
+    done = {node: plan.committed(node) for node in plan.stages}
+    assert all(done.values()), [n for n, d in done.items() if d is None]
+    evaluation = storage.read_json(done["evaluate"].file("eval.json"))
+    assert set(evaluation["sources"]) == {"code", "prose"}
+    for s in evaluation["sources"].values():
+        assert s["bits_per_byte"] > 0 and s["tokens"] > 0 and s["val_bytes"] > 0
+    # pooled: every source's evaluated tokens
+    assert evaluation["tokens"] == sum(s["tokens"] for s in evaluation["sources"].values())
+    assert "stdlib_code" in evaluation["reference_bpb"] and "aesop_fables" in evaluation["reference_bpb"]
+    assert set(evaluation["contamination"]) == {"code", "prose"}
+    report = storage.read_text(done["evaluate"].file("report.md"))
+    assert "## Sources (each one's validation split)" in report and "| code |" in report
+    # the sampler's realized shares: 12 steps x 4 rows at 0.75 / 0.25 -> exactly 36 and 12 rows
+    summary = storage.read_json(done["train"].file("summary.json"))
+    assert {s: m["rows"] for s, m in summary["mixture"].items()} == {"code": 12, "prose": 36}
+    assert storage.read_json(done["export"].file("config.json"))["architectures"] == ["LlamaForCausalLM"]
+    # the tokenizer sampled both sources, equal characters each by default
+    stats = storage.read_json(done["tokenizer"].file("stats.json"))
+    assert set(stats["sources"]) == {"code", "prose"}
+    assert stats["sources"]["code"]["share"] == stats["sources"]["prose"]["share"] == 0.5
+    # the card names each source's stages with its own key
+    card = storage.read_text(done["export"].file("README.md"))
+    for node in ("download[code]", "clean[prose]", "shard[code]"):
+        assert f"| {node} | `{plan.stages[node].key}` |" in card
+
+
+def test_a_weight_change_reruns_train_evaluate_and_export_only(mixture_run, capsys):
+    root, _ = mixture_run
+    weights = 'train.Mixture.phases = ((0, {"prose": 0.5, "code": 0.5}),)'
+    assert cli.main(["run", *_argv(root, weights)]) == 0
+    assert _ran(capsys.readouterr().out) == ["train", "evaluate", "export"]
+    summary = storage.read_json(_plan(root, weights).committed("train").file("summary.json"))
+    assert {s: m["rows"] for s, m in summary["mixture"].items()} == {"code": 24, "prose": 24}
+
+
+def test_a_source_past_its_repetition_limit_is_refused_before_work(mixture_run, capsys):
+    root, _ = mixture_run
+    argv = _argv(root, "train.Mixture.max_epochs = 0.0001")
+    assert cli.main(["run", *argv]) == 2
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: train: train.Mixture: source 'code' would be read ")
+    assert "past max_epochs=0.0001; lower its weight, raise train.Mixture.max_epochs" in err[0]
+    assert _plan(root, "train.Mixture.max_epochs = 0.0001").committed("train") is None
+    # make plan shows the same numbers: tokens asked and held per source, the epochs, the refusal
+    assert cli.main(["plan", *argv]) == 0
+    table = capsys.readouterr().out
+    assert "mixture (train.Mixture, by tokens" in table and "REFUSED: train.Mixture: source" in table
+
+
+def test_status_shows_the_tree(mixture_run, capsys):
+    root, _ = mixture_run
+    assert cli.main(["status", *_argv(root)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[0] for r in rows] == TREE and {r[2] for r in rows} == {"cached"}
