@@ -98,6 +98,8 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     settings = _build("pipeline.Settings", registry, gin_files, gin_params)
     built = {name: _build(f"{name}.Config", registry, gin_files, gin_params) for name in dag.STAGES}
     tree = dag.tree(_sources(built))
+    if problem := _stray_scope(tree.sources):
+        raise ConfigError(problem)
     stages: dict[str, StagePlan] = {}
     for node, (name, ups) in tree.nodes.items():
         module = dag.module(name)
@@ -118,6 +120,36 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
                                  input_names=tree.input_names(node))
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params, tree)
+
+
+def _stray_scope(sources: tuple[str, ...]) -> str:
+    """A binding in a gin scope that nothing reads, in one line, or "": its scope is neither a source of the run
+    (`code/clean.Config...`) nor named by a reference (`@c4_val/download.Files()`). gin would ignore it
+    silently; a misspelled source (`cdoe/clean.Config.min_chars`) would then clean with the defaults."""
+    referenced: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if hasattr(value, "_scopes") and hasattr(value, "_selector"):      # a gin @reference or %macro
+            referenced.update(getattr(value, "_scopes") or ())
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    bindings = gin.config._CONFIG           # {(scope, selector): {parameter: value}}
+    for params in bindings.values():
+        for value in params.values():
+            walk(value)
+    for (scope, selector), params in bindings.items():
+        top = scope.split("/")[0] if scope else ""
+        if top and top not in sources and top not in referenced:
+            name = f"{scope}/{selector}.{next(iter(params), '')}"
+            known = f"its sources are {', '.join(sources)}" if sources else "it has one source and no scopes"
+            return (f"{name} is bound in gin scope {top!r}, which no stage reads: {top!r} is not a source of "
+                    f"this run ({known}; train.Mixture names them) and no @{top}/... reference uses it")
+    return ""
 
 
 def _sources(built: dict[str, Any]) -> tuple[str, ...]:

@@ -54,6 +54,7 @@ def test_the_whole_tree_runs_and_each_source_is_scored_on_its_own(mixture_run):
     assert set(evaluation["sources"]) == {"code", "prose"}
     for s in evaluation["sources"].values():
         assert s["bits_per_byte"] > 0 and s["tokens"] > 0 and s["val_bytes"] > 0
+        assert 0 < s["clean"]["docs_kept"] <= s["clean"]["docs_in"]      # each source's cleaning, beside it
     # pooled: every source's evaluated tokens
     assert evaluation["tokens"] == sum(s["tokens"] for s in evaluation["sources"].values())
     assert "stdlib_code" in evaluation["reference_bpb"] and "aesop_fables" in evaluation["reference_bpb"]

@@ -125,8 +125,12 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         found = harness.run_tasks(lm, config.harness_tasks, limit=config.harness_limit or None,
                                   include_path=config.harness_include_path or None)
         result["metrics"]["harness"] = found["results"]      # lm-eval's timings and configs are not kept
-    # a mixture: each source's training text checked on its own (the report sums them)
+    # a mixture: each source's training text checked on its own, and its cleaning's figures beside its scores
     cleans = by_source(inputs, "clean")
+    for source, clean in cleans.items():
+        if source:
+            stats = storage.read_json(clean.file("stats.json"))
+            result["metrics"]["sources"][source]["clean"] = {k: stats[k] for k in CLEAN_FIGURES}
     found = {source: contamination(clean, inputs["yardsticks"]) for source, clean in cleans.items()}
     result["metrics"]["contamination"] = found.get("", found)
     storage.write_json(storage.join(out_dir, "eval.json"), result["metrics"])
@@ -171,6 +175,9 @@ def _stale_check(check, scored) -> str:
                     f"{field}) or set it to () for no check")
     return ""
 
+
+# What the report shows of each source's cleaning (clean's stats.json), side by side
+CLEAN_FIGURES = ("docs_in", "docs_kept", "chars_in", "chars_kept")
 
 # The clean stage's contamination report (its `contamination.FILE`), read through clean's committed files.
 CONTAMINATION = "contamination.json"

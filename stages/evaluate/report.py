@@ -151,9 +151,14 @@ def source_table(m: dict) -> list[str]:
     lines = ["## Sources (each one's validation split)", "",
              "Each source's held-out text in its own shards: a diagnostic of what the mixture taught, not a "
              "yardstick (another mixture's sources are other text).", "",
-             "| source | val loss | bits per byte | val tokens | val bytes |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {s['loss']:.4f} | {s['bits_per_byte']:.4f} | {s['tokens']:,} | "
-              f"{s['val_bytes']:,} |" for name, s in sources.items()]
+             "| source | val loss | bits per byte | val tokens | val bytes | documents kept by clean | "
+             "characters kept |", "|---|---|---|---|---|---|---|"]
+    for name, s in sources.items():
+        c = s.get("clean")
+        kept = (f"{c['docs_kept']:,} of {c['docs_in']:,} | {c['chars_kept']:,} of {c['chars_in']:,}" if c else
+                " | ")
+        lines.append(f"| {name} | {s['loss']:.4f} | {s['bits_per_byte']:.4f} | {s['tokens']:,} | "
+                     f"{s['val_bytes']:,} | {kept} |")
     return lines + [""]
 
 

@@ -22,7 +22,6 @@ def tree_run(monkeypatch, tmp_path):
     log = tmp_path / "runs.log"
     base = [f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"']
     base += [f'{s}.Config.name = "{s}"' for s in STAGES] + [f'{s}.Config.log = "{log}"' for s in STAGES]
-    base += [f'{src}/{s}.Config.name = "{s}[{src}]"' for src in ("code", "web") for s in PER_SOURCE]
 
     def build(*params, **kw):
         result = tasks.build([config.load([], base + list(params))], **kw)
@@ -34,7 +33,13 @@ def tree_run(monkeypatch, tmp_path):
     return build
 
 
-TWO = 'fit.Config.sources = ("code", "web")'
+def _sources(*names: str) -> list[str]:
+    """The bindings of a run with these sources: the list, and each source's stages named after their node."""
+    return [f"fit.Config.sources = {tuple(names)!r}",
+            *(f'{src}/{s}.Config.name = "{s}[{src}]"' for src in names for s in PER_SOURCE)]
+
+
+TWO = _sources("code", "web")
 
 
 def test_the_tree_of_two_sources():
@@ -55,37 +60,36 @@ def test_the_tree_of_two_sources():
 
 
 def test_a_weight_change_reruns_only_training_and_what_follows(tree_run):
-    assert tree_run(TWO) == sorted(["fetch[code]", "fetch[web]", "wash[code]", "wash[web]", "vocab",
+    assert tree_run(*TWO) == sorted(["fetch[code]", "fetch[web]", "wash[code]", "wash[web]", "vocab",
                                     "cut[code]", "cut[web]", "fit", "score"])
-    assert tree_run(TWO) == []
-    assert tree_run(TWO, "fit.Config.value = 3") == ["fit", "score"]
+    assert tree_run(*TWO) == []
+    assert tree_run(*TWO, "fit.Config.value = 3") == ["fit", "score"]
 
 
 def test_one_sources_cleaning_reruns_its_chain_and_what_reads_it_never_the_other_sources_text(tree_run):
-    tree_run(TWO)
+    tree_run(*TWO)
     # The tokenizer samples every source's clean text, so it follows; every shard then holds new token ids.
     # The other source's download and clean are never touched.
-    assert tree_run(TWO, "code/wash.Config.value = 5") == sorted(
+    assert tree_run(*TWO, "code/wash.Config.value = 5") == sorted(
         ["wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "score"])
 
 
 def test_adding_a_source_reuses_the_chain_a_one_source_run_built(tree_run):
-    tree_run('fit.Config.sources = ("web",)')
+    tree_run(*_sources("web"))
     # one named source: its chain's keys are a one-source run's (its stages read each other by stage name)
-    ran = tree_run(TWO)
+    ran = tree_run(*TWO)
     assert "fetch[web]" not in ran and "wash[web]" not in ran
     assert ran == sorted(["fetch[code]", "wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "score"])
 
 
 def test_force_and_stage_name_a_sources_node_or_every_sources(tree_run, tmp_path, capsys):
-    tree_run(TWO)
-    assert tree_run(TWO, force=["cut[web]"]) == ["cut[web]", "fit", "score"]
-    assert tree_run(TWO, force=["cut"]) == ["cut[code]", "cut[web]", "fit", "score"]
-    assert tree_run(TWO, targets=["wash[code]"], force=["wash[code]"]) == ["wash[code]"]
+    tree_run(*TWO)
+    assert tree_run(*TWO, force=["cut[web]"]) == ["cut[web]", "fit", "score"]
+    assert tree_run(*TWO, force=["cut"]) == ["cut[code]", "cut[web]", "fit", "score"]
+    assert tree_run(*TWO, targets=["wash[code]"], force=["wash[code]"]) == ["wash[code]"]
     names = [f'{s}.Config.name = "{s}"' for s in STAGES]
-    names += [f'{src}/{s}.Config.name = "{s}[{src}]"' for src in ("code", "web") for s in PER_SOURCE]
     root = f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"'
-    (tmp_path / "run.gin").write_text("\n".join([root, TWO, *names]) + "\n")
+    (tmp_path / "run.gin").write_text("\n".join([root, *TWO, *names]) + "\n")
     assert cli.main(["status", "--gin", str(tmp_path / "run.gin")]) == 0
     rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[0] for r in rows] == list(dag.tree(("code", "web")).nodes)
@@ -110,3 +114,14 @@ def test_the_prose_code_run_file_keys_follow_the_tree():
     one = config.load(["gin/tiny.gin"])
     assert keys["download[prose]"] == one.stages["download"].key
     assert keys["clean[prose]"] == one.stages["clean"].key
+
+
+def test_a_binding_in_a_scope_no_stage_reads_is_one_error_line():
+    """A misspelled source would otherwise clean with the defaults, silently."""
+    with pytest.raises(config.ConfigError) as e:
+        config.load(["gin/mixtures/prose_code.gin"], ["cdoe/clean.Config.min_chars = 5"])
+    assert str(e.value) == ("cdoe/clean.Config.min_chars is bound in gin scope 'cdoe', which no stage reads: "
+                            "'cdoe' is not a source of this run (its sources are code, prose; train.Mixture "
+                            "names them) and no @cdoe/... reference uses it")
+    config.load(["gin/tiny.gin"], ['c4/download.Files.paths = ["x.jsonl"]',      # a referenced scope is read
+                                   'yardsticks.Config.reference_files = {"c4": @c4/download.Files()}'])
