@@ -123,14 +123,14 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
 
 
 def _stray_scope(sources: tuple[str, ...]) -> str:
-    """A binding in a gin scope that nothing reads, in one line, or "": its scope is neither a source of the run
-    (`code/clean.Config...`) nor named by a reference (`@c4_val/download.Files()`). gin would ignore it
+    """A binding in a gin scope that nothing reads, in one line, or "": its scope is neither a source of the
+    run (`code/clean.Config...`) nor named by a reference (`@c4_val/download.Files()`). gin would ignore it
     silently; a misspelled source (`cdoe/clean.Config.min_chars`) would then clean with the defaults."""
     referenced: set[str] = set()
 
     def walk(value: Any) -> None:
         if hasattr(value, "_scopes") and hasattr(value, "_selector"):      # a gin @reference or %macro
-            referenced.update(getattr(value, "_scopes") or ())
+            referenced.update(value._scopes or ())
         elif isinstance(value, dict):
             for v in value.values():
                 walk(v)
