@@ -200,9 +200,11 @@ def summary(out) -> str:
     m = storage.read_json(out.file("eval.json"))
     refs = "".join(f"; {name} {r['bpb']:.3f} bits/byte [{r['low']:.3f}, {r['high']:.3f}]"
                    for name, r in m.get("reference_bpb", {}).items())
+    by_source = ", ".join(f"{name} {s['bits_per_byte']:.3f}" for name, s in m.get("sources", {}).items())
+    sources = f" ({by_source})" if by_source else ""          # a mixture: each source's own split
     return (f"val loss {m['loss']:.3f} nats/token (unigram entropy {m['unigram_entropy']:.3f}), "
-            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte{refs}{_aggregate(m)}; report: "
-            f"{out.file('report.md')}")
+            f"ppl {m['perplexity']:.1f}, {m['bits_per_byte']:.3f} bits/byte{sources}{refs}{_aggregate(m)}; "
+            f"report: {out.file('report.md')}")
 
 
 def _aggregate(m: dict) -> str:

@@ -368,6 +368,8 @@ def finish(run: Run, params, opt_state, out_dir: str, local_out: str, last: dict
         summary["mixture"] = {s: {"rows": rows[s], "tokens": rows[s] * cfg.seq_len,
                                   "share": rows[s] / (cfg.steps * cfg.global_batch),
                                   "epochs": rows[s] / run.batches.num_windows[s]} for s in rows}
+        log.info("mixture: %s", ", ".join(f"{s} {m['tokens']:,} tokens ({m['share']:.1%}, {m['epochs']:.2f} "
+                                          "epochs)" for s, m in summary["mixture"].items()))
     if process_index == 0:
         _publish(local_out, out_dir, summary)
     return summary

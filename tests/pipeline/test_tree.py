@@ -5,7 +5,7 @@ with fake stages (tests/pipeline/fake_stage.py), and the keys of the real prose 
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline import config, dag, tasks
+from pipeline import checks, config, dag, tasks
 
 FAKE = "tests.pipeline.fake_stage"
 # The real tree's shape under other names (gin registers a configurable once per name, and the real stages'
@@ -111,6 +111,10 @@ def test_the_prose_code_run_file_keys_follow_the_tree():
     changed = [n for n, sp in recleaned.stages.items() if sp.key != keys[n]]
     assert "clean[code]" in changed
     assert not {"download[code]", "download[prose]", "clean[prose]"} & set(changed)
+    assert checks.cannot_run(plan, ["train", "evaluate"]) == ""       # what a run checks before work
+    for source in ("code", "prose"):      # each source's shard guards one training sequence
+        guard = plan.stages[f"shard[{source}]"].config.min_val_tokens
+        assert guard >= plan.stages["train"].config.seq_len + 1
     one = config.load(["gin/tiny.gin"])
     assert keys["download[prose]"] == one.stages["download"].key
     assert keys["clean[prose]"] == one.stages["clean"].key
