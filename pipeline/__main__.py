@@ -7,6 +7,9 @@
     python -m pipeline plan   --gin gin/600b.gin --days 30   # and the smallest TPU slice that trains it in 30
     python -m pipeline sweep  --gin gin/sweeps/lr.gin # every variant in one build, then a comparison
 
+A run with several sources (train.Mixture) is a tree of nodes (`clean[code]`, pipeline/dag.py): `--stage`
+names a node, or a stage for every source's instance of it (`--stage clean --force` recleans them all).
+
 T5X habits work too: `--gin_file=F` is `--gin F` and `--gin.NAME=VALUE` is `--gin-param NAME=VALUE`.
 `--overrides 'a.b=1 c.d="x y"'` takes many bindings in one string (how the Makefile passes
 OVERRIDES through untouched). The exit status is non-zero when any stage fails.

@@ -3,6 +3,7 @@
     make pipeline                                          (gin/tiny.gin: a tiny model, minutes on CPU)
     make pipeline OVERRIDES='train.OptimizerConfig.learning_rate=1e-3'   (reruns train and evaluate)
     make pipeline GIN=gin/600b.gin                         (the flagship; gin/twins/600b.gin on a CPU)
+    make pipeline GIN=gin/mixtures/prose_code.gin          (a mixture of sources: train.Mixture, mixture.py)
 
 Writes into `out_dir`: `checkpoint/` (the final Orbax checkpoint: params, optimizer state, step),
 `metrics.jsonl`, `tensorboard/`, `summary.json`; the cache adds `config.gin`. Periodic checkpoints
@@ -12,7 +13,8 @@ have seen.
 
 Modules, one job each: `model.py` (the decoder), `attention.py` (the only place kernels are chosen),
 `sharding.py` (mesh and logical axes), `optimizer.py`, `loss.py` (chunked cross entropy),
-`data.py` (memory-mapped shards; the batch is a pure function of the step), `checkpoint.py`
+`data.py` (memory-mapped shards; the batch is a pure function of the step), `mixture.py` (weights by
+tokens over sources, phases, the repetition limit), `checkpoint.py`
 (Orbax), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training loop), `worker.py` (one
 process; launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its exit code).
 `Config` and `LaunchConfig` are defined in `stage_config.py` (so no module of the stage imports this
