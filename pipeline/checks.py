@@ -137,6 +137,14 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
 
 
 def inputs(plan: Plan, node: str) -> dict:
-    """{the name `node`'s stage reads each input by: its committed output, or None when not built yet}."""
+    """{the name `node`'s stage reads each input by: its committed output, or None when not built yet or
+    when its key is unknown (its inputs cannot be listed: offline, planning a hub dataset)}."""
     sp = plan.stages[node]
-    return {sp.input_names.get(u, u): plan.committed(u) for u in sp.upstream}
+
+    def committed(u: str):
+        try:
+            return plan.committed(u)
+        except InputsError:
+            return None
+
+    return {sp.input_names.get(u, u): committed(u) for u in sp.upstream}
