@@ -146,7 +146,8 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
             raise ValueError(f"{stage}: {e}") from None
         # what the stage's inputs in the cache say of its plan (train: the mixture's tokens and epochs)
         fn = getattr(dag.module(stage), "plan_inputs", None) if read_cache else None
-        if fn is not None and (text := fn(plan.stages[stage].config, checks.inputs(plan, stage))):
+        if fn is not None and (text := fn(plan.stages[stage].config,
+                                          checks.inputs(plan, stage, closure=True))):
             out.append(text)
     return out
 

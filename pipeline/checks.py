@@ -136,9 +136,10 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
     return unwritable(plan.cache_root) if stages else ""
 
 
-def inputs(plan: Plan, node: str) -> dict:
+def inputs(plan: Plan, node: str, closure: bool = False) -> dict:
     """{the name `node`'s stage reads each input by: its committed output, or None when not built yet or
-    when its key is unknown (its inputs cannot be listed: offline, planning a hub dataset)}."""
+    when its key is unknown (its inputs cannot be listed: offline, planning a hub dataset)}. With `closure`,
+    every node upstream of it too, by node name (`clean[code]`), for what planning estimates from them."""
     sp = plan.stages[node]
 
     def committed(u: str):
@@ -147,4 +148,7 @@ def inputs(plan: Plan, node: str) -> dict:
         except InputsError:
             return None
 
-    return {sp.input_names.get(u, u): committed(u) for u in sp.upstream}
+    found = {sp.input_names.get(u, u): committed(u) for u in sp.upstream}
+    if closure:
+        found |= {u: committed(u) for u in plan.tree.closure(node) if u != node and u not in found}
+    return found

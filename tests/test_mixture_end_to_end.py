@@ -99,6 +99,26 @@ def test_a_source_past_its_repetition_limit_is_refused_before_work(mixture_run, 
     assert "mixture (train.Mixture, by tokens" in table and "REFUSED: train.Mixture: source" in table
 
 
+def test_plan_estimates_a_sources_tokens_from_its_cleaning_before_it_is_sharded(mixture_run, capsys):
+    root, _ = mixture_run
+
+    def plan_rows(argv) -> dict[str, list[str]]:
+        assert cli.main(["plan", *argv]) == 0
+        return {line.split()[2]: line.split() for line in capsys.readouterr().out.splitlines()
+                if line.startswith("  0 ")}
+
+    held = plan_rows(_argv(root))                       # every shard cached: their manifests' counts
+    assert not any(r[5].startswith("~") for r in held.values())
+    # code's cleaning changed: a new clean[code] is built; the tokenizer follows it, so no shard is cached
+    argv = _argv(root, "code/clean.Config.min_chars = 300")
+    assert cli.main(["run", *argv, "--stage", "clean[code]"]) == 0
+    capsys.readouterr()
+    guessed = plan_rows(argv)
+    assert all(r[5].startswith("~") and r[6].startswith("~") for r in guessed.values())
+    ratio = int(guessed["prose"][5][1:].replace(",", "")) / int(held["prose"][5].replace(",", ""))
+    assert 0.5 < ratio < 2.0         # the estimate (4 characters a token) is near the shards' real count
+
+
 def test_status_shows_the_tree(mixture_run, capsys):
     root, _ = mixture_run
     assert cli.main(["status", *_argv(root)]) == 0

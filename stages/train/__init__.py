@@ -154,22 +154,30 @@ def check_inputs(config: Config, inputs: Mapping) -> str:
                                   windows=mixture_windows(config, shards))
 
 
+# Characters a token, for `make plan`'s estimate of a source's tokens before a tokenizer exists (English
+# text with an 8-50K BPE vocabulary is 3.5-4.5; the trained tokenizer's held-out figure replaces it).
+CHARS_PER_TOKEN_GUESS = 4.0
+
+
 def plan_inputs(config: Config, inputs: Mapping) -> str:
     """`make plan`'s mixture table: per phase and source the weight, the tokens asked for and the epochs they
-    make of the source's training tokens (from its shard manifest, once the shard stage is committed)."""
+    make of the source's training tokens: from its shard manifest once the shard stage is committed, else
+    estimated ("~") from its clean stage's characters kept (`clean[<source>]` among `inputs`, which may hold
+    every node upstream) over the tokenizer's held-out bytes per token (or CHARS_PER_TOKEN_GUESS)."""
     if config.mixture is None:
         return ""
     shards = _shards_of(inputs)
     windows = mixture_windows(config, {s: c for s, c in shards.items() if c is not None})
+    guessed = {s: w for s, w in estimated_windows(config, inputs).items() if s not in windows}
     mix, tokens_per_row = config.mixture, config.seq_len
     rows = [("phase", "steps", "source", "weight", "tokens asked", "tokens held", "epochs")]
     for p, (start, end, asked) in enumerate(mix.phase_rows(config.steps, config.global_batch)):
         for source, n in asked.items():
-            held = windows.get(source)
+            held, mark = windows.get(source) or guessed.get(source), "~" if source in guessed else ""
             rows.append((str(p), f"{start}-{end}", source, f"{float(mix.fractions(p)[source]):.3f}",
                          f"{n * tokens_per_row:,}",
-                         f"{held * tokens_per_row:,}" if held else "not sharded yet",
-                         f"{n / held:.2f}" if held else "-"))
+                         f"{mark}{held * tokens_per_row:,}" if held else "not cleaned yet",
+                         f"{mark}{n / held:.2f}" if held else "-"))
     total = mix.epochs(config.steps, config.global_batch, windows) if len(windows) == len(shards) else {}
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["mixture (train.Mixture, by tokens; epochs = passes over a source's training tokens):"]
@@ -177,9 +185,27 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     if total:
         lines.append("  whole run: " + ", ".join(f"{s} {e:.2f} epochs" for s, e in total.items()) +
                      f" (limit {mix.max_epochs:g})")
+    if guessed:
+        lines.append("  ~: estimated from the source's clean stage (characters kept / characters a token, "
+                     "before its shards exist); the limit is checked on the shards' real counts")
     if problem := check_inputs(config, inputs):
         lines.append(f"  REFUSED: {problem}")
     return "\n".join(lines)
+
+
+def estimated_windows(config: Config, inputs: Mapping) -> dict[str, int]:
+    """Each source's training windows as `make plan` estimates them before its shards exist: its clean
+    stage's characters kept / characters a token / seq_len (the validation split not taken off)."""
+    tokenizer = inputs.get("tokenizer")
+    per_token = CHARS_PER_TOKEN_GUESS
+    if tokenizer is not None:
+        per_token = storage.read_json(tokenizer.file("stats.json")).get("bytes_per_token") or per_token
+    out = {}
+    for name, clean in inputs.items():
+        if name.startswith("clean[") and clean is not None:
+            chars = storage.read_json(clean.file("stats.json"))["chars_kept"]
+            out[name[len("clean["):-1]] = int(chars / per_token / config.seq_len)
+    return out
 
 
 def _shards_of(inputs: Mapping) -> dict:
