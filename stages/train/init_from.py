@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 
@@ -48,6 +49,11 @@ def model_fields(source: str) -> dict:
     """ModelConfig fields from `source`'s config.json; ValueError naming the file and the setting."""
     path = storage.join(source, CONFIG)
     if not _storage(storage.exists, path):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        if storage.is_hub(source) and offline:
+            # huggingface_hub then answers from its local cache only: "absent", which is not what is wrong
+            raise ValueError(f"cannot read {path}: HF_HUB_OFFLINE is set, so the hub is not asked; unset it, "
+                             "or download the model and name its local directory")
         raise ValueError(f"train.Config.init_from={source!r} has no {CONFIG} (a Hugging Face model "
                          f"directory: {CONFIG}, *.safetensors, the tokenizer)")
     config = _json(path)

@@ -194,11 +194,19 @@ def test_a_bad_checkpoint_is_one_error_line_before_anything_runs(case, tmp_path)
 def test_an_unreachable_hub_repository_is_one_line(tmp_path, monkeypatch):
     # Nothing listens on port 1: the hub is unreachable at once, as offline, and no test reaches the network.
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    # tests/stages/test_harness.py sets it for the whole test process at import (its children inherit it)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     sha = "0123456789abcdef0123456789abcdef01234567"
     source = f"hf://refinery-test/none@{sha}"
     case = _case("unreachable_hub", [f"train: cannot read {source}/config.json", "ConnectError"],
                  f'train.Config.init_from="{source}"')
     assert_one_error_line_before_work(case, tmp_path)
+    # Offline on purpose: huggingface_hub asks only its cache, which has nothing; that is said, not "no file"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    case = _case("offline_hub", [f"train: cannot read {source}/config.json: HF_HUB_OFFLINE is set"],
+                 f'train.Config.init_from="{source}"')
+    (tmp_path / "offline").mkdir()
+    assert_one_error_line_before_work(case, tmp_path / "offline")
 
 
 # --------------------------------------------------------------------------------------------------------
