@@ -220,7 +220,7 @@ class _QuietStops(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, Refusal) and os.getpid() != _BUILDER[0]:
             args = record.args if isinstance(record.args, tuple) else ()
-            stage = next((f"{a.stage}: " for a in args if isinstance(a, StageTask)), "")
+            stage = next((f"{a.node or a.stage}: " for a in args if isinstance(a, StageTask)), "")
             record.msg, record.args, record.exc_info, record.exc_text = f"error: {stage}{exc}", (), None, None
             return True
         return not (getattr(exc, "resumable", False) or isinstance(exc, Refusal))
