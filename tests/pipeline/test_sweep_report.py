@@ -130,6 +130,28 @@ def test_own_split_is_marked_not_comparable_when_data_differ_upstream_of_train()
     assert "| b | 4.0000 (4.0000) |" in own
 
 
+def test_a_mixture_sweep_shows_each_sources_bits_per_byte_in_the_own_split_table():
+    """Weights are training's: the variants share every data node, so their sources' own splits compare, and
+    the table shows the trade-off between sources."""
+    data = {"clean[code]": "c", "clean[web]": "w", "tokenizer": "t", "shard[code]": "sc", "shard[web]": "sw"}
+
+    def mixed(variant, seed, code_bpb, web_bpb):
+        r = _result(variant, seed, 2.0, 0.3, data=data)
+        sources = {"code": {"bits_per_byte": code_bpb, "loss": 4.0},
+                   "web": {"bits_per_byte": web_bpb, "loss": 5.0}}
+        evaluation = {**r.evaluation, "sources": sources}
+        return sweep_report.Result(variant, seed, evaluation, r.metrics, r.data_keys)
+
+    d = sweep_report.decide([mixed("code=10%", 0, 2.4, 1.9), mixed("code=50%", 0, 2.0, 2.1)])
+    own = d["own_split"]
+    assert own["comparable"] and own["metrics"] == ["loss", "bits_per_byte", "bits_per_byte[code]",
+                                                    "bits_per_byte[web]"]
+    assert own["variants"]["code=50%"]["bits_per_byte[code]"]["mean"] == 2.0
+    table = sweep_report.markdown("mix", d)
+    assert "| variant | loss | bits_per_byte | bits_per_byte[code] | bits_per_byte[web] |" in table
+    assert "| code=10% | 5.0000 (5.0000) | 1.6667 (1.6667) | 2.4000 (2.4000) | 1.9000 (1.9000) |" in table
+
+
 def test_the_report_files(tmp_path):
     other = {**DATA, "shard": "s1"}
     results = [_result("base", 0, 2.00, 0.40), _result("base", 1, 2.02, 0.44),
