@@ -14,7 +14,7 @@ from tests.conftest import REPO
 from tests.test_end_to_end import SMALL
 
 GIN = f"{REPO}/gin/mixtures/prose_code.gin"
-# No downstream tasks: the one-source end-to-end tests score them; here the sources and the reference sets matter
+# No downstream tasks (the one-source end-to-end tests score them): here the sources and reference sets matter
 MIX_SMALL = [*SMALL, "code/download.EmbeddedCode.max_files = 24",
              "stdlib_code/download.EmbeddedCode.max_files = 4", "yardsticks.Config.tasks = ()"]
 TREE = ["download[code]", "download[prose]", "clean[code]", "clean[prose]", "tokenizer", "shard[code]",
