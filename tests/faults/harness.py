@@ -92,9 +92,16 @@ class Case:
 
 
 def seeded_case(seed: int) -> Case:
-    """`make faults`' case `seed`: stages cycle fastest, and each run of six shifts the points by one, so
-    any 18 consecutive seeds cover every (stage, point) once and the first 6 every stage and every point."""
-    return Case(STAGES[seed % len(STAGES)], POINTS[(seed + seed // len(STAGES)) % len(POINTS)], seed)
+    """`make faults`' case `seed`: stages cycle fastest, and each round of them shifts the points by one
+    (seed = round x stages + i: point (round + i) mod points), so the first len(STAGES) x len(POINTS) seeds
+    (CASES_PER_ROUND, `make faults`' default) cover every (stage, point) once, and the first round every stage
+    and every point. (The rule was (seed + round) mod points, which for 8 stages and 3 points gave each stage
+    one point forever: 9 x round is 0 mod 3.)"""
+    rnd, i = divmod(seed, len(STAGES))
+    return Case(STAGES[i], POINTS[(rnd + i) % len(POINTS)], seed)
+
+
+CASES_PER_ROUND = len(STAGES) * len(POINTS)
 
 
 @dataclasses.dataclass
@@ -448,7 +455,8 @@ def gcs_emulator():
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.faults.harness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=18, help="how many cases (18 cover every stage and point once)")
+    p.add_argument("--n", type=int, default=CASES_PER_ROUND,
+                   help=f"how many cases ({CASES_PER_ROUND} cover every stage and point once)")
     p.add_argument("--start", type=int, default=0, help="the first seed: cases are seeds START..START+N-1")
     p.add_argument("--out", default=OUT, help="where the JSON goes (default: %(default)s)")
     p.add_argument("--workdir", default="", help="logs and caches (default: a new temporary directory)")

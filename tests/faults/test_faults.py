@@ -51,3 +51,16 @@ def test_a_killed_stage_reruns_to_the_undisturbed_outputs(harness, case, request
     # Training resumes on the same logging grid and, resumed at its last step, summarizes from the rows
     # logged before (both found by this harness): its metrics and summary equal the undisturbed run's.
     assert r.differences == [], logs
+
+
+def test_the_seeded_cases_cover_every_stage_and_kill_point():
+    """`make faults`' default N covers every (stage, kill point) pair once, and any 3 rounds of stages do
+    too; each stage meets every point (a campaign of 200 once killed each stage at one point only)."""
+    from tests.faults import harness
+
+    first = [harness.seeded_case(seed) for seed in range(harness.CASES_PER_ROUND)]
+    pairs = {(c.stage, c.point) for c in first}
+    assert len(pairs) == len(harness.STAGES) * len(harness.POINTS) == len(first)
+    for stage in harness.STAGES:
+        points = {case.point for case in map(harness.seeded_case, range(200)) if case.stage == stage}
+        assert points == set(harness.POINTS), stage
