@@ -35,7 +35,7 @@ match does not lower n for the long items, and a short item's words in its own o
 its answer, "which resource is nonrenewable petroleum") are specific where its 8-grams would not be.
 Measured on clean text, against every task of stages/yardstick_data/tasks.py and the fables (1,533 short
 items, 3 to 12 words): the embedded corpus (7,762 documents, 327k words) and 697 Common Crawl pages
-(414k words, `../shared/data`) hold no whole short item; n = 8 for every item instead flags 8 of those
+(414k words, a sample kept beside CI) hold no whole short item; n = 8 for every item instead flags 8 of those
 8,459 documents (boilerplate such as "by the end of this section you will be able to" in SciQ's
 items), n = 5 flags 589. `tests/stages/test_contamination.py` keeps the embedded corpus at zero.
 
