@@ -253,12 +253,7 @@ def _force(args) -> list[str]:
 
 def _to_run(plan: run_plan.Plan, args) -> list[str]:
     """The stages the command would execute: the forced ones and those of its targets not yet cached."""
-    return run_plan.to_run(plan, _targets(plan, args), plan.tree.forced(*_nodes(plan, _force(args))))
-
-
-def _nodes(plan: run_plan.Plan, names: list[str]) -> list[str]:
-    """The nodes `names` (nodes or stages) name in `plan`: a stage names every source's instance of it."""
-    return [node for name in names for node in plan.tree.select(name)]
+    return run_plan.to_run(plan, _targets(plan, args), plan.tree.forced(*plan.tree.select_all(_force(args))))
 
 
 def _targets(plan: run_plan.Plan, args) -> list[str]:

@@ -20,6 +20,8 @@ import dataclasses
 import importlib
 from types import ModuleType
 
+from stages.io import committed
+
 # stage name -> (module implementing Config / VERSION / run, upstream stage names)
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "download": ("stages.download", ()),
@@ -56,14 +58,7 @@ def module(stage: str) -> ModuleType:
     return importlib.import_module(STAGES[stage_of(stage)][0])
 
 
-def stage_of(node: str) -> str:
-    """`clean[code]` -> `clean`; a stage's own name is its own."""
-    return node.partition("[")[0]
-
-
-def source_of(node: str) -> str:
-    """`clean[code]` -> `code`; "" for a node that is no source's own."""
-    return node.partition("[")[2].rstrip("]")
+stage_of, source_of = committed.stage_of, committed.source_of    # `clean[code]` -> `clean`, `code`
 
 
 def node_name(stage: str, source: str) -> str:
@@ -109,6 +104,12 @@ class Tree:
         all."""
         nodes = list(self.nodes) if nodes is None else nodes
         return [n for n in nodes if not any(n in self.upstream(other) for other in nodes)]
+
+    def select_all(self, names) -> list[str]:
+        """`select` of each of `names`, in order, each node once; None: the sinks, which build every node."""
+        if names is None:
+            return self.sinks()
+        return list(dict.fromkeys(node for name in names for node in self.select(name)))
 
     def select(self, name: str) -> list[str]:
         """The nodes a `--stage` argument names: a node (`clean[code]`, or `tokenizer`), or a stage, which

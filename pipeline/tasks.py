@@ -144,11 +144,11 @@ def build(plans: Iterable[Plan], targets: Iterable[str] | None = None, *, force:
           workers: int = 1, scheduler: str | None = None) -> BuildResult:
     """Runs `targets` for every plan, building what they need (None: every node); `force` ones rerun even
     when cached, together with everything downstream of them. Both name nodes (`clean[code]`) or stages (every
-    source's instance: `targets_of`). A damaged node the targets need is rebuilt on its own
+    source's instance: `dag.Tree.select_all`). A damaged node the targets need is rebuilt on its own
     (`pipeline.plan.damaged`)."""
     plans = list(plans)
     run_id = uuid.uuid4().hex
-    per_plan = [(plan, targets_of(plan, targets), plan.tree.forced(*targets_of(plan, force)))
+    per_plan = [(plan, plan.tree.select_all(targets), plan.tree.forced(*plan.tree.select_all(force)))
                 for plan in plans]
     _FORCED[run_id] = {(plan.cache_root, sp.stage, sp.key): cache.lease_now(plan.cache_root, sp.stage, sp.key)
                        for plan, nodes, forced in per_plan for node in plan.tree.closure(*nodes)
@@ -185,14 +185,6 @@ def build(plans: Iterable[Plan], targets: Iterable[str] | None = None, *, force:
         ok = False
     return BuildResult(ok, run_id, result.summary_text, ran, _STOPPED.pop(run_id, []),
                        _REFUSED.pop(run_id, []), _CRASHED.pop(run_id, []))
-
-
-def targets_of(plan: Plan, names: Iterable[str] | None) -> list[str]:
-    """The nodes `names` name in `plan` (`dag.Tree.select`: a stage names every source's instance); None:
-    the plan's sinks, which build every node."""
-    if names is None:
-        return plan.tree.sinks()
-    return list(dict.fromkeys(node for name in names for node in plan.tree.select(name)))
 
 
 def _configure_luigi() -> None:

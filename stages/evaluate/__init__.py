@@ -34,7 +34,7 @@ import logging
 from collections.abc import Mapping
 
 from stages.io import storage
-from stages.io.committed import by_source
+from stages.io.committed import by_source, stage_of
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def check_upstream(config: Config, upstream: dict) -> str:
     data stage."""
     scored = upstream["yardsticks"]
     for name, clean in upstream.items():         # clean, or every source's clean[<source>]
-        if name.partition("[")[0] == "clean" and (problem := _stale_check(clean.contamination, scored)):
+        if stage_of(name) == "clean" and (problem := _stale_check(clean.contamination, scored)):
             return problem
     return ""
 

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Mapping
 
 from stages.io import storage
+from stages.io.committed import source_of, stage_of
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ def stage_keys(inputs: Mapping) -> dict[str, str]:
         keys[stage] = committed.key
         # A source's own stage (shard[code]) names the stages of its chain as a one-source run would (clean):
         # they are that source's (clean[code]); a stage the export read itself (tokenizer) keeps its name.
-        source = stage.partition("[")[2]
-        upstream = {(f"{name}[{source}" if source and name not in inputs else name): key
+        source = source_of(stage)
+        upstream = {(f"{name}[{source}]" if source and name not in inputs else name): key
                     for name, key in committed.manifest.get("upstream", {}).items()}
         reads[stage] = set(upstream)
         for name, key in upstream.items():
@@ -115,7 +116,7 @@ def _summary(stage: str, committed) -> str:
     if committed is None:
         return ""
     try:
-        stage = stage.partition("[")[0]          # a source's own stage: clean[code] is a clean stage
+        stage = stage_of(stage)          # a source's own stage: clean[code] is a clean stage
         figures = FIGURES.get(stage) or importlib.import_module(f"stages.{stage}").summary
         line = figures(committed)
     except Exception as e:  # noqa: BLE001 - a figure the card cannot read must not fail the export

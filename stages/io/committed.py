@@ -38,14 +38,22 @@ class Committed:
         return [storage.join(self.path, n) for n in sorted(self.files) if fnmatch.fnmatch(n, pattern)]
 
 
+def stage_of(node: str) -> str:
+    """A node's stage: `clean[code]` (source code's own clean stage, pipeline/dag.py) -> `clean`; a stage's
+    own name is its own. The one place the node naming is read; the orchestrator uses it too."""
+    return node.partition("[")[0]
+
+
+def source_of(node: str) -> str:
+    """`clean[code]` -> `code`; "" for a node that is no source's own."""
+    return node.partition("[")[2].rstrip("]")
+
+
 def by_source(inputs: dict[str, Committed], stage: str) -> dict[str, Committed]:
     """A stage's inputs of one upstream stage, by source: {"": it} in a one-source run, where the input is
     named `stage`; {"code": ..., "web": ...} when the stage reads every source's instance (`shard[code]`,
     `shard[web]`: pipeline/dag.py names them so). Sorted by source."""
-    if stage in inputs:
-        return {"": inputs[stage]}
-    prefix = f"{stage}["
-    found = {name[len(prefix):-1]: c for name, c in inputs.items() if name.startswith(prefix)}
+    found = {source_of(name): c for name, c in inputs.items() if stage_of(name) == stage}
     if not found:
         raise KeyError(f"no {stage} among the inputs: {sorted(inputs)}")
     return dict(sorted(found.items()))

@@ -29,7 +29,7 @@ import os
 from collections.abc import Mapping
 
 from stages.io import storage
-from stages.io.committed import by_source
+from stages.io.committed import by_source, stage_of
 from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
 from stages.train.mixture import Mixture
@@ -147,7 +147,7 @@ def check_inputs(config: Config, inputs: Mapping) -> str:
     compiling). `inputs`: {the name train reads it by: committed output or None}."""
     if config.mixture is None:
         return ""
-    shards = _shards_of(inputs)
+    shards = by_source(inputs, "shard")
     if any(c is None for c in shards.values()):
         return ""
     return config.mixture.problem(steps=config.steps, global_batch=config.global_batch,
@@ -166,7 +166,7 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     every node upstream) over the tokenizer's held-out bytes per token (or CHARS_PER_TOKEN_GUESS)."""
     if config.mixture is None:
         return ""
-    shards = _shards_of(inputs)
+    shards = by_source(inputs, "shard")
     windows = mixture_windows(config, {s: c for s, c in shards.items() if c is not None})
     guessed = {s: w for s, w in estimated_windows(config, inputs).items() if s not in windows}
     mix, tokens_per_row = config.mixture, config.seq_len
@@ -200,18 +200,10 @@ def estimated_windows(config: Config, inputs: Mapping) -> dict[str, int]:
     per_token = CHARS_PER_TOKEN_GUESS
     if tokenizer is not None:
         per_token = storage.read_json(tokenizer.file("stats.json")).get("bytes_per_token") or per_token
-    out = {}
-    for name, clean in inputs.items():
-        if name.startswith("clean[") and clean is not None:
-            chars = storage.read_json(clean.file("stats.json"))["chars_kept"]
-            out[name[len("clean["):-1]] = int(chars / per_token / config.seq_len)
-    return out
-
-
-def _shards_of(inputs: Mapping) -> dict:
-    """{source: committed shard or None} of train's inputs ("" for a one-source run)."""
-    return {name.partition("[")[2].rstrip("]"): c for name, c in inputs.items()
-            if name.partition("[")[0] == "shard"}
+    cleans = by_source(inputs, "clean") if any(stage_of(n) == "clean" for n in inputs) else {}
+    kept = {source: storage.read_json(clean.file("stats.json"))["chars_kept"]
+            for source, clean in cleans.items() if clean is not None}
+    return {source: int(chars / per_token / config.seq_len) for source, chars in kept.items()}
 
 
 def check_mixture(config: Config, shards: Mapping) -> None:
