@@ -21,7 +21,7 @@ RUN := $(PY) -m pipeline
 pipeline: .venv/installed .venv/olmo-eval-installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
 
-stage: .venv/installed
+stage: .venv/installed .venv/olmo-eval-installed
 	@test -n "$(STAGE)" || { echo "usage: make stage STAGE=<download|clean|tokenizer|shard|yardsticks|train|evaluate|export> [FORCE=1]"; exit 2; }
 	$(RUN) run --gin $(GIN) --stage $(STAGE) $(if $(FORCE),--force) --overrides "$$OVERRIDES"
 
@@ -29,7 +29,7 @@ stage: .venv/installed
 export: .venv/installed .venv/olmo-eval-installed
 	$(RUN) run --gin $(GIN) --stage export $(if $(FORCE),--force) --overrides "$$OVERRIDES"
 
-sweep: .venv/installed
+sweep: .venv/installed .venv/olmo-eval-installed
 	@test -n "$(SWEEP)" || { echo "usage: make sweep SWEEP=gin/sweeps/<name>.gin"; exit 2; }
 	$(RUN) sweep --gin $(SWEEP) --overrides "$$OVERRIDES"
 

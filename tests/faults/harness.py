@@ -6,7 +6,9 @@ nothing partial was taken as done and that the rerun's outputs equal an undistur
     python -m pytest -p no:cacheprovider tests/faults    # a fixed case per stage (test_faults.py)
 
 A case (`Case`) names a stage, a kill point and a seed; the run is `python -m pipeline run --stage <stage>`
-(the stage and what it needs) with `SMALL` from tests/test_end_to_end.py and a checkpoint every 3 steps.
+(the stage and what it needs) with `SMALL` from tests/test_end_to_end.py and a checkpoint every 3 steps, on a
+cache that holds the reference's commits of the stages upstream of the killed one (`copy_upstream`): what needs
+computing is the killed stage alone.
 Kill points, the moment drawn from `random.Random(seed)`:
 
     random   SIGKILL the run's whole process group a seeded delay after the stage's `running <stage>` log
@@ -164,13 +166,14 @@ class Harness:
         if not gcs:
             return self._walls["local"][stage]
         walls = self._walls.setdefault("gcs", {})
-        if stage not in walls:    # builds the stage (and what it needs) once on the emulator
+        if stage not in walls:    # builds the stage once on the emulator, upstream copied from the reference
             root = storage.join(self.gcs_root, "reference")
+            copy_upstream(root, [self._reference[s] for s in dag.closure(stage) if s != stage])
             out = run_pipeline(command(root, stage), self.env(gcs=True),
                                os.path.join(self.workdir, f"reference-gcs-{stage}.log"))
             if out.returncode != 0:
                 raise RuntimeError(f"the GCS reference run of {stage} failed; see {out.log_path}")
-            walls.update({s: c.manifest["wall_time_s"] for s, c in self.committed(root).items() if c})
+            walls[stage] = self.committed(root)[stage].manifest["wall_time_s"]
         return walls[stage]
 
     def committed(self, root: str) -> dict[str, cache.Committed | None]:
@@ -195,6 +198,7 @@ class Harness:
         logs = os.path.join(self.workdir, case.name)
         os.makedirs(logs, exist_ok=True)
         root = storage.join(self.gcs_root, case.name) if gcs else os.path.join(logs, "cache")
+        copy_upstream(root, [reference[s] for s in dag.closure(case.stage) if s != case.stage])
         argv = command(root, case.stage)
         delay = None
         if case.point == "commit":
@@ -237,6 +241,19 @@ class Harness:
         if result.ok and not self.keep:     # a failed case keeps its cache for a look
             storage.remove(root)
         return result
+
+
+def copy_upstream(root: str, commits: list[cache.Committed]) -> None:
+    """Copies `commits` (the reference's, of the stages upstream of a case's) into the case's cache `root`,
+    manifest last, as a run would have committed them: the kill run then runs only the stage it kills.
+    (Outputs being a function of the key, the copies are what the case would have computed: the rerun's
+    comparison with the reference, and tests/pipeline/test_output_is_the_key.py, check that.)"""
+    for c in commits:
+        key_dir = cache.stage_dir(root, c.stage, c.key)
+        for name in c.files:
+            storage.upload(storage.join(c.path, name), storage.join(key_dir, c.manifest["attempt"], name))
+        manifest = storage.read_bytes(storage.join(storage.parent(c.path), cache.MANIFEST))
+        storage.write_bytes(storage.join(key_dir, cache.MANIFEST), manifest)
 
 
 # ---------------------------------------------------------------------------------------------
