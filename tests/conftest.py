@@ -30,6 +30,15 @@ def gcs_server():
         yield url
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The whole tiny DAG (tests/tiny_run.py), run once per session on a cache of its own; tests copy its
+    commits (`tiny_run.copy_to(root)`) rather than computing the same keys again."""
+    from tests import tiny_run as tiny
+
+    return tiny.run_tiny(str(tmp_path_factory.mktemp("tiny") / "cache"))
+
+
 @pytest.fixture
 def gcs_bucket(gcs_server):
     """A fresh bucket on the emulator: yields `gs://<bucket>`."""

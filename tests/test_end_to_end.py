@@ -15,34 +15,17 @@ from pipeline import __main__ as cli
 from pipeline import cache, config
 from stages.io import llmc, storage
 from stages.train import hf, model
+from tests import tiny_run as tiny
 from tests.conftest import REPO
-
-SMALL = [
-    "download.Embedded.max_files = 60",
-    "tokenizer.Config.vocab_size = 800",
-    "shard.Config.tokens_per_shard = 20_000",
-    "train.Config.steps = 12",
-    "train.Config.global_batch = 4",
-    "train.Config.seq_len = 64",
-    "train.Config.eval_every = 6",
-    "train.Config.log_every = 3",
-    "train.Config.checkpoint_every = 6",
-    "train.OptimizerConfig.warmup_steps = 2",
-    "evaluate.Config.max_new_tokens = 6",
-    "evaluate.Config.max_eval_batches = 2",
-    "yardsticks.Config.max_items_per_task = 20",
-]
-ALL = ["download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
+from tests.tiny_run import ALL, SMALL
 
 
 def _argv(root, *extra):
-    return ["--gin", f"{REPO}/gin/tiny.gin", "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
-            *[a for p in SMALL + list(extra) for a in ("--gin-param", p)]]
+    return tiny.argv(root, *extra)
 
 
 def _ran(capsys):
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
-    return [row[0] for row in rows if len(row) > 2 and row[2] == "ran"]
+    return tiny.ran(capsys.readouterr().out)
 
 
 def _check_outputs(root, extra=()):
@@ -73,11 +56,11 @@ def _check_outputs(root, extra=()):
 
 
 @pytest.mark.slow
-def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
+def test_data_half_locally_with_reruns_overrides_and_force(tiny_run, tmp_path, capsys):
+    assert tiny_run.ran == ALL                # the session's shared run, on a fresh cache of its own
+    _check_outputs(tiny_run.root)
     root = str(tmp_path / "cache")
-    assert cli.main(["run", *_argv(root)]) == 0
-    assert _ran(capsys) == ALL
-    _check_outputs(root)
+    tiny_run.copy_to(root, tuple(ALL))
 
     assert cli.main(["run", *_argv(root)]) == 0
     assert _ran(capsys) == []
@@ -95,12 +78,13 @@ def test_data_half_locally_with_reruns_overrides_and_force(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tmp_path, capsys):
+def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tiny_run, tmp_path, capsys):
     sweep = tmp_path / "lrs.gin"
     sweep.write_text(f"include '{REPO}/gin/tiny.gin'\n"
                      "sweep.variants = {'slow': ['train.OptimizerConfig.learning_rate = 1e-4'],\n"
                      "                  'fast': ['train.OptimizerConfig.learning_rate = 1e-2']}\n")
     root = str(tmp_path / "cache")
+    tiny_run.copy_to(root)      # the data half; the sweep checks that its variants share it
     argv = ["sweep", "--gin", str(sweep), "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
             *[a for p in SMALL for a in ("--gin-param", p)]]
     assert cli.main(argv) == 0
@@ -272,8 +256,9 @@ def test_status_verify_finds_a_file_rewritten_at_its_size_and_gc_removes_orphans
 
 
 @pytest.mark.slow
-def test_sigterm_during_training_is_one_line_and_exit_75_and_the_rerun_resumes(tmp_path):
+def test_sigterm_during_training_is_one_line_and_exit_75_and_the_rerun_resumes(tiny_run, tmp_path):
     root = str(tmp_path / "cache")
+    tiny_run.copy_to(root)
     long = ["train.Config.steps = 400", "train.Config.log_every = 400",
             "train.Config.checkpoint_every = 400", "train.Config.eval_every = 0"]
     argv = [sys.executable, "-m", "pipeline", "run", "--stage", "train", *_argv(root, *long)]

@@ -6,9 +6,9 @@ nothing partial was taken as done and that the rerun's outputs equal an undistur
     python -m pytest -p no:cacheprovider tests/faults    # a fixed case per stage (test_faults.py)
 
 A case (`Case`) names a stage, a kill point and a seed; the run is `python -m pipeline run --stage <stage>`
-(the stage and what it needs) with `SMALL` from tests/test_end_to_end.py and a checkpoint every 3 steps, on a
-cache that holds the reference's commits of the stages upstream of the killed one (`copy_upstream`): what needs
-computing is the killed stage alone.
+(the stage and what it needs) with `SMALL` from tests/tiny_run.py and a checkpoint every 3 steps, on a cache
+that holds the reference's commits of the stages upstream of the killed one (copied): what needs computing is
+the killed stage alone.
 Kill points, the moment drawn from `random.Random(seed)`:
 
     random   SIGKILL the run's whole process group a seeded delay after the stage's `running <stage>` log
@@ -50,7 +50,7 @@ import uuid
 from pipeline import cache, config, dag
 from stages.io import storage
 from tests import emulator_process
-from tests.test_end_to_end import SMALL
+from tests.tiny_run import SMALL, TinyRun, copy_commits
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GIN = os.path.join(REPO, "gin", "tiny.gin")
@@ -137,10 +137,13 @@ class Harness:
     """Runs cases under `workdir`, against one undisturbed local reference run (made on first use) and,
     for `gcs` cases, one on the emulator (only to time the stages there: uploads make them slower).
 
-    A `gcs` case needs `STORAGE_EMULATOR_HOST` set in this process and `gcs_root` (`gs://bucket`)."""
+    A `gcs` case needs `STORAGE_EMULATOR_HOST` set in this process and `gcs_root` (`gs://bucket`). With
+    `shared` (the test session's tiny run), the reference starts from its data half, which has the same keys:
+    only its training differs (a checkpoint every 3 steps)."""
 
-    def __init__(self, workdir: str, *, gcs_root: str = "", keep: bool = False):
-        self.workdir, self.gcs_root, self.keep = workdir, gcs_root, keep
+    def __init__(self, workdir: str, *, gcs_root: str = "", keep: bool = False,
+                 shared: TinyRun | None = None):
+        self.workdir, self.gcs_root, self.keep, self.shared = workdir, gcs_root, keep, shared
         self.keys = {s: sp.key for s, sp in plan(os.path.join(workdir, "reference")).stages.items()}
         self._reference: dict[str, cache.Committed] = {}
         self._walls: dict[str, dict[str, float]] = {}
@@ -151,6 +154,8 @@ class Harness:
         """The whole DAG, undisturbed, on a local root of its own: what every rerun must equal."""
         if not self._reference:
             root = os.path.join(self.workdir, "reference")
+            if self.shared is not None:
+                self.shared.copy_to(root)
             out = run_pipeline(command(root), self.env(), os.path.join(self.workdir, "reference.log"))
             if out.returncode != 0:
                 raise RuntimeError(f"the reference run failed (exit {out.returncode}); see {out.log_path}")
@@ -168,7 +173,7 @@ class Harness:
         walls = self._walls.setdefault("gcs", {})
         if stage not in walls:    # builds the stage once on the emulator, upstream copied from the reference
             root = storage.join(self.gcs_root, "reference")
-            copy_upstream(root, [self._reference[s] for s in dag.closure(stage) if s != stage])
+            copy_commits(root, [self._reference[s] for s in dag.closure(stage) if s != stage])
             out = run_pipeline(command(root, stage), self.env(gcs=True),
                                os.path.join(self.workdir, f"reference-gcs-{stage}.log"))
             if out.returncode != 0:
@@ -198,7 +203,7 @@ class Harness:
         logs = os.path.join(self.workdir, case.name)
         os.makedirs(logs, exist_ok=True)
         root = storage.join(self.gcs_root, case.name) if gcs else os.path.join(logs, "cache")
-        copy_upstream(root, [reference[s] for s in dag.closure(case.stage) if s != case.stage])
+        copy_commits(root, [reference[s] for s in dag.closure(case.stage) if s != case.stage])
         argv = command(root, case.stage)
         delay = None
         if case.point == "commit":
@@ -241,19 +246,6 @@ class Harness:
         if result.ok and not self.keep:     # a failed case keeps its cache for a look
             storage.remove(root)
         return result
-
-
-def copy_upstream(root: str, commits: list[cache.Committed]) -> None:
-    """Copies `commits` (the reference's, of the stages upstream of a case's) into the case's cache `root`,
-    manifest last, as a run would have committed them: the kill run then runs only the stage it kills.
-    (Outputs being a function of the key, the copies are what the case would have computed: the rerun's
-    comparison with the reference, and tests/pipeline/test_output_is_the_key.py, check that.)"""
-    for c in commits:
-        key_dir = cache.stage_dir(root, c.stage, c.key)
-        for name in c.files:
-            storage.upload(storage.join(c.path, name), storage.join(key_dir, c.manifest["attempt"], name))
-        manifest = storage.read_bytes(storage.join(storage.parent(c.path), cache.MANIFEST))
-        storage.write_bytes(storage.join(key_dir, cache.MANIFEST), manifest)
 
 
 # ---------------------------------------------------------------------------------------------

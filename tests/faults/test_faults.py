@@ -1,6 +1,7 @@
 """A fixed set of kills, every stage once plus one with the cache on the GCS emulator: each kills a run,
 checks that nothing partial counts as done, reruns it and compares with one undisturbed reference run
-shared by the module (tests/faults/harness.py). About 100 s on 2 cores.
+shared by the module (tests/faults/harness.py), each case on a cache holding the reference's commits upstream
+of the stage it kills. About 100 s on 2 cores.
 
     python -m pytest -q -p no:cacheprovider tests/faults
     make faults N=200                    # the seeded version: many kills, a table, benchmarks/out/faults.json
@@ -27,8 +28,8 @@ FIXED = [
 ]
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory):
-    return Harness(str(tmp_path_factory.mktemp("faults")))
+def harness(tmp_path_factory, tiny_run):
+    return Harness(str(tmp_path_factory.mktemp("faults")), shared=tiny_run)
 
 
 @pytest.mark.slow

@@ -1,0 +1,94 @@
+"""The tiny DAG that tests share: `SMALL` (a slice of the embedded corpus and a few training steps on
+gin/tiny.gin), and one whole run of it per test session (the `tiny_run` fixture, tests/conftest.py) whose
+commits a test copies into its own cache instead of computing them again.
+
+A commit is a function of its key and the cache is relocatable (a manifest names its attempt relative to the
+key's directory), so a copied stage is exactly what the test would have computed; the tests that a stage's
+outputs are a function of its key (tests/pipeline/test_output_is_the_key.py) and the fault harness's
+comparisons with an undisturbed run check that premise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+
+from pipeline import cache, config
+from stages.io import storage
+from stages.io.committed import Committed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIN = os.path.join(REPO, "gin", "tiny.gin")
+SMALL = [
+    "download.Embedded.max_files = 60",
+    "tokenizer.Config.vocab_size = 800",
+    "shard.Config.tokens_per_shard = 20_000",
+    "train.Config.steps = 12",
+    "train.Config.global_batch = 4",
+    "train.Config.seq_len = 64",
+    "train.Config.eval_every = 6",
+    "train.Config.log_every = 3",
+    "train.Config.checkpoint_every = 6",
+    "train.OptimizerConfig.warmup_steps = 2",
+    "evaluate.Config.max_new_tokens = 6",
+    "evaluate.Config.max_eval_batches = 2",
+    "yardsticks.Config.max_items_per_task = 20",
+]
+ALL = ["download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
+DATA_HALF = ("download", "clean", "tokenizer", "shard", "yardsticks")   # what training reads
+
+
+def argv(root: str, *extra: str) -> list[str]:
+    """`python -m pipeline run` arguments (after the verb) for the tiny DAG on cache `root`."""
+    return ["--gin", GIN, "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
+            *[a for p in SMALL + list(extra) for a in ("--gin-param", p)]]
+
+
+def plan(root: str, *extra: str) -> config.Plan:
+    return config.load([GIN], [f'pipeline.Settings.cache_root = "{root}"', *SMALL, *extra])
+
+
+def ran(out: str) -> list[str]:
+    """The stages a run's status table (its stdout) says ran, in order."""
+    rows = [line.split() for line in out.splitlines()[1:]]
+    return [row[0] for row in rows if len(row) > 2 and row[2] == "ran"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyRun:
+    """The whole tiny DAG, run once on `root` (never written to after: tests copy from it)."""
+
+    root: str
+    ran: list[str]       # what the run ran: every stage, the cache being fresh
+
+    def committed(self, *stages: str) -> list[Committed]:
+        p = plan(self.root)
+        return [cache.load(self.root, s, p.stages[s].key) for s in stages]
+
+    def copy_to(self, root: str, stages: tuple[str, ...] = DATA_HALF) -> None:
+        """Puts this run's commits of `stages` into cache `root` (any storage), as a run would have."""
+        copy_commits(root, self.committed(*stages))
+
+
+def run_tiny(root: str) -> TinyRun:
+    from pipeline import __main__ as cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["run", *argv(root)])
+    if code != 0:
+        raise RuntimeError(f"the shared tiny run failed (exit {code}):\n{out.getvalue()[-3000:]}")
+    return TinyRun(root, ran(out.getvalue()))
+
+
+def copy_commits(root: str, commits: list[Committed]) -> None:
+    """Copies each local commit's key directory (its attempt, its lease records, and its manifest last, as a
+    run writes it) into the cache `root` (any storage) under the same stage and key: a forced run then
+    finds the lease numbers the commit was made under, as it would have in the original cache."""
+    for c in commits:
+        source, key_dir = storage.parent(c.path), cache.stage_dir(root, c.stage, c.key)
+        names = sorted(storage.sizes(source), key=lambda name: name == cache.MANIFEST)
+        for name in names:
+            storage.upload(storage.join(source, name), storage.join(key_dir, name))
