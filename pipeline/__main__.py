@@ -135,7 +135,8 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
                  read_cache: bool = False) -> list[str]:
     """Each stage's own plan (its optional `plan(config, compile=...)`: the train stage's memory and time,
     and with `compile` XLA's figure for the named TPU topology), and with `read_cache` what its committed
-    inputs add (`plan_inputs(config, inputs)`: a mixture's tokens and epochs per source)."""
+    inputs add (`plan_inputs(config, inputs)`: a mixture's tokens and epochs per source; without it, what
+    the config alone says: a mixture's tokens asked per source and phase)."""
     out = []
     for stage in plan.tree.closure(*targets):
         fn = getattr(dag.module(stage), "plan", None)
@@ -145,9 +146,9 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
         except ValueError as e:      # the config cannot be planned (a mesh that does not tile the chips)
             raise ValueError(f"{stage}: {e}") from None
         # what the stage's inputs in the cache say of its plan (train: the mixture's tokens and epochs)
-        fn = getattr(dag.module(stage), "plan_inputs", None) if read_cache else None
+        fn = getattr(dag.module(stage), "plan_inputs", None)
         if fn is not None and (text := fn(plan.stages[stage].config,
-                                          checks.inputs(plan, stage, closure=True))):
+                                          checks.inputs(plan, stage, closure=True, read=read_cache))):
             out.append(text)
     return out
 

@@ -136,13 +136,16 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
     return unwritable(plan.cache_root) if stages else ""
 
 
-def inputs(plan: Plan, node: str, closure: bool = False) -> dict:
+def inputs(plan: Plan, node: str, closure: bool = False, read: bool = True) -> dict:
     """{the name `node`'s stage reads each input by: its committed output, or None when not built yet or
     when its key is unknown (its inputs cannot be listed: offline, planning a hub dataset)}. With `closure`,
-    every node upstream of it too, by node name (`clean[code]`), for what planning estimates from them."""
+    every node upstream of it too, by node name (`clean[code]`), for what planning estimates from them.
+    `read=False` reads no cache (a run file whose cache root is still a placeholder): every value is None."""
     sp = plan.stages[node]
 
     def committed(u: str):
+        if not read:
+            return None
         try:
             return plan.committed(u)
         except InputsError:

@@ -2,6 +2,8 @@
 tokenizer over all, training and what follows over every shard. Counted stage runs on the real stage names
 with fake stages (tests/pipeline/fake_stage.py), and the keys of the real prose + code run file."""
 
+import re
+
 import pytest
 
 from pipeline import __main__ as cli
@@ -129,3 +131,28 @@ def test_a_binding_in_a_scope_no_stage_reads_is_one_error_line():
                             "names them) and no @cdoe/... reference uses it")
     config.load(["gin/tiny.gin"], ['c4/download.Files.paths = ["x.jsonl"]',      # a referenced scope is read
                                    'yardsticks.Config.reference_files = {"c4": @c4/download.Files()}'])
+
+
+def test_the_web_code_math_run_file_pins_each_source_and_plans_its_tokens_offline(capsys):
+    """The real three-source run file: each hub source at a commit, prose filters off for code and math
+    only, and `make plan` (offline, cache root a placeholder) prints the tokens asked per source and phase."""
+    gin = ["gin/mixtures/web_code_math.gin"]
+    plan = config.load(gin)
+    assert plan.tree.sources == ("code", "math", "web")
+    assert {f"{s}[{src}]" for s in dag.PER_SOURCE for src in plan.tree.sources} <= set(plan.stages)
+    pinned = re.compile(r"[0-9a-f]{40}")
+    for src in ("web", "math"):
+        assert pinned.fullmatch(plan.stages[f"download[{src}]"].config.source.revision), src
+    (code_files,) = plan.stages["download[code]"].config.source.paths
+    assert pinned.search(code_files.split("@", 1)[1].split("/", 1)[0])
+    cleans = {src: plan.stages[f"clean[{src}]"].config for src in plan.tree.sources}
+    assert cleans["web"].gopher_quality is not None and cleans["web"].fineweb_quality is not None
+    assert all(cleans[s].gopher_quality is None and cleans[s].language_id is None for s in ("code", "math"))
+    assert not cleans["code"].tidy_whitespace and cleans["web"].tidy_whitespace
+    assert cli.main(["plan", "--gin", *gin, "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    asked = {(row.split()[0], row.split()[2]): int(row.split()[4].replace(",", ""))
+             for row in out.splitlines() if re.match(r"\s+[01]\s+\d+-\d+\s+(web|code|math)\s", row)}
+    train = plan.stages["train"].config
+    assert sum(asked.values()) == train.steps * train.global_batch * train.seq_len
+    assert asked["1", "code"] > asked["0", "code"] * (2_400 / 21_600)      # the anneal raises code's share
