@@ -8,7 +8,7 @@ import io
 import pytest
 
 from pipeline import __main__ as cli
-from pipeline import config
+from pipeline import config, sweep
 from stages.io import storage
 from tests.conftest import REPO
 from tests.test_end_to_end import SMALL
@@ -125,3 +125,31 @@ def test_status_shows_the_tree(mixture_run, capsys):
     assert cli.main(["status", *_argv(root)]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[0] for r in rows] == TREE and {r[2] for r in rows} == {"cached"}
+
+
+@pytest.mark.slow
+def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trade_off(mixture_run, capsys,
+                                                                                       compile_once):
+    """gin/twins/code_share.gin on the data the mixture run built (the twin's data sizes are MIX_SMALL's),
+    its two extreme shares (four trainings, not six: the middle share runs the same code): no data node runs
+    again, each variant and seed trains and evaluates, and the report's own-split table holds each source's
+    bits per byte beside verdicts against the seed spread."""
+    root, _ = mixture_run
+    before = {stage: len(storage.listdir(f"{root}/{stage}")) for stage in ("download", "clean", "shard")}
+    trained = len(storage.listdir(f"{root}/train"))
+    twin = f"{REPO}/gin/twins/code_share.gin"
+    variants = {v: ws for v, ws in sweep.variants([twin], []).items() if v in ("code=10%", "code=50%")}
+    params = [f'pipeline.Settings.cache_root = "{root}"', f"sweep.variants = {variants!r}"]
+    assert cli.main(["sweep", "--gin", twin, *[a for p in params for a in ("--gin-param", p)]]) == 0
+    out = capsys.readouterr().out
+    assert {stage: len(storage.listdir(f"{root}/{stage}")) for stage in before} == before
+    assert len(storage.listdir(f"{root}/train")) == trained + 4
+    report = f"{root}/sweeps/code_share"
+    md = storage.read_text(f"{report}/comparison.md")
+    own = md[md.index("## Own validation split"):]
+    assert "| variant | loss | bits_per_byte | bits_per_byte[code] | bits_per_byte[prose] |" in own
+    assert all(f"| {v} |" in own for v in variants)
+    verdicts = storage.read_json(f"{report}/verdicts.json")
+    assert verdicts["own_split"]["comparable"]
+    assert "bpb/stdlib_code" in verdicts["yardsticks"] and "bpb/aesop_fables" in verdicts["yardsticks"]
+    assert "verdict: " in out
