@@ -1,0 +1,50 @@
+"""pipeline/mixture_fit.py: seeded draws that honour feasibility, and a fit that recovers a known optimum."""
+
+import numpy as np
+import pytest
+
+from pipeline import mixture_fit as mf
+
+SOURCES = ("code", "math", "web")
+
+
+def _true(w):
+    """A known score over three sources: best at (0.2, 0.3, 0.5), quadratic, lower is better."""
+    w = np.atleast_2d(w)
+    return 1.0 + 4.0 * np.sum((w - np.array([0.2, 0.3, 0.5])) ** 2, axis=1)
+
+
+def test_draws_are_reproducible_from_the_seed_and_feasible_only():
+    limit = lambda w: "code past its limit" if w["code"] > 0.4 else ""    # noqa: E731
+    a, b = mf.draw(SOURCES, 12, seed=3, feasible=limit), mf.draw(SOURCES, 12, seed=3, feasible=limit)
+    assert a == b and len(a) == 12 and a != mf.draw(SOURCES, 12, seed=4, feasible=limit)
+    assert all(w["code"] <= 0.4 and sum(w.values()) == pytest.approx(1) for w in a)
+    with pytest.raises(ValueError, match=r"only 0 of 2 mixtures .* the last refused: never"):
+        mf.draw(SOURCES, 2, seed=0, feasible=lambda w: "never", max_tries=50)
+
+
+def test_the_fit_recovers_a_known_optimum_from_a_dozen_noisy_proxies():
+    rng = np.random.default_rng(0)
+    draws = mf.draw(SOURCES, 12, seed=1, feasible=lambda w: "")
+    w = np.array([[d[s] for s in SOURCES] for d in draws])
+    y = _true(w) + rng.normal(0, 0.005, len(w))
+    fit = mf.Fit.of(w, y)
+    assert fit.loo_rmse < 0.2 * fit.spread                 # it learned the shape, not the mean
+    best = mf.optimum(fit, SOURCES, lower_is_better=True, feasible=lambda w: "")
+    assert np.abs(np.array([best[s] for s in SOURCES]) - [0.2, 0.3, 0.5]).max() < 0.06
+    low, high = fit.interval([best[s] for s in SOURCES])
+    assert low <= float(fit.predict([best[s] for s in SOURCES])[0]) <= high and high - low < 0.05
+    assert low < float(_true([best[s] for s in SOURCES])[0]) < high
+    # moving weight toward web (under-weighted at the uniform point) helps; toward code hurts
+    effects = fit.effects(SOURCES)
+    assert effects["web"] < 0 < effects["code"]
+
+
+def test_the_optimum_respects_feasibility_and_direction():
+    w = np.array([[1, 0], [0, 1], [0.5, 0.5], [0.25, 0.75], [0.75, 0.25]])
+    y = w[:, 0]                      # score rises with the first source's share
+    fit = mf.Fit.of(w, y)
+    assert mf.optimum(fit, ("a", "b"), lower_is_better=False, feasible=lambda w: "")["a"] == pytest.approx(1)
+    cap = lambda w: "a past its limit" if w["a"] > 0.6 else ""          # noqa: E731
+    capped = mf.optimum(fit, ("a", "b"), lower_is_better=False, feasible=cap)
+    assert 0.55 <= capped["a"] <= 0.6
