@@ -3,6 +3,7 @@
 #   make stage STAGE=tokenizer [FORCE=1]     one stage (and what it needs); FORCE reruns it and its dependents
 #   make export                              the model as a Hugging Face directory (and what it needs)
 #   make status [VERIFY=1] | make gc | make test | make bench | make lint
+#   make mixsearch MIXSEARCH=gin/mixsearch/prose_code.gin   proxies on random mixtures, then the predicted best
 #   make faults N=200                        N seeded kills of stages, reruns checked against an undisturbed run
 PYTHON ?= python3
 PY := .venv/bin/python
@@ -16,7 +17,7 @@ export OVERRIDES
 
 RUN := $(PY) -m pipeline
 
-.PHONY: pipeline stage export sweep status gc plan test bench faults lint install clean-cache
+.PHONY: pipeline stage export sweep mixsearch status gc plan test bench faults lint install clean-cache
 
 pipeline: .venv/installed .venv/olmo-eval-installed
 	$(RUN) run --gin $(GIN) --overrides "$$OVERRIDES"
@@ -32,6 +33,11 @@ export: .venv/installed .venv/olmo-eval-installed
 sweep: .venv/installed .venv/olmo-eval-installed
 	@test -n "$(SWEEP)" || { echo "usage: make sweep SWEEP=gin/sweeps/<name>.gin"; exit 2; }
 	$(RUN) sweep --gin $(SWEEP) --overrides "$$OVERRIDES"
+
+# Proxy runs on random mixtures, a fit per yardstick, the predicted best mixture trained (pipeline/mixsearch.py).
+mixsearch: .venv/installed .venv/olmo-eval-installed
+	@test -n "$(MIXSEARCH)" || { echo "usage: make mixsearch MIXSEARCH=gin/mixsearch/<name>.gin"; exit 2; }
+	$(RUN) mixsearch --gin $(MIXSEARCH) --overrides "$$OVERRIDES"
 
 status: .venv/installed
 	@$(RUN) status --gin $(GIN) --overrides "$$OVERRIDES" $(if $(VERIFY),--verify)

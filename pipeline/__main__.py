@@ -6,6 +6,7 @@
     python -m pipeline plan   --gin gin/tiny.gin      # the keys, what a run would execute, the train plan
     python -m pipeline plan   --gin gin/600b.gin --days 30   # and the smallest TPU slice that trains it in 30
     python -m pipeline sweep  --gin gin/sweeps/lr.gin # every variant in one build, then a comparison
+    python -m pipeline mixsearch --gin gin/mixsearch/prose_code.gin   # proxies, a fit, the predicted mixture
 
 A run with several sources (train.Mixture) is a tree of nodes (`clean[code]`, pipeline/dag.py): `--stage`
 names a node, or a stage for every source's instance of it (`--stage clean --force` recleans them all).
@@ -44,11 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("apache_beam", "luigi", "luigi-interface", "absl", "gcsfs", "fsspec", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     params = list(args.gin_param) + _split_overrides(args.overrides)
-    if args.command in ("run", "sweep") and (problem := checks.arguments(args.workers, args.scheduler)):
+    if args.command in ("run", "sweep", "mixsearch") and (problem := checks.arguments(args.workers,
+                                                                                      args.scheduler)):
         return _error(problem)
     gin_files = args.gin or [os.path.join(config.GIN_DIR, "tiny.gin")]
     if args.command == "sweep":
         return _sweep(gin_files, params, args, start)
+    if args.command == "mixsearch":
+        return _mixsearch(gin_files, params, args, start)
     try:
         plan = config.load(gin_files, params)
         if args.stage:
@@ -244,6 +248,27 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
     return 0
 
 
+def _mixsearch(gin_files: list[str], params: list[str], args, start: float) -> int:
+    from pipeline import mixsearch
+
+    try:
+        _, plan = mixsearch.settings(gin_files, params)
+    except (config.ConfigError, ValueError) as e:
+        return _error(str(e))
+    if unfilled := config.placeholders(plan):
+        return _error(f"{', '.join(gin_files)} leaves placeholders to fill in: {'; '.join(unfilled)}")
+    problem = checks.unreachable(plan) or checks.unknown_keys(plan)
+    if problem or (problem := checks.cannot_run(plan, _to_run(plan, args))):
+        return _error(problem)
+    try:
+        print(mixsearch.run(gin_files, params, workers=args.workers, scheduler=args.scheduler))
+    except (ValueError, RuntimeError) as e:
+        print(f"mixsearch FAILED after {time.time() - start:.1f} s: {e}", file=sys.stderr)
+        return 1
+    print(f"done in {time.time() - start:.1f} s")
+    return 0
+
+
 def _force(args) -> list[str]:
     """The stages `--force` names: `--stage`, or the first stage (so every stage); none for a sweep or
     without --force. What they rerun with them is `dag.Tree.forced`."""
@@ -367,7 +392,7 @@ def _t5x_aliases(argv: list[str]) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "status", "plan", "sweep"))
+    p.add_argument("command", choices=("run", "status", "plan", "sweep", "mixsearch"))
     p.add_argument("--gin", action="append", default=[], metavar="FILE",
                    help="gin file (repeatable; later files override earlier ones); default gin/tiny.gin")
     p.add_argument("--gin-param", action="append", default=[], metavar="BINDING",

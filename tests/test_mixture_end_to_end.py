@@ -153,3 +153,36 @@ def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trad
     assert verdicts["own_split"]["comparable"]
     assert "bpb/stdlib_code" in verdicts["yardsticks"] and "bpb/aesop_fables" in verdicts["yardsticks"]
     assert "verdict: " in out
+
+
+@pytest.mark.slow
+def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys,
+                                                                                         compile_once):
+    """gin/twins/mixsearch_prose_code.gin on the data the mixture run built: four proxies and the finalists
+    (one seed) train and evaluate, no data node runs again, and the report has the proxies, the fits with
+    their held-out error, the prediction with its interval and the measured finalists."""
+    root, _ = mixture_run
+    before = {stage: len(storage.listdir(f"{root}/{stage}")) for stage in ("download", "clean", "shard")}
+    trained = set(storage.listdir(f"{root}/train"))
+    twin = f"{REPO}/gin/twins/mixsearch_prose_code.gin"
+    params = [f'pipeline.Settings.cache_root = "{root}"', "mixsearch.seeds = 1"]
+    assert cli.main(["mixsearch", "--gin", twin, *[a for p in params for a in ("--gin-param", p)]]) == 0
+    out = capsys.readouterr().out
+    assert {stage: len(storage.listdir(f"{root}/{stage}")) for stage in before} == before
+    search = storage.read_json(f"{root}/mixsearch/mixsearch_prose_code/search.json")
+    finalists = {tuple(sorted(r.items())) for r in search["finalists"].values()}
+    proxies = {tuple(sorted(p["rows"].items())) for p in search["proxies"]}
+    # the nodes each build ran: every data node was cached; per proxy and new finalist, train and evaluate
+    assert search["ran"] == {"data": [], "proxies": ["train", "evaluate"],
+                             "finalists": ["train", "evaluate"] if finalists - proxies else []}
+    new = set(storage.listdir(f"{root}/train")) - trained      # one training per distinct mixture
+    assert len(proxies) == 4 and len(new) == len(proxies | finalists)
+    assert all(sum(p["rows"].values()) == search["global_batch"] for p in search["proxies"])
+    low, high = search["prediction"]["interval"]
+    assert low <= search["prediction"]["score"] <= high
+    md = storage.read_text(f"{root}/mixsearch/mixsearch_prose_code/report.md")
+    for heading in ("## Proxies", "## Fits", "## Prediction", "## Measured", "## Verdicts"):
+        assert heading in md, heading
+    assert "| bpb/mean |" in md and "| predicted |" in md and "| uniform |" in md
+    assert storage.read_bytes(f"{root}/mixsearch/mixsearch_prose_code/fit.png")[:4] == b"\x89PNG"
+    assert "mixsearch: 4 proxies; predicted best for bpb/mean" in out

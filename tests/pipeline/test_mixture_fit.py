@@ -48,3 +48,23 @@ def test_the_optimum_respects_feasibility_and_direction():
     cap = lambda w: "a past its limit" if w["a"] > 0.6 else ""          # noqa: E731
     capped = mf.optimum(fit, ("a", "b"), lower_is_better=False, feasible=cap)
     assert 0.55 <= capped["a"] <= 0.6
+
+
+def test_a_search_draws_whole_rows_within_every_sources_repetition_limit():
+    """pipeline/mixsearch.py's feasibility on the real Mixture: 100 steps of 16 rows, code holding 200 windows
+    and a limit of 2 epochs: code may have at most 4 rows a step, and a share under one row is no share."""
+    import dataclasses
+
+    from pipeline import mixsearch
+    from stages.train import Config, Mixture
+
+    train = dataclasses.replace(Config(), steps=100, global_batch=16,
+                                mixture=Mixture(phases=((0, {"code": 1, "prose": 1}),), max_epochs=2.0))
+    problem = mixsearch.limits(train, {"code": 200, "prose": 100_000})
+    assert mixsearch.rows({"code": 0.3, "prose": 0.7}, 16) == {"code": 5, "prose": 11}
+    assert "past max_epochs=2" in problem({"code": 0.3, "prose": 0.7})
+    assert problem({"code": 0.25, "prose": 0.75}) == ""
+    assert mixsearch.rows({"code": 0.02, "prose": 0.98}, 16) == {"code": 0, "prose": 16}
+    draws = mf.draw(("code", "prose"), 20, seed=0, feasible=problem)
+    assert all(mixsearch.rows(w, 16)["code"] <= 4 for w in draws)
+    assert draws == mf.draw(("code", "prose"), 20, seed=0, feasible=problem)
