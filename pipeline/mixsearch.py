@@ -37,7 +37,7 @@ from fractions import Fraction
 import numpy as np
 
 import gin
-from pipeline import checks, config, mixture_fit, sweep, sweep_report, tasks
+from pipeline import checks, config, mixture_fit, sweep, sweep_report
 from pipeline import plan as run_plan
 from stages.io import storage
 from stages.io.committed import by_source
@@ -178,6 +178,8 @@ def _run(gin_files, params, name: str, mix_rows: dict[str, int], seed: int | Non
 
 
 def _build(plans, targets, workers, scheduler, what: str) -> list[str]:
+    from pipeline import tasks  # Luigi: imported when something is built, as the CLI does
+
     result = tasks.build(plans, targets, workers=workers, scheduler=scheduler)
     if not result.ok:
         raise RuntimeError(f"mixture search: {what} failed:\n{result.summary}")

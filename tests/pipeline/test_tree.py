@@ -156,3 +156,17 @@ def test_the_web_code_math_run_file_pins_each_source_and_plans_its_tokens_offlin
     train = plan.stages["train"].config
     assert sum(asked.values()) == train.steps * train.global_batch * train.seq_len
     assert asked["1", "code"] > asked["0", "code"] * (2_400 / 21_600)      # the anneal raises code's share
+
+
+def test_the_web_code_math_search_plans_one_proxy_on_the_runs_own_data():
+    """gin/mixsearch/web_code_math.gin: a proxy-scale model on exactly the data nodes of the 1B mixture run
+    (the search adds training only), with enough proxies for a three-source fit."""
+    from pipeline import mixsearch, mixture_fit
+
+    found, search = mixsearch.settings(["gin/mixsearch/web_code_math.gin"], [])
+    run = config.load(["gin/mixtures/web_code_math.gin"])
+    data = [n for n in run.tree.closure("train") if n != "train"]
+    assert [search.stages[n].config for n in data] == [run.stages[n].config for n in data]
+    assert found.proxies > mixture_fit.n_coefficients(3) and found.target == "bpb/mean"
+    proxy, final = search.stages["train"].config, run.stages["train"].config
+    assert proxy.model.d_model * 4 == final.model.d_model and proxy.steps * 12 == final.steps
