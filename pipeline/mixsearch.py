@@ -34,14 +34,15 @@ import io
 from collections.abc import Callable
 from fractions import Fraction
 
-import numpy as np
-
 import gin
-from pipeline import checks, config, mixture_fit, sweep, sweep_report
+from pipeline import checks, config, sweep, sweep_report
 from pipeline import plan as run_plan
 from stages.io import storage
 from stages.io.committed import by_source
 from stages.train.mixture import Mixture, apportion
+
+# numpy and the fit (pipeline/mixture_fit.py) are imported where used: the CLI imports this module for its gin
+# configurable, and a fully cached run imports no numpy (tests/test_layers.py)
 
 PHASES = "train.Mixture.phases"
 MEAN_BPB = "bpb/mean"          # the mean of every reference set's bits per byte
@@ -71,7 +72,8 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_pla
     if train.mixture is None or len(plan.tree.sources) < 2:
         raise config.ConfigError(f"{files}: a mixture search needs a run with two or more sources "
                                  "(train.Mixture naming them, as gin/mixtures/prose_code.gin does)")
-    need = mixture_fit.n_coefficients(len(plan.tree.sources)) + 1
+    k = len(plan.tree.sources)
+    need = k + k * (k - 1) // 2 + 1           # mixture_fit's coefficients, and one more
     if isinstance(found.proxies, bool) or not isinstance(found.proxies, int) or found.proxies < need:
         raise config.ConfigError(f"{files}: mixsearch.proxies = {found.proxies!r}; the fit over "
                                  f"{len(plan.tree.sources)} sources needs an int >= {need}")
@@ -122,6 +124,9 @@ def limits(train, windows: dict[str, int]) -> Callable[[dict[str, float]], str]:
 def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler: str | None = None) -> str:
     """The whole search (see the module docstring); returns the report's summary lines. RuntimeError when a
     build fails."""
+    import numpy as np
+
+    from pipeline import mixture_fit
     found, base = settings(gin_files, params)
     sources = base.tree.sources
     data = [n for n in base.tree.closure("train") if n != "train"]
@@ -189,6 +194,8 @@ def _build(plans, targets, workers, scheduler, what: str) -> list[str]:
 def with_mean(found: dict[str, dict]) -> dict[str, dict]:
     """A run's yardsticks plus `bpb/mean`, the mean of its reference sets' bits per byte (and of their
     interval ends), when it has any."""
+    import numpy as np
+
     bpb = [v for n, v in found.items() if n.startswith("bpb/")]
     if not bpb:
         return found
@@ -211,7 +218,7 @@ def _with_mean_results(results: list[sweep_report.Result]) -> list[sweep_report.
 # ---------------------------------------------------------------------------------------------
 # The report
 
-def write(name: str, cache_root: str, search: dict, decision: dict, target_fit: mixture_fit.Fit) -> str:
+def write(name: str, cache_root: str, search: dict, decision: dict, target_fit) -> str:
     out = storage.join(cache_root, "mixsearch", name)
     text = markdown(name, search, decision)
     storage.write_text(storage.join(out, "report.md"), text)
@@ -280,11 +287,14 @@ def markdown(name: str, search: dict, decision: dict) -> str:
     return "\n".join(lines)
 
 
-def fit_png(search: dict, fit: mixture_fit.Fit) -> bytes:
+def fit_png(search: dict, fit) -> bytes:
     """The target's fit: with two sources, the score against the first source's weight (proxies, the fitted
     curve and its prediction band, the prediction); with more, each proxy's held-out prediction against its
     score."""
     import matplotlib
+    import numpy as np
+
+    from pipeline import mixture_fit
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
