@@ -53,6 +53,13 @@ def shard(tmp_path_factory):
                            fn=_write_shards)
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, shard):
+    """CONFIG trained once, uninterrupted, in this process: what the stop, damage, two-process and twin tests
+    compare with (each trained it again before)."""
+    return _train(str(tmp_path_factory.mktemp("whole")), shard, CONFIG)
+
+
 def _train(root, shard, cfg, key="k"):
     return cache.run_stage(cache_root=root, stage="train", key=key, config=cfg, upstream={"shard": shard},
                            fn=train.run)
@@ -67,8 +74,7 @@ def _losses(committed) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_a_stopped_run_resumes_to_the_same_loss_at_every_step(tmp_path, shard):
-    whole = _train(str(tmp_path / "a"), shard, CONFIG)
+def test_a_stopped_run_resumes_to_the_same_loss_at_every_step(tmp_path, shard, whole):
     root = str(tmp_path / "b")
     with pytest.raises(TrainingStopped, match="stopped at step 6"):
         _train(root, shard, dataclasses.replace(CONFIG, stop_after=6))
@@ -83,8 +89,8 @@ def test_a_stopped_run_resumes_to_the_same_loss_at_every_step(tmp_path, shard):
 
 
 @pytest.mark.slow
-def test_two_processes_over_gloo_match_one_process(tmp_path, shard):
-    one = _train(str(tmp_path / "one"), shard, CONFIG)
+def test_two_processes_over_gloo_match_one_process(tmp_path, shard, whole):
+    one = whole
     two_cfg = dataclasses.replace(CONFIG, launcher=LaunchConfig(kind="local", num_processes=2, timeout_s=300))
     two = _train(str(tmp_path / "two"), shard, two_cfg)
     summary = storage.read_json(two.file("summary.json"))
@@ -175,8 +181,7 @@ def test_a_stopped_multi_process_run_raises_training_stopped(tmp_path, shard):
 
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning_and_the_one_before_restored(tmp_path, shard,
-                                                                                          caplog):
-    whole = _train(str(tmp_path / "a"), shard, CONFIG)
+                                                                                          whole, caplog):
     root = str(tmp_path / "b")
     with pytest.raises(TrainingStopped, match="stopped at step 7"):
         _train(root, shard, dataclasses.replace(CONFIG, stop_after=7))     # checkpoints at 3, 6 and 7
@@ -255,13 +260,13 @@ print("ROWS " + json.dumps(t._rows(t._train(sys.argv[2], shard, t.CONFIG))))
 TIMING = ("time", "compile_and_first_step_s", "tokens_per_s", "step_time_s", "mfu")
 
 
-def test_two_trainings_of_one_config_give_bitwise_identical_metrics(tmp_path, shard):
+def test_two_trainings_of_one_config_give_bitwise_identical_metrics(tmp_path, shard, whole):
     """One config trained here (after whatever else this process ran: another test's jax.config left behind
     would show) and in a fresh process with another hash seed gives the same losses, norms and evaluation
     losses to the last bit. Same machine and CPU count: XLA:CPU splits reductions and a matmul's inner
     dimension over its thread pool, one thread per CPU the process may use, so a machine with another CPU
     count (or instruction set) adds in another order and trains other bits."""
-    here = _rows(_train(str(tmp_path / "here"), shard, CONFIG))
+    here = _rows(whole)
     proc = subprocess.run([sys.executable, "-c", TWIN_SCRIPT, shard.path.rsplit("/shard/", 1)[0],
                            str(tmp_path / "there")], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYTHONPATH=REPO, PYTHONHASHSEED="12345"))
