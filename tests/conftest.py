@@ -5,6 +5,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -14,6 +15,17 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # every process that imports JAX tries to start a TPU runtime and prints its errors. TPU topologies still
 # compile with it set.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One XLA compilation cache for the whole session, read by this process and every subprocess (JAX takes
+# these from the environment): the tiny model's programs, compiled by dozens of tests and pipeline runs,
+# compile once.
+# An executable is a function of its program, the XLA flags and the machine (the key holds all three), so a
+# cached one computes the same bits (tests/train/test_loop.py checks bitwise agreement across processes).
+# REFINERY_TEST_XLA_CACHE names a directory to keep (and reuse) between sessions; by default a fresh one.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("REFINERY_TEST_XLA_CACHE") or \
+        tempfile.mkdtemp(prefix="refinery-test-xla-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 from tests import emulator_process  # noqa: E402 - after the environment above
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
