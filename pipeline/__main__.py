@@ -32,8 +32,7 @@ import os
 import sys
 import time
 
-# mixsearch and sweep register their gin configurables: plan and status read their files too
-from pipeline import cache, checks, config, dag, mixsearch, sweep
+from pipeline import cache, checks, config, dag
 from pipeline import plan as run_plan
 from stages.io import storage
 from stages.train.stop import STOPPED_EXIT_CODE  # a stage stopped on request after saving: rerun to resume
@@ -219,7 +218,7 @@ def _failures(result) -> None:
 
 
 def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
-    from pipeline import tasks
+    from pipeline import sweep, tasks
 
     try:
         runs = sweep.runs(gin_files, params)
@@ -250,6 +249,8 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
 
 
 def _mixsearch(gin_files: list[str], params: list[str], args, start: float) -> int:
+    from pipeline import mixsearch
+
     try:
         _, plan = mixsearch.settings(gin_files, params)
     except (config.ConfigError, ValueError) as e:

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import gin
-from pipeline import cache, dag, gin_errors, typecheck
+from pipeline import cache, dag, gin_errors, search_bindings, typecheck  # noqa: F401 - sweep.*, mixsearch.*
 from pipeline.gin_errors import GIN_DIR, ConfigError
 from pipeline.plan import InputsError, Plan, StagePlan
 from stages import beam_runner

@@ -34,9 +34,9 @@ import io
 from collections.abc import Callable
 from fractions import Fraction
 
-import gin
-from pipeline import checks, config, sweep, sweep_report
+from pipeline import checks, config, search_bindings, sweep, sweep_report
 from pipeline import plan as run_plan
+from pipeline.search_bindings import MEAN_BPB
 from stages.io import storage
 from stages.io.committed import by_source
 from stages.train.mixture import Mixture, apportion
@@ -45,13 +45,9 @@ from stages.train.mixture import Mixture, apportion
 # configurable, and a fully cached run imports no numpy (tests/test_layers.py)
 
 PHASES = "train.Mixture.phases"
-MEAN_BPB = "bpb/mean"          # the mean of every reference set's bits per byte
 FINALISTS = ("predicted", "best proxy", "uniform")
 
 
-@gin.configurable("mixsearch")
-def _mixsearch(proxies=8, seed=0, alpha=1.0, target=MEAN_BPB, seeds=2):
-    return proxies, seed, alpha, target, seeds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +62,7 @@ class Settings:
 def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_plan.Plan]:
     """The search's settings and the base plan; ConfigError naming the bad value."""
     plan = config.load(gin_files, params)
-    found = Settings(*_mixsearch())
+    found = Settings(*search_bindings.mixsearch())
     train = plan.stages["train"].config
     files = ", ".join(gin_files)
     if train.mixture is None or len(plan.tree.sources) < 2:

@@ -27,8 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import gin
-from pipeline import config, gin_errors
+from pipeline import config, gin_errors, search_bindings
 from pipeline import plan as run_plan
 
 SEED_BINDING = "train.Config.seed"   # what a sweep's seed sets: parameter init and data order
@@ -37,9 +36,6 @@ SEED_BINDING = "train.Config.seed"   # what a sweep's seed sets: parameter init 
 MAX_SEEDS = 100
 
 
-@gin.configurable("sweep")
-def _sweep(variants=gin.REQUIRED, seeds=1, cumulative=False):
-    return variants, seeds, cumulative
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +59,7 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[st
     config.load(gin_files, params)   # validates the base config and parses the sweep bindings
     files = ", ".join(gin_files)
     try:
-        found, seeds, cumulative = _sweep()
+        found, seeds, cumulative = search_bindings.sweep()
     except (ValueError, RuntimeError) as e:
         raise config.ConfigError(f"{files} binds no sweep.variants: {e}") from None
     if not isinstance(found, dict) or not found:

@@ -11,12 +11,9 @@ from pipeline import __main__ as cli
 from pipeline import config, sweep
 from stages.io import storage
 from tests.conftest import REPO
-from tests.test_end_to_end import SMALL
+from tests.tiny_run import MIX_GIN as GIN
+from tests.tiny_run import MIX_SMALL
 
-GIN = f"{REPO}/gin/mixtures/prose_code.gin"
-# No downstream tasks (the one-source end-to-end tests score them): here the sources and reference sets matter
-MIX_SMALL = [*SMALL, "code/download.EmbeddedCode.max_files = 24",
-             "stdlib_code/download.EmbeddedCode.max_files = 4", "yardsticks.Config.tasks = ()"]
 TREE = ["download[code]", "download[prose]", "clean[code]", "clean[prose]", "tokenizer", "shard[code]",
         "shard[prose]", "yardsticks", "train", "evaluate", "export"]
 
@@ -186,3 +183,20 @@ def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_pr
     assert "| bpb/mean |" in md and "| predicted |" in md and "| uniform |" in md
     assert storage.read_bytes(f"{root}/mixsearch/mixsearch_prose_code/fit.png")[:4] == b"\x89PNG"
     assert "mixsearch: 4 proxies; predicted best for bpb/mean" in out
+
+
+@pytest.mark.slow
+def test_a_killed_sources_clean_reruns_to_the_undisturbed_outputs(mixture_run, tmp_path):
+    """The fault harness on the tree (tests/faults/harness.py, `--dag mixture`): clean[code] killed after its
+    files are written and before its commit, on a cache holding what it reads; nothing partial counts as
+    done, `pipeline status` agrees, and the rerun's clean[code] equals the undisturbed run's, no document
+    lost. The reference's data nodes are this file's run (the same keys)."""
+    from tests.faults.harness import DAGS, Case, Harness
+    from tests.tiny_run import MIXTURE, TinyRun
+
+    harness = Harness(str(tmp_path), spec=DAGS["mixture"], shared=TinyRun(mixture_run[0], [], MIXTURE))
+    r = harness.run(Case("clean[code]", "commit", seed=0))
+    logs = f"(logs: {r.log_dir})"
+    assert r.killed and r.landed == "clean[code]" and r.partial, logs
+    assert r.done_but_partial == [] and r.status_disagrees == [] and r.leftovers == [], logs
+    assert r.rerun_ok and r.differences == [] and r.records_lost == 0, logs

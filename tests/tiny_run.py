@@ -17,7 +17,7 @@ import os
 
 from pipeline import cache, config
 from stages.io import storage
-from stages.io.committed import Committed
+from stages.io.committed import Committed, stage_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN = os.path.join(REPO, "gin", "tiny.gin")
@@ -37,17 +37,43 @@ SMALL = [
     "yardsticks.Config.max_items_per_task = 20",
 ]
 ALL = ["download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
-DATA_HALF = ("download", "clean", "tokenizer", "shard", "yardsticks")   # what training reads
+# The prose + code mixture at the same sizes, with 24 code modules and 4 held-out ones, no downstream tasks
+# (the one-source tests score them): tests/test_mixture_end_to_end.py, and the fault harness's mixture cases
+MIX_GIN = os.path.join(REPO, "gin", "mixtures", "prose_code.gin")
+MIX_SMALL = [*SMALL, "code/download.EmbeddedCode.max_files = 24",
+             "stdlib_code/download.EmbeddedCode.max_files = 4", "yardsticks.Config.tasks = ()"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A run file and its test-size bindings: what a command line needs, given a cache root."""
+
+    gin: str
+    params: tuple[str, ...]
+
+    def with_params(self, *extra: str) -> Spec:
+        return Spec(self.gin, self.params + extra)
+
+    def argv(self, root: str, *extra: str) -> list[str]:
+        """`python -m pipeline <verb>` arguments (after the verb) on cache `root`."""
+        return ["--gin", self.gin, "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
+                *[a for p in self.params + extra for a in ("--gin-param", p)]]
+
+    def plan(self, root: str, *extra: str) -> config.Plan:
+        return config.load([self.gin], [f'pipeline.Settings.cache_root = "{root}"', *self.params, *extra])
+
+
+TINY = Spec(GIN, tuple(SMALL))
+MIXTURE = Spec(MIX_GIN, tuple(MIX_SMALL))
 
 
 def argv(root: str, *extra: str) -> list[str]:
     """`python -m pipeline run` arguments (after the verb) for the tiny DAG on cache `root`."""
-    return ["--gin", GIN, "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
-            *[a for p in SMALL + list(extra) for a in ("--gin-param", p)]]
+    return TINY.argv(root, *extra)
 
 
 def plan(root: str, *extra: str) -> config.Plan:
-    return config.load([GIN], [f'pipeline.Settings.cache_root = "{root}"', *SMALL, *extra])
+    return TINY.plan(root, *extra)
 
 
 def ran(out: str) -> list[str]:
@@ -58,18 +84,22 @@ def ran(out: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class TinyRun:
-    """The whole tiny DAG, run once on `root` (never written to after: tests copy from it)."""
+    """A whole run of `spec` (by default the tiny DAG) on `root`, not written to after: tests copy from it."""
 
     root: str
     ran: list[str]       # what the run ran: every stage, the cache being fresh
+    spec: Spec = TINY
 
-    def committed(self, *stages: str) -> list[Committed]:
-        p = plan(self.root)
-        return [cache.load(self.root, s, p.stages[s].key) for s in stages]
+    def committed(self, *nodes: str) -> list[Committed]:
+        p = self.spec.plan(self.root)
+        return [cache.load(self.root, stage_of(n), p.stages[n].key) for n in nodes]
 
-    def copy_to(self, root: str, stages: tuple[str, ...] = DATA_HALF) -> None:
-        """Puts this run's commits of `stages` into cache `root` (any storage), as a run would have."""
-        copy_commits(root, self.committed(*stages))
+    def copy_to(self, root: str, nodes: tuple[str, ...] | None = None) -> None:
+        """Puts this run's commits of `nodes` (default: every node training reads, the data half) into cache
+        `root` (any storage), as a run would have."""
+        if nodes is None:
+            nodes = tuple(n for n in self.spec.plan(self.root).tree.closure("train") if n != "train")
+        copy_commits(root, self.committed(*nodes))
 
 
 def run_tiny(root: str) -> TinyRun:

@@ -3,6 +3,7 @@ nothing partial was taken as done and that the rerun's outputs equal an undistur
 
     python -m tests.faults.harness --n 200     # `make faults N=200`: seeds 0..N-1 (--start S: S..S+N-1),
                                                # a table, and benchmarks/out/faults.json; exit 1 on a problem
+    python -m tests.faults.harness --dag mixture --n 33    # the prose + code tree: every node x point once
     python -m pytest -p no:cacheprovider tests/faults    # a fixed case per stage (test_faults.py)
 
 A case (`Case`) names a stage, a kill point and a seed; the run is `python -m pipeline run --stage <stage>`
@@ -47,15 +48,17 @@ import threading
 import time
 import uuid
 
-from pipeline import cache, config, dag
+from pipeline import cache, dag
 from stages.io import storage
+from stages.io.committed import stage_of
 from tests import emulator_process
-from tests.tiny_run import SMALL, TinyRun, copy_commits
+from tests.tiny_run import MIXTURE, TINY, Spec, TinyRun, copy_commits
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GIN = os.path.join(REPO, "gin", "tiny.gin")
 # A checkpoint every 3 of the 12 steps, so a kill mid-training has checkpoints to resume from.
-PARAMS = [*SMALL, "train.Config.checkpoint_every = 3"]
+CHECKPOINTS = "train.Config.checkpoint_every = 3"
+DAGS = {"tiny": TINY.with_params(CHECKPOINTS),                # the one-source tiny DAG
+        "mixture": MIXTURE.with_params(CHECKPOINTS)}          # the prose + code tree: nodes like clean[code]
 STAGES = list(dag.STAGES)
 POINTS = ("random", "commit", "gcs")
 OUT = os.path.join(REPO, "benchmarks", "out", "faults.json")
@@ -90,17 +93,17 @@ class Case:
 
     @property
     def trigger(self) -> str:
-        return self.after or rf"running {self.stage} \(key "
+        return self.after or rf"running {re.escape(self.stage)} \(key "
 
 
-def seeded_case(seed: int) -> Case:
+def seeded_case(seed: int, stages: list[str] = STAGES) -> Case:
     """`make faults`' case `seed`: stages cycle fastest, and each round of them shifts the points by one
     (seed = round x stages + i: point (round + i) mod points), so the first len(STAGES) x len(POINTS) seeds
     (CASES_PER_ROUND, `make faults`' default) cover every (stage, point) once, and the first round every stage
     and every point. (The rule was (seed + round) mod points, which for 8 stages and 3 points gave each stage
     one point forever: 9 x round is 0 mod 3.)"""
-    rnd, i = divmod(seed, len(STAGES))
-    return Case(STAGES[i], POINTS[(rnd + i) % len(POINTS)], seed)
+    rnd, i = divmod(seed, len(stages))
+    return Case(stages[i], POINTS[(rnd + i) % len(POINTS)], seed)
 
 
 CASES_PER_ROUND = len(STAGES) * len(POINTS)
@@ -142,9 +145,11 @@ class Harness:
     only its training differs (a checkpoint every 3 steps)."""
 
     def __init__(self, workdir: str, *, gcs_root: str = "", keep: bool = False,
-                 shared: TinyRun | None = None):
-        self.workdir, self.gcs_root, self.keep, self.shared = workdir, gcs_root, keep, shared
-        self.keys = {s: sp.key for s, sp in plan(os.path.join(workdir, "reference")).stages.items()}
+                 shared: TinyRun | None = None, spec: Spec = DAGS["tiny"]):
+        self.workdir, self.gcs_root, self.keep, self.shared, self.spec = workdir, gcs_root, keep, shared, spec
+        reference = spec.plan(os.path.join(workdir, "reference"))
+        self.keys = {node: sp.key for node, sp in reference.stages.items()}
+        self.tree = reference.tree      # a mixture's nodes are clean[code], ...: every name below is a node
         self._reference: dict[str, cache.Committed] = {}
         self._walls: dict[str, dict[str, float]] = {}
 
@@ -156,7 +161,8 @@ class Harness:
             root = os.path.join(self.workdir, "reference")
             if self.shared is not None:
                 self.shared.copy_to(root)
-            out = run_pipeline(command(root), self.env(), os.path.join(self.workdir, "reference.log"))
+            out = run_pipeline(command(root, spec=self.spec), self.env(),
+                               os.path.join(self.workdir, "reference.log"))
             if out.returncode != 0:
                 raise RuntimeError(f"the reference run failed (exit {out.returncode}); see {out.log_path}")
             self._reference = self.committed(root)
@@ -173,8 +179,8 @@ class Harness:
         walls = self._walls.setdefault("gcs", {})
         if stage not in walls:    # builds the stage once on the emulator, upstream copied from the reference
             root = storage.join(self.gcs_root, "reference")
-            copy_commits(root, [self._reference[s] for s in dag.closure(stage) if s != stage])
-            out = run_pipeline(command(root, stage), self.env(gcs=True),
+            copy_commits(root, [self._reference[s] for s in self.tree.closure(stage) if s != stage])
+            out = run_pipeline(command(root, stage, spec=self.spec), self.env(gcs=True),
                                os.path.join(self.workdir, f"reference-gcs-{stage}.log"))
             if out.returncode != 0:
                 raise RuntimeError(f"the GCS reference run of {stage} failed; see {out.log_path}")
@@ -182,7 +188,7 @@ class Harness:
         return walls[stage]
 
     def committed(self, root: str) -> dict[str, cache.Committed | None]:
-        return {s: cache.load(root, s, key) for s, key in self.keys.items()}
+        return {s: cache.load(root, stage_of(s), key) for s, key in self.keys.items()}
 
     def env(self, *, gcs: bool = False, kill_before_commit: str = "") -> dict[str, str]:
         env = dict(os.environ, JAX_PLATFORMS="cpu", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
@@ -203,11 +209,14 @@ class Harness:
         logs = os.path.join(self.workdir, case.name)
         os.makedirs(logs, exist_ok=True)
         root = storage.join(self.gcs_root, case.name) if gcs else os.path.join(logs, "cache")
-        copy_commits(root, [reference[s] for s in dag.closure(case.stage) if s != case.stage])
-        argv = command(root, case.stage)
+        copy_commits(root, [reference[s] for s in self.tree.closure(case.stage) if s != case.stage])
+        argv = command(root, case.stage, spec=self.spec)
         delay = None
         if case.point == "commit":
-            kill = run_pipeline(argv, self.env(kill_before_commit=case.stage), os.path.join(logs, "kill.log"))
+            # the cache knows stages, not nodes; upstream being copied, the node is its stage's one instance
+            # that runs
+            kill = run_pipeline(argv, self.env(kill_before_commit=stage_of(case.stage)),
+                                os.path.join(logs, "kill.log"))
         else:
             window = case.window_s if case.window_s is not None else self.wall_s(case.stage, gcs=gcs)
             delay = random.Random(case.seed).random() * window
@@ -221,7 +230,7 @@ class Harness:
             if c is not None and (problems := cache.verify(c) + differences(s, reference[s], c)):
                 done_but_partial.append(f"{s}: {'; '.join(problems)}")
         try:
-            shown = status(root, self.env(gcs=gcs))
+            shown = status(command(root, verb="status", spec=self.spec), self.env(gcs=gcs))
             status_disagrees = [f"{s}: status says {shown.get(s)!r}, cache.load {'done' if c else 'not done'}"
                                 for s, c in after.items() if (shown.get(s) == "cached") != (c is not None)]
         except RuntimeError as e:      # one case's problem, not the end of a long run of cases
@@ -229,13 +238,14 @@ class Harness:
 
         rerun = run_pipeline(argv, self.env(gcs=gcs), os.path.join(logs, "rerun.log"))
         final = self.committed(root)
-        covered = dag.closure(case.stage)
+        covered = self.tree.closure(case.stage)
         diffs = [f"{s}: not committed after the rerun" for s in covered if final[s] is None]
         diffs += [d for s in covered if final[s] is not None for d in differences(s, reference[s], final[s])]
         lost = None
-        if final["clean"] is not None:
-            lost = len(doc_ids(reference["clean"]) - doc_ids(final["clean"]))
-        work = [storage.join(cache.stage_dir(root, s, self.keys[s]), cache.WORK) for s in covered]
+        cleans = [n for n in covered if stage_of(n) == "clean"]
+        if cleans and all(final[n] is not None for n in cleans):
+            lost = sum(len(doc_ids(reference[n]) - doc_ids(final[n])) for n in cleans)
+        work = [storage.join(cache.stage_dir(root, stage_of(s), self.keys[s]), cache.WORK) for s in covered]
         leftovers = cache.garbage(root) + [p for p in work if storage.exists(p)]
         resumed = re.findall(r"resumed from step (\d+)", rerun.text)
         result = Result(case, delay, killed, kill.landed, after[case.stage] is None, done_but_partial,
@@ -251,14 +261,8 @@ class Harness:
 # ---------------------------------------------------------------------------------------------
 # Running the pipeline
 
-def plan(root: str) -> config.Plan:
-    return config.load([GIN], [f'pipeline.Settings.cache_root = "{root}"', *PARAMS])
-
-
-def command(root: str, stage: str = "", verb: str = "run") -> list[str]:
-    return [sys.executable, "-m", "pipeline", verb, "--gin", GIN,
-            "--gin-param", f'pipeline.Settings.cache_root = "{root}"',
-            *[a for p in PARAMS for a in ("--gin-param", p)], *(["--stage", stage] if stage else [])]
+def command(root: str, stage: str = "", verb: str = "run", spec: Spec = DAGS["tiny"]) -> list[str]:
+    return [sys.executable, "-m", "pipeline", verb, *spec.argv(root), *(["--stage", stage] if stage else [])]
 
 
 @dataclasses.dataclass
@@ -312,7 +316,7 @@ def run_pipeline(argv: list[str], env: dict[str, str], log_path: str, *, trigger
         reader.join(timeout=30)
     wall = time.monotonic() - start
     running = [m.group(1) for t, line in lines if killed_at is None or t <= killed_at
-               for m in [re.search(r"running (\w+) \(key ", line)] if m]
+               for m in [re.search(r"running ([\w\[\]]+) \(key ", line)] if m]
     landed = running[-1] if running and proc.returncode == -signal.SIGKILL else ""
     text = "".join(line for _, line in lines)
     with open(log_path, "w") as f:
@@ -327,14 +331,14 @@ def exited(proc: subprocess.Popen) -> bool:
     return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def status(root: str, env: dict[str, str]) -> dict[str, str]:
-    """stage -> its state in `python -m pipeline status` ("cached" or "missing")."""
-    out = subprocess.run(command(root, verb="status"), cwd=REPO, env=env, capture_output=True, text=True,
+def status(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    """node -> its state in `python -m pipeline status` (`argv`): "cached" or "missing"."""
+    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=TIMEOUT_S)
     if out.returncode != 0:
         raise RuntimeError(f"pipeline status failed (exit {out.returncode}): {out.stderr[-2000:]}")
     rows = [line.split() for line in out.stdout.splitlines()[1:]]
-    return {row[0]: row[2] for row in rows if len(row) > 2 and row[0] in dag.STAGES}
+    return {row[0]: row[2] for row in rows if len(row) > 2 and stage_of(row[0]) in dag.STAGES}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,8 +431,10 @@ left over: attempts and work/ directories after the rerun (must be 0)"""
 
 
 def summary(results: list[Result]) -> list[dict]:
-    """One row per (stage, point) that ran, in DAG order, then the total."""
-    groups = [[r for r in results if (r.case.stage, r.case.point) == (s, p)] for s in STAGES for p in POINTS]
+    """One row per (stage, point) that ran, stages in the order the cases met them (seeded: DAG order), then
+    the total."""
+    stages = list(dict.fromkeys(r.case.stage for r in results))
+    groups = [[r for r in results if (r.case.stage, r.case.point) == (s, p)] for s in stages for p in POINTS]
     rows = [_row(g[0].case.stage, g[0].case.point, g) for g in groups if g]
     return rows + [_row("all", "", results)] if results else rows
 
@@ -470,15 +476,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=OUT, help="where the JSON goes (default: %(default)s)")
     p.add_argument("--workdir", default="", help="logs and caches (default: a new temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep every case's cache, not only failed ones'")
+    p.add_argument("--dag", choices=sorted(DAGS), default="tiny",
+                   help="tiny: the one-source tiny DAG; mixture: the prose + code tree, whose per-source "
+                        "nodes (clean[code], shard[prose], ...) the cases cycle through")
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     workdir = args.workdir or tempfile.mkdtemp(prefix="refinery-faults-")
-    cases = [seeded_case(seed) for seed in range(args.start, args.start + args.n)]
+    spec = DAGS[args.dag]
+    nodes = list(spec.plan(os.path.join(workdir, "reference")).stages)
+    cases = [seeded_case(seed, nodes) for seed in range(args.start, args.start + args.n)]
     start = time.time()
     results = []
     with contextlib.ExitStack() as stack:
         gcs_root = stack.enter_context(gcs_emulator()) if any(c.point == "gcs" for c in cases) else ""
-        harness = Harness(workdir, gcs_root=gcs_root, keep=args.keep)
+        harness = Harness(workdir, gcs_root=gcs_root, keep=args.keep, spec=spec)
         print(f"reference run in {workdir} ...", flush=True)
         harness.reference()
         for case in cases:

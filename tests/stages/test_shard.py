@@ -259,8 +259,8 @@ def test_a_validation_split_the_tokenizer_trained_on_is_refused_before_any_work(
     assert len(trained) > 800
 
 
-RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for p in glob.glob(f"{REPO}/gin/*.gin")
-                   + glob.glob(f"{REPO}/gin/twins/*.gin"))
+RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for folder in ("", "twins/", "mixtures/", "mixsearch/")
+                   for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
 
 
 @pytest.mark.parametrize("run_file", RUN_FILES)
@@ -268,9 +268,12 @@ def test_every_run_file_guards_one_training_sequence_and_never_validates_on_toke
     """The shard stage's guard follows the run's own train.Config.seq_len (not llm.c's 1024), and its val
     split stays inside the tokenizer's held-out documents, for every run file and twin there is."""
     stages = config.load([f"{REPO}/gin/{run_file}"]).stages
-    sharding, training, tok = (stages[s].config for s in ("shard", "train", "tokenizer"))
-    assert sharding.min_val_tokens >= training.seq_len + 1, (sharding.seq_len, training.seq_len)
-    assert sharding.val_fraction <= tok.heldout_fraction, (sharding.val_fraction, tok.heldout_fraction)
+    training, tok = stages["train"].config, stages["tokenizer"].config
+    shards = [sp.config for sp in stages.values() if sp.stage == "shard"]     # a mixture: one per source
+    assert shards
+    for sharding in shards:
+        assert sharding.min_val_tokens >= training.seq_len + 1, (sharding.seq_len, training.seq_len)
+        assert sharding.val_fraction <= tok.heldout_fraction, (sharding.val_fraction, tok.heldout_fraction)
 
 
 def test_a_leaking_val_split_is_refused_before_any_stage_runs(tmp_path, capsys):

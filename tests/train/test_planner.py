@@ -456,8 +456,8 @@ def test_no_topology_means_no_compile_and_no_jax():
     assert "XLA, compiled" not in out.stdout, out.stdout
 
 
-RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for p in glob.glob(f"{REPO}/gin/*.gin")
-                   + glob.glob(f"{REPO}/gin/twins/*.gin"))
+RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for folder in ("", "twins/", "mixtures/", "mixsearch/")
+                   for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
 
 
 @pytest.mark.parametrize("run_file", RUN_FILES)
