@@ -56,9 +56,9 @@ test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed .venv/hf
 bench: .venv/bench-installed
 	$(PY) -m benchmarks
 
-# N seeded kills (default 24: every stage and kill point once; DAG=mixture: the prose + code tree's nodes), then a table (kills per stage and point, reruns
-# completed, outputs identical, records lost), also written to benchmarks/out/faults.json; tests/faults/harness.py
-# says how each kill is made and checked.
+# N seeded kills (default 24: every stage and kill point once; DAG=mixture: the prose + code tree's nodes),
+# then a table (kills per stage and point, reruns completed, outputs identical, records lost), also written to
+# benchmarks/out/faults.json; tests/faults/harness.py says how each kill is made and checked.
 faults: .venv/installed .venv/olmo-eval-installed
 	$(PY) -m tests.faults.harness $(if $(N),--n $(N)) $(if $(DAG),--dag $(DAG))
 	REFINERY_OUTAGE=1 $(PY) -m pytest -q -p no:cacheprovider tests/faults/test_storage_outage.py
