@@ -123,6 +123,7 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     import numpy as np
 
     from pipeline import mixture_fit
+
     found, base = settings(gin_files, params)
     sources = base.tree.sources
     data = [n for n in base.tree.closure("train") if n != "train"]
@@ -226,7 +227,7 @@ def write(name: str, cache_root: str, search: dict, decision: dict, target_fit) 
 def summary(search: dict, decision: dict) -> str:
     target = search["settings"]["target"]
     p = search["prediction"]
-    got = decision["yardsticks"].get(_verdict_name(target), {}).get("variants", {})
+    got = decision["yardsticks"].get(target, {}).get("variants", {})
     measured = {v: got[v]["mean"] for v in FINALISTS if v in got}
     weights = ", ".join(f"{s} {w:.0%}" for s, w in p["weights"].items())
     line = (f"mixsearch: {len(search['proxies'])} proxies; predicted best for {target}: {weights}, "
@@ -234,10 +235,6 @@ def summary(search: dict, decision: dict) -> str:
     if measured:
         line += "; measured " + ", ".join(f"{v} {m:.4f}" for v, m in measured.items())
     return line + "\n" + sweep_report.summary(decision)
-
-
-def _verdict_name(target: str) -> str:
-    return "bpb/mean" if target == MEAN_BPB else target
 
 
 def markdown(name: str, search: dict, decision: dict) -> str:
@@ -290,7 +287,6 @@ def fit_png(search: dict, fit) -> bytes:
     import matplotlib
     import numpy as np
 
-    from pipeline import mixture_fit
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -310,8 +306,7 @@ def fit_png(search: dict, fit) -> bytes:
         ax.axvline(w, linestyle="--", color="tab:red", label=f"predicted best ({sources[0]} {w:.2f})")
         ax.set_xlabel(f"weight of {sources[0]} (by tokens; {sources[1]} the rest)")
     else:
-        loo = np.array([float(mixture_fit.Fit.of(np.delete(xs, i, 0), np.delete(ys, i)).predict(xs[i])[0])
-                        for i in range(len(ys))])
+        loo = fit.loo
         ax.scatter(ys, loo, color="black")
         lo, hi = float(min(ys.min(), loo.min())), float(max(ys.max(), loo.max()))
         ax.plot([lo, hi], [lo, hi], color="gray", linewidth=0.8)

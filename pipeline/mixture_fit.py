@@ -76,7 +76,8 @@ class Fit:
 
     coef: np.ndarray          # (p,) p = K + K(K-1)/2
     k: int                    # sources
-    loo_rmse: float           # leave-one-out root mean square error of the prediction
+    loo: np.ndarray           # (N,) each proxy's prediction by a fit without it
+    loo_rmse: float           # their root mean square error
     spread: float             # the scores' own standard deviation (what a fit that learned nothing gets)
     sigma: float              # residual standard error, N - p degrees of freedom
     dof: int
@@ -92,11 +93,11 @@ class Fit:
             raise ValueError(f"{len(y)} proxies cannot fit and test a model of {x.shape[1]} coefficients "
                              f"over {k} sources: draw at least {x.shape[1] + 1}")
         coef = _solve(x, y, k)
-        errors = [y[i] - features(w[i]) @ _solve(np.delete(x, i, 0), np.delete(y, i), k)
-                  for i in range(len(y))]
+        loo = np.array([float((features(w[i]) @ _solve(np.delete(x, i, 0), np.delete(y, i), k))[0])
+                        for i in range(len(y))])
         dof = len(y) - x.shape[1]
         sigma = float(np.sqrt(np.sum((y - x @ coef) ** 2) / dof))
-        return cls(coef, k, float(np.sqrt(np.mean(np.square(errors)))), float(np.std(y)), sigma, dof,
+        return cls(coef, k, loo, float(np.sqrt(np.mean(np.square(y - loo)))), float(np.std(y)), sigma, dof,
                    np.linalg.inv(x.T @ x + _penalty(x, k)))
 
     def predict(self, w) -> np.ndarray:
