@@ -189,7 +189,8 @@ def sample(net, sp, prompt: str, config) -> dict:
 def _generate(net, prompt_ids: list[int], n: int, *, temperature: float, top_k: int, seed: int) -> list[int]:
     max_len = min(len(prompt_ids) + n, net.config.max_seq_len)
     prompt_ids = prompt_ids[-(max_len - 1):] or [0]
-    step = _decoder(net)
+    graphdef, state = nnx.split(net)
+    step = functools.partial(_decoder(graphdef), state)
     cache = net.init_cache(1, max_len)
     positions = jnp.arange(len(prompt_ids), dtype=jnp.int32)[None]              # (1, P)
     logits, cache = step(jnp.asarray([prompt_ids], jnp.int32), positions, cache)  # prefill: (V,)
@@ -207,14 +208,15 @@ def _generate(net, prompt_ids: list[int], n: int, *, temperature: float, top_k: 
 
 
 @functools.lru_cache(maxsize=4)
-def _decoder(net):
-    """A jitted (tokens (1, t), positions (1, t), cache) -> (last logits (V,), cache): one compile for the
-    prefill of each prompt length and one for all single-token steps (eager NNX would re-dispatch every op
-    of every layer per token)."""
-    graphdef, state = nnx.split(net)
+def _decoder(graphdef):
+    """A jitted (state, tokens (1, t), positions (1, t), cache) -> (last logits (V,), cache) of one model
+    structure (a hashable `nnx.GraphDef`): one compile for the prefill of each prompt length and one for all
+    single-token steps (eager NNX would re-dispatch every op of every layer per token). The weights are an
+    argument, never constants of the program, so every model of one shape runs the same executables (and
+    XLA's compilation cache serves the next model's evaluation)."""
 
     @jax.jit
-    def step(tokens, positions, cache):
+    def step(state, tokens, positions, cache):
         m = nnx.merge(graphdef, state)
         hidden, cache = m(tokens, positions=positions, cache=cache)
         return m.logits(hidden[:, -1:])[0, -1], cache

@@ -164,8 +164,8 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
                                      batch_size=cfg.global_batch, **where)
         eval_data = [b for _, b in zip(range(cfg.eval_batches), held_out)]
 
-    graphdef, tx, init = init_program(mcfg, ocfg, cfg.seed, mesh)
-    params, opt_state = init()
+    graphdef, tx, init = init_program(mcfg, ocfg, mesh)
+    params, opt_state = init(cfg.seed)
     if cfg.init_from:             # the checkpoint's weights, in the same layout; fresh optimizer moments
         from stages.train import init_from
 
@@ -186,26 +186,28 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     return run, params, opt_state
 
 
-def init_program(mcfg, ocfg, seed: int, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Callable]:
-    """(graphdef, optimizer, init): `init()` is one jitted program that creates every parameter and
+def init_program(mcfg, ocfg, mesh) -> tuple[nnx.GraphDef, optax.GradientTransformation, Callable]:
+    """(graphdef, optimizer, init): `init(seed)` is one jitted program that creates every parameter and
     optimizer moment already split over the mesh, so no device ever holds more than its share, at any size.
 
     The model is first built abstractly (shapes only) and its parameters' shardings derived from their
     logical names. Call this outside `jax.set_mesh`: under a mesh context NNX would read the logical names
     as mesh axes.
     """
-    def build():
-        return nnx.split(model.Transformer(mcfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    def build(seed):      # the key nnx.Rngs(seed) makes, from a traced int32 seed inside the program
+        return nnx.split(model.Transformer(mcfg, rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param)
 
-    graphdef, abstract = nnx.eval_shape(build)
+    graphdef, abstract = nnx.eval_shape(lambda: build(0))
     tx = optimizer.make_optimizer(ocfg, abstract)
     params_sh = sharding.param_shardings(abstract, mesh)
     opt_sh = sharding.opt_state_shardings(tx, abstract, params_sh, mesh)
 
-    def init():
-        params = build()[1]
+    def init(seed):
+        params = build(seed)[1]
         return params, tx.init(params)
 
+    # The seed is an argument, not a constant of the program (the same bits as nnx.Rngs(seed)): every seed of
+    # one model runs one executable, and XLA's compilation cache serves a sweep's next seed.
     return graphdef, tx, jax.jit(init, out_shardings=(params_sh, opt_sh))
 
 

@@ -102,6 +102,8 @@ class Config:
         if self.eval_every < 0:
             raise ValueError(f"eval_every={self.eval_every} must be >= 0 (evaluate every this many steps "
                              "and after the last; 0: never)")
+        if not 0 <= self.seed < 2**31:        # the init program takes it as an int32 (loop.init_program)
+            raise ValueError(f"seed={self.seed!r} must be in [0, 2**31)")
         if self.seq_len > self.model.max_seq_len:
             raise ValueError(f"seq_len={self.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
         if self.init_from and (problem := storage.read_scheme_problem(self.init_from)):

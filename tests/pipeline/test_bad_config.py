@@ -223,6 +223,7 @@ CASES = [
           "train.Config: keep_checkpoints=0 must be >= 1 (how many of the newest periodic checkpoints stay)",
           "train.Config.keep_checkpoints=0"),
     # (eval_every need not be a multiple of log_every: evaluations land on its multiples, loop.intervals)
+    _case("train_seed_negative", "train.Config: seed=-1 must be in [0, 2**31)", "train.Config.seed=-1"),
     _case("train_eval_every_negative", "train.Config: eval_every=-10 must be >= 0 (evaluate every this many "
           "steps and after the last; 0: never)", "train.Config.eval_every=-10"),
 ]

@@ -20,8 +20,8 @@ def _compiled_step(seq_len: int):
     cfg = train.Config(model=m, optimizer=OptimizerConfig(warmup_steps=1), steps=3, seq_len=seq_len,
                        global_batch=1, loss_chunk=4096)
     mesh = sharding.make_mesh(MeshConfig(), devices=jax.devices()[:1])
-    graphdef, tx, init = loop.init_program(m, cfg.optimizer_for_run(), 0, mesh)
-    params, opt_state = init()
+    graphdef, tx, init = loop.init_program(m, cfg.optimizer_for_run(), mesh)
+    params, opt_state = init(0)
     step, _ = loop.jit_steps(graphdef, tx, loop.step_options(cfg, 1), sharding.shardings_of(params),
                              sharding.shardings_of(opt_state), mesh)
     batch = jax.ShapeDtypeStruct((1, seq_len + 1), jnp.int32, sharding=sharding.batch_sharding(mesh))

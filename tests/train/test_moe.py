@@ -273,8 +273,8 @@ EP_SCRIPT = textwrap.dedent("""
 
     def run(mesh_cfg, devices, mcfg=mcfg):
         mesh = sharding.make_mesh(mesh_cfg, devices=devices)
-        graphdef, tx, init = loop.init_program(mcfg, ocfg, 0, mesh)
-        params, opt = init()
+        graphdef, tx, init = loop.init_program(mcfg, ocfg, mesh)
+        params, opt = init(0)
         step, _ = loop.jit_steps(graphdef, tx, options, sharding.shardings_of(params),
                                  sharding.shardings_of(opt), mesh)
         losses, loads = [], []
@@ -337,8 +337,8 @@ def test_the_layer_loop_equals_the_scan_and_accumulated_micro_batches_move_the_b
 
     mesh = sharding.make_mesh(MeshConfig(), devices=jax.devices()[:1])
     ocfg = OptimizerConfig(learning_rate=1e-2, warmup_steps=1, total_steps=2, grad_accum_steps=2)
-    graphdef, tx, init = loop.init_program(cfg, ocfg, 0, mesh)
-    params, opt = init()
+    graphdef, tx, init = loop.init_program(cfg, ocfg, mesh)
+    params, opt = init(0)
     options = {"eos_id": 1, "loss_chunk": 64, "z_loss": 0.0, "grad_accum_steps": 2, "skip_nonfinite": True,
                "bias_rate": 0.01}
     step, _ = loop.jit_steps(graphdef, tx, options, sharding.shardings_of(params), sharding.shardings_of(opt),

@@ -156,8 +156,8 @@ TWO_SLICES = textwrap.dedent("""
 
     mcfg = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64,
                        max_seq_len=32, dtype="float32", attention_impl="xla")
-    graphdef, tx, init = loop.init_program(mcfg, OptimizerConfig(total_steps=10, warmup_steps=1), 0, mesh)
-    params, opt_state = init()
+    graphdef, tx, init = loop.init_program(mcfg, OptimizerConfig(total_steps=10, warmup_steps=1), mesh)
+    params, opt_state = init(0)
     out["params"] = {".".join(path): {"spec": spec(v[...].sharding), "slices": per_slice(v[...])}
                      for path, v in nnx.to_flat_state(params)}
     expected = jax.tree.leaves(sharding.param_shardings(params, mesh))

@@ -23,9 +23,9 @@ SCRIPT = textwrap.dedent("""
     out = {}
     for fsdp in (1, 2, 4, 8):
         mesh = sharding.make_mesh(MeshConfig(data=-1, fsdp=fsdp))
-        graphdef, tx, init = loop.init_program(m, cfg.optimizer_for_run(), 0, mesh)
-        init_memory = init.lower().compile().memory_analysis()
-        params, opt_state = init()
+        graphdef, tx, init = loop.init_program(m, cfg.optimizer_for_run(), mesh)
+        init_memory = init.lower(0).compile().memory_analysis()
+        params, opt_state = init(0)
         held = {}
         for leaf in jax.tree.leaves((params, opt_state)):
             for shard in leaf.addressable_shards:
