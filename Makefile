@@ -12,6 +12,8 @@ OVERRIDES ?=
 STAGE ?=
 FORCE ?=
 PYTEST_ARGS ?=
+# make test's workers (pytest-xdist, a module at a time: tests/conftest.py says which go first); 0: one process
+PYTEST_WORKERS ?= 2
 # Passed through the environment so quotes in OVERRIDES reach gin untouched.
 export OVERRIDES
 
@@ -51,7 +53,7 @@ plan: .venv/installed
 	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)$(if $(DAYS), --days $(DAYS))
 
 test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed .venv/hf-installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: .venv/bench-installed
 	$(PY) -m benchmarks
