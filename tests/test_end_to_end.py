@@ -203,6 +203,12 @@ def test_every_twin_keeps_the_structure_of_its_run_file(size):
     assert (twin.n_kv_heads < twin.n_heads) == (real.n_kv_heads < real.n_heads)
     assert (bool(twin.n_experts), bool(twin.n_shared_experts), bool(twin.n_dense_layers), twin.router_score) \
         == (bool(real.n_experts), bool(real.n_shared_experts), bool(real.n_dense_layers), real.router_score)
+    # Group-limited routing as the real run routes: the twin's token chooses among the experts of its best
+    # groups, never takes every one of them (2 groups of 2, top-2 of the best group, chose nothing)
+    assert (twin.router_groups > 1) == (real.router_groups > 1)
+    for m in (twin, real):
+        if m.router_groups > 1:
+            assert m.n_experts_per_token < m.n_experts // m.router_groups * m.router_topk_groups, m
     # transformers' Llama cannot hold experts: an MoE run (and twin) writes NOT_EXPORTED.md; any other
     # run has no setting transformers' Llama lacks
     assert bool(hf.problem(real)) == bool(real.n_experts) == bool(hf.problem(twin)), hf.problem(real)

@@ -910,8 +910,9 @@ def _mesh_row(mesh: dict[str, int]) -> str:
 
 
 def _explicit_chips(mesh) -> int:
-    """A slice's chips when nothing else names them: the mesh's explicit sizes within a slice."""
-    return (mesh.data if mesh.data > 0 else 1) * mesh.fsdp * mesh.tensor
+    """A slice's chips when nothing else names them: the mesh's explicit sizes within a slice (every axis:
+    an expert axis holds chips as the others do)."""
+    return (mesh.data if mesh.data > 0 else 1) * mesh.fsdp * mesh.expert * mesh.tensor
 
 
 def _gib(n: float) -> str:

@@ -351,3 +351,35 @@ def test_the_layer_loop_equals_the_scan_and_accumulated_micro_batches_move_the_b
     # One bias step after the two micro-batches' mean load: each entry -0.01, 0 or +0.01.
     assert np.isin(np.round(np.abs(bias) * 100), (0.0, 1.0)).all()
     assert np.abs(bias).max() == pytest.approx(0.01)
+
+
+@pytest.mark.slow
+def test_an_expert_parallel_run_on_simulated_devices_with_no_chip_count_trains(tiny_run, tmp_path):
+    """`python -m pipeline run` of an MoE model on fsdp 2 x expert 2 over 4 simulated CPU devices, with neither
+    train.HardwareConfig.chips nor a topology: the fit check counts the expert axis's chips (it once counted
+    data x fsdp x tensor only, and refused the run before its first step: "does not match the 2 devices"),
+    and training runs on the 4 devices, the experts split over expert."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.tiny_run import REPO, TINY
+
+    root = str(tmp_path / "cache")
+    tiny_run.copy_to(root)
+    moe_mesh = ("train.ModelConfig.n_experts = 4", "train.ModelConfig.moe_mlp_dim = 64",
+                "train.MeshConfig.fsdp = 2", "train.MeshConfig.expert = 2", "train.HardwareConfig.chips = 0",
+                'train.HardwareConfig.topology = ""', "train.Config.steps = 4", "train.Config.eval_every = 0")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-m", "pipeline", "run", "--stage", "train",
+                          *TINY.argv(root, *moe_mesh)], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    plan = TINY.plan(root, *moe_mesh)
+    trained = plan.stages["train"]
+    from pipeline import cache
+
+    done = cache.load(plan.cache_root, "train", trained.key)
+    rows = [json.loads(line) for line in storage.read_text(done.file("metrics.jsonl")).splitlines()]
+    assert rows[-1]["step"] == 4 and len(rows[-1]["moe/load"]) == 4
