@@ -33,7 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # `make test` runs the suite on two workers, a module at a time (pytest-xdist, --dist loadfile: a module's
 # fixtures are built once), handing each free worker the next module in collection order. The modules whose
 # tests take longest go first, so that the two workers finish together rather than one running a long module
-# alone at the end. Measured with `--durations`, slowest first; a module not listed keeps its place after them.
+# alone at the end. Measured with `--durations`, slowest first; a module not listed keeps its place after
+# them.
 HEAVY_FIRST = ("test_end_to_end.py", "train/test_moe.py", "test_mixture_end_to_end.py", "train/test_loop.py",
                "faults/test_faults.py", "stages/test_yardsticks.py", "train/test_stop.py",
                "train/test_long_context.py", "stages/test_hostile_input.py",

@@ -54,7 +54,7 @@ def compile_train_step(cfg, *, eos_id: int = 2, devices: list | None = None) -> 
     devices = devices or _topology_devices(topology, cfg.hardware.num_slices)
     mesh = sharding.make_mesh(cfg.mesh, devices=devices)
     graphdef, tx, init = loop.init_program(cfg.model, cfg.optimizer_for_run(), mesh)
-    params, opt_state = jax.eval_shape(init, cfg.seed)         # shapes, dtypes and shardings; nothing allocated
+    params, opt_state = jax.eval_shape(init, cfg.seed)     # shapes, dtypes and shardings; nothing allocated
     params_sh, opt_sh = sharding.shardings_of(params), sharding.shardings_of(opt_state)
     step_fn, _ = loop.jit_steps(graphdef, tx, loop.step_options(cfg, eos_id), params_sh, opt_sh, mesh)
     batch = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len + 1), jnp.int32,

@@ -355,10 +355,10 @@ def test_the_layer_loop_equals_the_scan_and_accumulated_micro_batches_move_the_b
 
 @pytest.mark.slow
 def test_an_expert_parallel_run_on_simulated_devices_with_no_chip_count_trains(tiny_run, tmp_path):
-    """`python -m pipeline run` of an MoE model on fsdp 2 x expert 2 over 4 simulated CPU devices, with neither
-    train.HardwareConfig.chips nor a topology: the fit check counts the expert axis's chips (it once counted
-    data x fsdp x tensor only, and refused the run before its first step: "does not match the 2 devices"),
-    and training runs on the 4 devices, the experts split over expert."""
+    """`python -m pipeline run` of an MoE model on fsdp 2 x expert 2 over 4 simulated CPU devices, with
+    neither train.HardwareConfig.chips nor a topology: the fit check counts the expert axis's chips (it
+    once counted data x fsdp x tensor only, and refused the run before its first step: "does not match the
+    2 devices"), and training runs on the 4 devices, the experts split over expert."""
     import json
     import os
     import subprocess
