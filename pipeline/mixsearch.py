@@ -48,8 +48,6 @@ PHASES = "train.Mixture.phases"
 FINALISTS = ("predicted", "best proxy", "uniform")
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
     proxies: int
@@ -286,7 +284,6 @@ def fit_png(search: dict, fit) -> bytes:
     score."""
     import matplotlib
     import numpy as np
-
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -36,8 +36,6 @@ SEED_BINDING = "train.Config.seed"   # what a sweep's seed sets: parameter init 
 MAX_SEEDS = 100
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One variant trained with one seed."""

@@ -1,5 +1,6 @@
 """Shared fixtures. Tests never reach the network; Beam runs in-process with FnApiRunner."""
 
+import glob
 import json
 import os
 import platform
@@ -40,6 +41,15 @@ HEAVY_FIRST = ("test_end_to_end.py", "train/test_moe.py", "test_mixture_end_to_e
                "train/test_long_context.py", "stages/test_hostile_input.py",
                "pipeline/test_sweep_fineweb_recipe.py", "train/test_aot.py", "stages/test_warc.py",
                "train/test_sharded_training.py", "train/test_sharding.py")
+
+
+assert all(os.path.exists(os.path.join(REPO, "tests", name)) for name in HEAVY_FIRST), HEAVY_FIRST
+
+
+def run_files() -> list[str]:
+    """Every file a user runs, relative to gin/: the run files, their twins, the mixtures and the searches."""
+    return sorted(os.path.relpath(p, f"{REPO}/gin") for folder in ("", "twins/", "mixtures/", "mixsearch/")
+                  for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
 
 
 def pytest_collection_modifyitems(items):

@@ -5,6 +5,7 @@ import functools
 import io
 import json
 
+import jax
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -171,3 +172,15 @@ def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tiny_run, tmp_path
     # clean's contamination check, per yardstick, beside the scores (the whole split's items are checked)
     assert m["contamination"]["hellaswag"]["items"] > 1000 and "## Contamination" in md
     assert storage.read_bytes(done.file("yardsticks.png"))[:4] == b"\x89PNG"
+
+
+def test_models_of_one_shape_run_the_same_decoder_programs():
+    """The decoder takes the weights as an argument (were they constants of the program, every trained model
+    would compile its own): two models of one shape, one prompt, run the prefill's and the step's programs
+    compiled once; the second model's greedy text is its own."""
+    first, second = _tiny_net(), _tiny_net()
+    nnx.update(second, jax.tree.map(lambda a: a * 2.0, nnx.state(second, nnx.Param)))
+    outs = [measure._generate(net, [5, 6, 7], 4, temperature=0.0, top_k=0, seed=0) for net in (first, second)]
+    step = measure._decoder(nnx.graphdef(first))
+    assert nnx.graphdef(second) == nnx.graphdef(first) and step._cache_size() == 2, step._cache_size()
+    assert all(len(o) == 4 for o in outs)

@@ -1,7 +1,5 @@
 """The shard stage: exact token streams, fixed shard sizes, the train/val split, the llm.c format."""
 
-import glob
-import os
 import re
 
 import numpy as np
@@ -13,7 +11,7 @@ from pipeline import sweep as _sweep  # noqa: F401  registers `sweep`, which the
 from stages import beam_runner, shard, tokenizer
 from stages.io import documents, llmc, split_rule, storage
 from stages.shard import beam_graph
-from tests.conftest import REPO
+from tests.conftest import REPO, run_files
 from tests.io.test_llmc import numpy_read
 from tests.stages.test_tokenizer import english_docs, train, write_clean
 
@@ -259,8 +257,7 @@ def test_a_validation_split_the_tokenizer_trained_on_is_refused_before_any_work(
     assert len(trained) > 800
 
 
-RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for folder in ("", "twins/", "mixtures/", "mixsearch/")
-                   for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
+RUN_FILES = run_files()
 
 
 @pytest.mark.parametrize("run_file", RUN_FILES)

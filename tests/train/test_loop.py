@@ -303,3 +303,26 @@ def test_the_host_never_runs_more_than_max_in_flight_steps_ahead_of_the_device(t
     # MAX_IN_FLIGHT - 1 before it
     lead = loop.MAX_IN_FLIGHT - 1
     assert waits == [(s, s - lead) for s in range(1 + lead, CONFIG.steps)]
+
+
+def test_every_seed_runs_one_init_program_with_the_bits_of_its_own_rngs():
+    """The init program takes the seed as an argument (as a constant, each seed of a sweep compiled its own):
+    seeds 0 and 7 run one executable, and each gives the bits the program with the seed as a constant gave
+    (jitted both: XLA's fused initializers may differ from eager ones in the last bit)."""
+    import jax
+    from flax import nnx
+
+    from stages.train import loop, sharding
+    from stages.train.configs import MeshConfig
+    from stages.train.model import Transformer
+
+    m = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2, mlp_dim=32,
+                    max_seq_len=16)
+    mesh = sharding.make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    _, _, init = loop.init_program(m, OptimizerConfig(total_steps=2, warmup_steps=1), mesh)
+    for seed in (0, 7):
+        params, _ = init(seed)
+        want = jax.jit(lambda s=seed: nnx.split(Transformer(m, rngs=nnx.Rngs(s)), nnx.Param)[1])()
+        got, expected = jax.tree.leaves(params), jax.tree.leaves(want)
+        assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected)), seed
+    assert init._cache_size() == 1

@@ -11,7 +11,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 
 import jax
@@ -20,6 +24,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from pipeline import cache
 from stages.io import storage
 from stages.train import configs, moe
 from stages.train.checkpoint_arrays import CheckpointArrays
@@ -27,6 +32,7 @@ from stages.train.configs import ModelConfig
 from stages.train.model import Transformer, swiglu
 from stages.train.stop import TrainingStopped
 from tests.conftest import run_on_simulated_devices
+from tests.tiny_run import REPO, TINY
 from tests.train.test_loop import CONFIG, _losses, _rows, _train, shard  # noqa: F401 - shard: a fixture
 
 MOE = ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=64, max_seq_len=32,
@@ -358,14 +364,7 @@ def test_an_expert_parallel_run_on_simulated_devices_with_no_chip_count_trains(t
     """`python -m pipeline run` of an MoE model on fsdp 2 x expert 2 over 4 simulated CPU devices, with
     neither train.HardwareConfig.chips nor a topology: the fit check counts the expert axis's chips (it
     once counted data x fsdp x tensor only, and refused the run before its first step: "does not match the
-    2 devices"), and training runs on the 4 devices, the experts split over expert."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.tiny_run import REPO, TINY
-
+    2 devices"), and the run trains on the 4 devices the mesh asks for."""
     root = str(tmp_path / "cache")
     tiny_run.copy_to(root)
     moe_mesh = ("train.ModelConfig.n_experts = 4", "train.ModelConfig.moe_mlp_dim = 64",
@@ -377,9 +376,6 @@ def test_an_expert_parallel_run_on_simulated_devices_with_no_chip_count_trains(t
                          timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     plan = TINY.plan(root, *moe_mesh)
-    trained = plan.stages["train"]
-    from pipeline import cache
-
-    done = cache.load(plan.cache_root, "train", trained.key)
+    done = cache.load(plan.cache_root, "train", plan.stages["train"].key)
     rows = [json.loads(line) for line in storage.read_text(done.file("metrics.jsonl")).splitlines()]
     assert rows[-1]["step"] == 4 and len(rows[-1]["moe/load"]) == 4

@@ -1,7 +1,6 @@
 """The planner: per-device memory from the config alone, a verdict with advice, and the CLI around it."""
 
 import dataclasses
-import glob
 import os
 import socket
 import subprocess
@@ -17,7 +16,7 @@ from pipeline import config, sweep  # noqa: F401
 from stages import train
 from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, active_params, param_counts
-from tests.conftest import REPO
+from tests.conftest import REPO, run_files
 
 FLAGSHIP = f"{REPO}/gin/600b.gin"            # a ~600B mixture of experts
 DENSE = f"{REPO}/gin/600b_dense.gin"          # the dense 599B on the same slice, measured against XLA
@@ -456,8 +455,7 @@ def test_no_topology_means_no_compile_and_no_jax():
     assert "XLA, compiled" not in out.stdout, out.stdout
 
 
-RUN_FILES = sorted(os.path.relpath(p, f"{REPO}/gin") for folder in ("", "twins/", "mixtures/", "mixsearch/")
-                   for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
+RUN_FILES = run_files()
 
 
 @pytest.mark.parametrize("run_file", RUN_FILES)
