@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step", "plan_vs_xla",
-              "fineweb_filters", "minhash_vs_datatrove", "downstream_scoring", "moe_layer")
+              "fineweb_filters", "minhash_vs_datatrove", "downstream_scoring", "moe_layer", "step_time")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 

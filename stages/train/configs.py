@@ -502,7 +502,8 @@ class HardwareConfig:
     chips: chips per slice; 0 = the topology's, or (no topology) the mesh's explicit sizes.
     num_slices: slices joined over the data-center network (multi-slice); all chips = chips x num_slices,
         and train.MeshConfig's dcn_data x dcn_fsdp x dcn_tensor must equal it.
-    mfu: the model FLOPs utilization the time estimate assumes.
+    mfu: 0 (the default): the plan's days come from the predicted step (stages/train/step_time.py);
+        else the model FLOPs utilization the days assume instead (the prediction is printed beside them).
     allow_unfit: start training even when the plan says the state does not fit in device memory.
     """
 
@@ -510,7 +511,7 @@ class HardwareConfig:
     topology: str = ""
     chips: int = 0
     num_slices: int = 1
-    mfu: float = 0.4
+    mfu: float = 0.0
     allow_unfit: bool = False
 
     def __post_init__(self):
@@ -519,8 +520,8 @@ class HardwareConfig:
                              f"num_slices={self.num_slices} >= 1")
         if self.device not in devices.DEVICES:
             raise ValueError(f"HardwareConfig: device={self.device!r} is not one of {tuple(devices.DEVICES)}")
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"HardwareConfig: mfu={self.mfu} must be in (0, 1]")
+        if not 0 <= self.mfu <= 1:
+            raise ValueError(f"HardwareConfig: mfu={self.mfu} must be in [0, 1] (0: predict the step time)")
         if self.topology and (":" not in self.topology or topology_chips(self.topology) < 1):
             raise ValueError(f"HardwareConfig: topology={self.topology!r} is not a TPU topology such as "
                              '"v5p:8x8x16" (generation, then the chip grid)')

@@ -11,6 +11,10 @@ type the chips come in, divided by its chips (Google Cloud: v4 ct4p-hightpu-4t 4
 2952 GB / 8): what remat policies that offload activations (`offload_*`) can fill. "cpu" is a rough
 stand-in for the host JAX exposes as one CPU device, so MFU stays finite in CPU runs: read it as an order
 of magnitude; its memory is the host's, so it has no separate host memory to offload to (0).
+HBM bandwidth (the step-time model's elementwise work, stages/train/step_time.py) is the vendors': v4 1.2
+TB/s, v5e 819 GB/s, v5p 2.77 TB/s, v6e 1.64 TB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s. The host link, which
+offloaded activations cross, is one PCIe slot per chip: 4.0 x16 (32 GB/s) on TPU hosts, 5.0 x16 (64 GB/s)
+on H100 and H200 ones.
 """
 
 from __future__ import annotations
@@ -32,20 +36,25 @@ class Device:
     ici_bytes_per_s: float     # bidirectional chip-to-chip bandwidth within a slice (NVLink on GPUs)
     dcn_bytes_per_s: float     # data-center network bandwidth per chip, between slices or nodes
     host_bytes: int            # the host's RAM per chip (0: no memory besides the device's)
+    hbm_bytes_per_s: float     # device memory bandwidth
+    host_link_bytes_per_s: float   # host to device (PCIe) per chip, what offloaded activations cross
     kinds: tuple[str, ...]     # lower-case substrings of jax's `device_kind` that mean this device
 
 
 DEVICES = {d.name: d for d in (
-    Device("tpu-v4", "TPU v4", 32 * GiB, 275e12, 300 * GB, 25e9 / 8, 407 * GB // 4, ("tpu v4",)),
-    Device("tpu-v5e", "TPU v5e", 16 * GiB, 197e12, 400 * GB, 25e9 / 8, 64 * GiB, ("tpu v5 lite", "tpu v5e")),
-    Device("tpu-v5p", "TPU v5p", 95 * GiB, 459e12, 1200 * GB, 50e9 / 8, 112 * GB, ("tpu v5p", "tpu v5")),
-    Device("tpu-v6e", "TPU v6e", 32 * GiB, 918e12, 800 * GB, 100e9 / 8, 192 * GiB,
+    Device("tpu-v4", "TPU v4", 32 * GiB, 275e12, 300 * GB, 25e9 / 8, 407 * GB // 4, 1228 * GB, 32 * GB,
+           ("tpu v4",)),
+    Device("tpu-v5e", "TPU v5e", 16 * GiB, 197e12, 400 * GB, 25e9 / 8, 64 * GiB, 819 * GB, 32 * GB,
+           ("tpu v5 lite", "tpu v5e")),
+    Device("tpu-v5p", "TPU v5p", 95 * GiB, 459e12, 1200 * GB, 50e9 / 8, 112 * GB, 2765 * GB, 32 * GB,
+           ("tpu v5p", "tpu v5")),
+    Device("tpu-v6e", "TPU v6e", 32 * GiB, 918e12, 800 * GB, 100e9 / 8, 192 * GiB, 1640 * GB, 32 * GB,
            ("tpu v6 lite", "tpu v6e")),
-    Device("h100", "H100", 80 * GB, 989e12, 900 * GB, 400e9 / 8, 234 * GB, ("h100",)),
-    Device("h200", "H200", 141 * GB, 989e12, 900 * GB, 400e9 / 8, 369 * GB, ("h200",)),
+    Device("h100", "H100", 80 * GB, 989e12, 900 * GB, 400e9 / 8, 234 * GB, 3350 * GB, 64 * GB, ("h100",)),
+    Device("h200", "H200", 141 * GB, 989e12, 900 * GB, 400e9 / 8, 369 * GB, 4800 * GB, 64 * GB, ("h200",)),
     # A few cores with AVX2/AVX-512 FMA reach ~50 GFLOP/s each: 1e11 for a small VM. Memory: what a
     # laptop or CI machine can give one process.
-    Device("cpu", "cpu", 16 * GiB, 1e11, 10 * GB, 10e9 / 8, 0, ("cpu",)),
+    Device("cpu", "cpu", 16 * GiB, 1e11, 10 * GB, 10e9 / 8, 0, 20 * GB, 0, ("cpu",)),
 )}
 
 

@@ -62,9 +62,10 @@ JAX: `make plan` runs in a second.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
-from stages.train import devices
+from stages.train import devices, step_time
 from stages.train.configs import (
     AXES,
     BATCH_AXES,
@@ -84,6 +85,9 @@ from stages.train.configs import (
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADROOM = 0.9     # the share of HBM a plan may use: the runtime, XLA's buffers, fragmentation take the rest
+# A layout search (`smallest_slice`) takes only layouts whose estimate fits 10% under the budget: the estimate
+# is checked to within 10% of XLA's figure (benchmarks/plan_vs_xla.py), so a closer fit may not compile.
+SEARCH_MARGIN = 1.1
 TPU_LANES = 128    # a TPU tiles an array's minor dimension to 128 lanes: a 64-wide head takes 128
 # From the lightest to the heaviest rematerialization: what the planner suggests, in order, when short.
 REMAT_ORDER = ("none", "save_dots", "dots_no_batch", "minimal", "save_qkv_proj", "full")
@@ -137,6 +141,7 @@ class Plan:
     problem: str = ""                 # a layout that cannot run at all (the batch does not split), else ""
     advice: str = ""                  # "" when it fits; else the smallest change that would fit
     host: int = 0                     # bytes of activations an offload_* policy keeps in host memory
+    predicted: step_time.StepTime | None = None   # the step predicted from compute and communication
 
     @property
     def budget(self) -> int:
@@ -211,8 +216,7 @@ class Plan:
                         f"as {m.remat.removeprefix(OFFLOAD)} (training logs the same)")
         if moved := self.all_to_all_row():
             rows.append(moved)
-        rows.append(f"  time: {_num(self.step_s)} s/step, {_tokens(self.tokens_per_s)}/s, "
-                    f"{_num(self.days)} days for {_tokens(self.tokens)} tokens at {hw.mfu:.0%} MFU")
+        rows += self.time_rows()
         oom = xla is not None and "hbm" in xla          # the compile ran out of memory (aot.OutOfMemory)
         needs = "at least " if oom else ""
         if oom:
@@ -245,23 +249,45 @@ class Plan:
     def tokens_per_s(self) -> float:
         return self.config.global_batch * self.config.seq_len / self.step_s
 
+    def time_rows(self) -> list[str]:
+        """The predicted step (`step_time.predict`), its MFU, the run's days and its largest terms; with an
+        assumed MFU (train.HardwareConfig.mfu), the days at that MFU too, which then set `days`."""
+        hw, t = self.config.hardware, self.predicted
+        steps = self.config.steps
+        eff, borrowed = step_time.efficiency(self.device)
+        borrowed = f"; {self.device.label} borrows {borrowed}'s efficiencies, none calibrated for it" \
+            if borrowed else ""
+        rows = [f"  time, predicted: {_num(t.seconds)} s/step ({t.mfu:.1%} MFU), "
+                f"{_tokens(self.config.global_batch * self.config.seq_len / t.seconds)} tokens/s, "
+                f"{_num(steps * t.seconds / 86400)} days for {_tokens(self.tokens)} tokens{borrowed}",
+                f"    largest terms: {t.largest(3)}"]
+        if hw.mfu:
+            rows.append(f"  time at the assumed {hw.mfu:.0%} MFU (train.HardwareConfig.mfu, which sets the "
+                        "days): "
+                        f"{_num(self.step_s)} s/step, {_num(self.days)} days")
+        return rows
+
     def all_to_all_row(self) -> str:
         """What an MoE model's expert axis moves per step (`all_to_all_bytes`), and the least time that takes
         at the chips' ICI bandwidth (a device keeps 1 / expert of each buffer and sends and receives the
         rest); "" without an expert axis."""
         buffer, count = all_to_all_bytes(self.config, self.mesh, self.micro_batch)
-        if not count:
+        t = self.predicted
+        if not count or t is None:
             return ""
         m, ep = self.config.model, self.mesh["expert"]
         rows = moe_rows(m, self.micro_batch * self.config.seq_len, ep) // m.n_experts
-        seconds = count * 2 * buffer * (ep - 1) / ep / self.device.ici_bytes_per_s
         passes = "forward, backward" + ("" if m.remat == "none" else " and the remat's recompute")
         accum = self.config.optimizer.grad_accum_steps
+        term = self.predicted.term("all-to-all")
+        hops = step_time.all_to_all_hops(self.device, ep)
         return (f"  all-to-all over expert {ep}: {_gib(count * buffer)} per device per step, {count:,} of "
                 f"the (E, C, D) = ({m.n_experts}, {rows:,}, {m.d_model:,}) capacity buffer ({_gib(buffer)}): "
                 f"{m.n_moe_layers} MoE layers x {accum} micro-batch{'es' if accum > 1 else ''} x to the "
-                f"experts and back x {passes}; at least {_num(seconds)} s of the {_num(self.step_s)} s "
-                f"step at {self.device.label}'s {self.device.ici_bytes_per_s / 1e9:,.0f} GB/s ICI")
+                f"experts and back x {passes}; {_num(term.seconds)} s of the predicted {_num(t.seconds)} s "
+                f"step (each byte {hops:,.2g} link{'s' if hops != 1 else ''} on average at "
+                f"{self.device.label}'s "
+                f"{self.device.ici_bytes_per_s / 1e9:,.0f} GB/s ICI, on the critical path)")
 
 
 # The single slices each TPU generation comes in, smallest first, from Cloud TPU's documentation (the v4 and
@@ -289,44 +315,50 @@ def slice_name(topology: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SliceSearch:
-    """What `smallest_slice` found: each slice of one TPU generation tried (smallest first) with its best
-    plan or why it cannot run, the first that trains the tokens in time and fits, and, where none does,
-    the smallest slice of each other generation that would."""
+    """What `smallest_slice` found: each slice of one TPU generation tried (smallest first) with its fastest
+    layout or why none can run, the first slice whose fastest layout that fits trains the tokens in time
+    (and that slice's runner-up), and, where none does, the smallest slice of each other generation that
+    would."""
 
     config: object                                     # the stages.train.Config searched for
     days: float
     generation: str
-    tried: tuple[tuple[str, Plan | None, str], ...]   # (topology, its plan or None, why it cannot run)
-    found: Plan | None                                 # the smallest slice that does it; None: none does
+    tried: tuple[tuple[str, Plan | None, str], ...]   # (topology, its fastest plan or None, why none runs)
+    found: Plan | None                                 # the fastest layout on the smallest slice; None: none
+    runner_up: Plan | None = None                      # the next fastest layout that fits on that slice
     elsewhere: tuple[Plan, ...] = ()                   # where none does: other generations' smallest
 
     def render(self) -> str:
         cfg = self.config
         tokens = cfg.steps * cfg.global_batch * cfg.seq_len
-        tensor, expert = _kept_sizes(cfg.mesh)
-        kept = f"tensor {tensor}" + (f" and expert {expert}" if cfg.model.n_experts else "")
+        pace = f"at {cfg.hardware.mfu:.0%} MFU" if cfg.hardware.mfu else "by the predicted step time"
         rows = [f"smallest TPU {self.generation} slice that trains {_tokens(tokens)} tokens in "
-                f"{self.days:,.3g} days at {cfg.hardware.mfu:.0%} MFU and fits (one slice; {kept} kept, fsdp "
-                f"{cfg.mesh.fsdp} where it fits, else the least that does; data the rest):"]
+                f"{self.days:,.3g} days {pace} and fits (one slice; on each, the fastest layout by the "
+                "predicted step: the mesh"
+                f"{', expert axis' if cfg.model.n_experts else ''} included, micro-batches, remat"
+                f"{', dropless or capacity' if cfg.model.n_experts else ''}):"]
         width = max(len(slice_name(t)) for t, _, _ in self.tried)
         for topology, p, why in self.tried:
             head = f"    {slice_name(topology):<{width}} {topology_chips(topology):>6,} chips"
             if p is None:
                 rows.append(f"{head}: cannot run: {why}")
                 continue
-            fits = f"fits, {_mesh_row(p.mesh)}" if p.fits else "does NOT fit"
+            fits = (f"fits, {_layout(p)}" if _roomy(p) else
+                    "fits, but not with 10% to spare" if p.fits else "does NOT fit")
             rows.append(f"{head}: {p.days:>9,.1f} days{' (too long)' if p.days > self.days else ''}; {fits}, "
                         f"{_gib(p.per_device['total'])} of {_gib(p.budget)} per chip")
         if self.found is not None:
             rows.append(f"  answer: {_slice_answer(self.found)}")
+            if self.runner_up is not None:
+                rows.append(f"  runner-up: {_slice_answer(self.runner_up)}")
             return "\n".join(rows)
         runnable = [(t, p) for t, p, _ in self.tried if p is not None]
         if runnable:
             topology, p = runnable[-1]
             over = [f"would need {_num(p.days)} days" if p.days > self.days else f"takes {_num(p.days)} days"]
-            if not p.fits:
-                over.append(f"does NOT fit ({_gib(p.per_device['total'])} per chip with its best mesh > "
-                            f"{_gib(p.budget)} usable)")
+            if not _roomy(p):
+                over.append(f"does NOT fit with 10% to spare ({_gib(p.per_device['total'])} per chip with "
+                            f"its best layout, of {_gib(p.budget)} usable)")
             reason = (f"the largest {self.generation} slice that can run it, {slice_name(topology)} "
                       f"({topology_chips(topology):,} chips), {' and '.join(over)}")
             larger = [(t, why) for t, p, why in self.tried if p is None and topology_chips(t) >
@@ -340,22 +372,26 @@ class SliceSearch:
         for p in self.elsewhere:
             rows.append(f"  elsewhere: {_slice_answer(p, device=True)}")
         rows.append("  (not tried: several slices, train.HardwareConfig.num_slices; a larger global batch; "
-                    "other tensor or expert sizes; a smaller model or fewer tokens)")
+                    "a smaller model or fewer tokens)")
         return "\n".join(rows)
 
 
 def smallest_slice(cfg, days: float, *, elsewhere: bool = True) -> SliceSearch:
     """The smallest single slice of `cfg`'s TPU generation (its topology's, else its device's; `SLICES`)
-    that trains its tokens (steps x global batch x seq_len) in `days` at its MFU and fits in memory:
+    whose fastest layout that fits trains its tokens (steps x global batch x seq_len) in `days`:
 
         s = planner.smallest_slice(train_config, 30)      # make plan DAYS=30
-        s.found                                           # that slice's Plan, or None
+        s.found, s.runner_up                              # that slice's fastest plan and the next, or None
         print(s.render())
 
-    Each slice keeps the mesh's tensor and expert sizes and its fsdp where that fits, else the least FSDP
-    that does (data takes the rest); where a micro-batch does not split over the slice's batch shards, fewer
-    micro-batches a step (the same global batch). Where no slice of the generation does it (`elsewhere`),
-    the smallest of each other generation that would. ValueError for a device that is not a TPU."""
+    On each slice every layout is planned (`layouts`: the mesh's fsdp, expert and tensor sizes, data the
+    rest; the micro-batches a step; the remat policy, host offload among them; for an MoE, dropless or
+    capacity buffers) and ranked by the predicted step (`step_time`); the days are the plan's (the
+    prediction's, or an assumed MFU's where train.HardwareConfig.mfu sets one). A slice is skipped, with
+    why, where even its matmuls at the calibrated rate need more than `days`, or where the parameters and
+    optimizer state split over every chip do not fit. Where no slice of the generation does it
+    (`elsewhere`), the smallest of each other generation that would. ValueError for a device that is not
+    a TPU."""
     hw = cfg.hardware
     generation = hw.topology.partition(":")[0] if hw.topology else next(
         (g for g, (device, _) in TPU_GENERATIONS.items() if device == hw.device), "")
@@ -364,81 +400,156 @@ def smallest_slice(cfg, days: float, *, elsewhere: bool = True) -> SliceSearch:
                          "is searched among a TPU generation's: set train.HardwareConfig.device to one of "
                          f"{', '.join(repr(d) for d, _ in TPU_GENERATIONS.values())} (or a topology such as "
                          '"v5p:2x2x1")')
-    tensor, expert = _kept_sizes(cfg.mesh)
     tried = []
     for grid in SLICES[generation][2]:
         topology = f"{generation}:{grid}"
         chips = topology_chips(topology)
-        if chips % (tensor * expert):
-            tried.append((topology, None, f"the mesh's tensor {tensor} x expert {expert} needs a multiple of "
-                                          f"{tensor * expert} chips"))
-            continue
         hardware = dataclasses.replace(hw, device=TPU_GENERATIONS[generation][0], topology=topology, chips=0,
                                        num_slices=1)
-        p, why = _best_layout(dataclasses.replace(cfg, hardware=hardware), chips, tensor, expert)
-        tried.append((topology, p, why))
-        if p is not None and p.fits and p.days <= days:
-            return SliceSearch(cfg, days, generation, tuple(tried), p)
+        on_slice = dataclasses.replace(cfg, hardware=hardware, mesh=MeshConfig(data=-1))
+        if why := _hopeless(on_slice, chips, days):
+            tried.append((topology, None, why))
+            continue
+        ranked, why = _fastest_layouts(on_slice, chips)
+        best = ranked[0] if ranked else None
+        tried.append((topology, best, why))
+        if best is not None and _roomy(best) and best.days <= days:
+            runner_up = ranked[1] if len(ranked) > 1 and _roomy(ranked[1]) else None
+            return SliceSearch(cfg, days, generation, tuple(tried), best, runner_up)
     others = ()
     if elsewhere:
         searches = (smallest_slice(dataclasses.replace(cfg, hardware=dataclasses.replace(
             hw, device=TPU_GENERATIONS[g][0], topology="")), days, elsewhere=False)
             for g in SLICES if g != generation)
         others = tuple(found for found in (s.found for s in searches) if found is not None)
-    return SliceSearch(cfg, days, generation, tuple(tried), None, others)
+    return SliceSearch(cfg, days, generation, tuple(tried), None, None, others)
 
 
-def _kept_sizes(mesh) -> tuple[int, int]:
-    """The whole mesh's tensor and expert sizes, which `smallest_slice` keeps."""
-    return mesh.tensor * mesh.dcn_tensor, mesh.expert * mesh.dcn_expert
+def _hopeless(cfg, chips: int, days: float) -> str:
+    """Why no layout of `cfg` on `chips` chips can do it, by bounds that need no layout ("" when one may):
+    the step's model FLOPs at the calibrated matmul rate alone take longer than `days` (an assumed MFU is
+    not a bound: it is then what the plan says), or the parameters and optimizer state split over every
+    chip exceed the usable memory of one."""
+    m, device = cfg.model, devices.get(cfg.hardware.device)
+    eff, _ = step_time.efficiency(device)
+    tokens = cfg.steps * cfg.global_batch * cfg.seq_len
+    floor = flops_per_token(m, cfg.seq_len) * tokens / (chips * device.peak_flops * eff.matmul) / 86400
+    if not cfg.hardware.mfu and floor > days:
+        return f"{_num(floor)} days at least (every FLOP at the calibrated matmul rate)"
+    whole = {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+    pbytes = DTYPE_BYTES[m.param_dtype]
+    state = (param_bytes(m, whole, pbytes) + optimizer_bytes(m, whole, pbytes, cfg.optimizer.name)) / chips
+    budget = device.hbm_bytes * HEADROOM
+    if state > budget:
+        return (f"the parameters and optimizer state split over all {chips:,} chips, {_gib(state)} a chip, "
+                f"exceed {_gib(budget)} usable")
+    return ""
 
 
-def _best_layout(cfg, chips: int, tensor: int, expert: int) -> tuple[Plan | None, str]:
-    """(the plan of `cfg` on one slice of `chips` with the configured fsdp if it fits, else the least fsdp
-    that fits, else the least memory; why none can run) keeping `tensor` and `expert`."""
-    rest = chips // (tensor * expert)
-    sizes = _divisors(rest)
-    order = ([cfg.mesh.fsdp] if cfg.mesh.fsdp in sizes else []) + sizes
-    best, why = None, ""
-    for f in order:
-        layout = MeshConfig(data=-1, fsdp=f, expert=expert, tensor=tensor)
-        p = _splitting(dataclasses.replace(cfg, mesh=layout))
-        if p is None:
-            why = (f"a global batch of {cfg.global_batch} sequences does not split over its "
-                   f"{rest * expert:,} batch shards ({batch_axes_named({'expert': expert})})")
-            continue
-        if p.fits:
-            return p, ""
-        if best is None or p.per_device["total"] < best.per_device["total"]:
-            best = p
-    return best, why
+def layouts(cfg, chips: int):
+    """Every layout `smallest_slice` tries for `cfg` on one slice of `chips`, as configs: tensor 1-8 (dividing
+    the heads), for an MoE an expert axis dividing the experts (with it, capacity buffers; without, dropless
+    or capacity), fsdp any power of two of the rest and data what remains, 1-8 micro-batches a step whose
+    micro-batch splits over the batch shards; the remat policy is `_fastest_layouts`'."""
+    m = cfg.model
+    capacity = m.moe_capacity_factor or 1.25
+    sides = [int(n) for n in cfg.hardware.topology.partition(":")[2].split("x")]
+    for tensor in (t for t in (1, 2, 4, 8) if chips % t == 0 and m.n_heads % t == 0):
+        experts = [e for e in _divisors(chips // tensor) if m.n_experts % e == 0] if m.n_experts else [1]
+        for expert in experts:
+            factors = ([0.0, capacity] if expert == 1 else [capacity]) if m.n_experts else [0.0]
+            rest = chips // (tensor * expert)
+            for fsdp in _divisors(rest):
+                if not whole_sides(sides, [fsdp, expert, tensor]):
+                    continue
+                for k in (1, 2, 4, 8):
+                    micro = cfg.global_batch // k
+                    if cfg.global_batch % k or micro % (rest * expert):
+                        continue
+                    for factor in factors:
+                        yield dataclasses.replace(
+                            cfg, mesh=MeshConfig(data=-1, fsdp=fsdp, expert=expert, tensor=tensor),
+                            optimizer=dataclasses.replace(cfg.optimizer, grad_accum_steps=k),
+                            model=dataclasses.replace(m, moe_capacity_factor=factor))
 
 
-def _splitting(cfg) -> Plan | None:
-    """`cfg`'s plan with the most micro-batches a step, up to the configured number, whose micro-batch splits
-    over the batch shards; None when none does."""
-    k = cfg.optimizer.grad_accum_steps
-    while k >= 1:
-        if cfg.global_batch % k == 0:
-            fewer = dataclasses.replace(cfg.optimizer, grad_accum_steps=k)
-            p = _try(dataclasses.replace(cfg, optimizer=fewer))
-            if p is not None and not p.problem:
-                return p
-        k //= 2
-    return None
+def whole_sides(sides: list[int], sizes: list[int]) -> bool:
+    """Whether mesh axes of `sizes` (the data axis taking the rest) each lie along whole sides of a TPU torus
+    of `sides` ("8x8x16" -> [8, 8, 16]): every size a product of its own sides, as `jax.make_mesh` lays a
+    mesh. Another size splits a side (stages/train/sharding.py warns and does so) and its collectives lose
+    the torus's wrap-around links, which the step-time model does not count: a search avoids them."""
+    sizes = sorted((n for n in sizes if n > 1), reverse=True)
+    if not sizes:
+        return True
+    n, rest = sizes[0], sizes[1:]
+    for chosen in range(1, 2 ** len(sides)):
+        picked = [sides[i] for i in range(len(sides)) if chosen >> i & 1]
+        if math.prod(picked) == n:
+            left = [sides[i] for i in range(len(sides)) if not chosen >> i & 1]
+            if whole_sides(left, rest):
+                return True
+    return False
+
+
+def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
+    """(every layout's fastest plan that fits with the estimate's margin (`SEARCH_MARGIN`), fastest first,
+    else the one layout closest to fitting; why none can run). For each layout the lightest remat policy
+    that fits (`REMAT_ORDER`), and where the device has host memory the lightest offload policy that fits
+    (`OFFLOAD_ORDER`): a heavier policy only adds recompute, so these two are the layout's fastest."""
+    fitting, closest = [], None
+    host = devices.get(cfg.hardware.device).host_bytes
+    for layout in layouts(cfg, chips):
+        for order in (REMAT_ORDER, OFFLOAD_ORDER) if host else (REMAT_ORDER,):
+            for remat in order:
+                p = _try(dataclasses.replace(layout, model=dataclasses.replace(layout.model, remat=remat)))
+                if p is None or p.problem:
+                    break
+                if _roomy(p):
+                    fitting.append(p)
+                    break
+                if closest is None or p.per_device["total"] < closest.per_device["total"]:
+                    closest = p
+    if fitting:       # fastest first; within 0.1% of each other, the one holding less memory
+        return sorted(fitting, key=lambda p: (round(math.log(p.predicted.seconds), 3),
+                                              p.per_device["total"])), ""
+    if closest is not None:
+        return [closest], ""
+    return [], (f"a global batch of {cfg.global_batch} sequences does not split over its batch shards "
+                f"(data x fsdp x expert) with tensor 1-8, 1-8 micro-batches and every axis along whole "
+                f"sides of the torus")
+
+
+def _roomy(p: Plan) -> bool:
+    """Whether `p` fits with the estimate's margin (`SEARCH_MARGIN`), as a layout search requires."""
+    return p.fits and p.per_device["total"] * SEARCH_MARGIN <= p.budget
+
+
+def _layout(p: Plan) -> str:
+    """"data 1 x fsdp 16 x expert 64 x tensor 1, remat full, capacity 1.25"."""
+    m = p.config.model
+    out = f"{_mesh_row(p.mesh)}, remat {m.remat}"
+    if p.config.optimizer.grad_accum_steps > 1:
+        out += f", {p.config.optimizer.grad_accum_steps} micro-batches"
+    if m.n_experts:
+        out += f", capacity {m.moe_capacity_factor:g}" if m.moe_capacity_factor else ", dropless"
+    return out
 
 
 def _slice_answer(p: Plan, device: bool = False) -> str:
-    """"v5p-2048 (1,024 chips, 29.3 days, 46.0 GiB per chip, data 1 x fsdp 16 x ...): <bindings>"."""
-    cfg = p.config
+    """"v5p-2048 (1,024 chips, 23.8 days, 40.6% MFU, 46.0 GiB of 85.5 GiB per chip, <layout>): <bindings>"."""
+    cfg, m = p.config, p.config.model
     bindings = [f'train.HardwareConfig.device="{cfg.hardware.device}"'] if device else []
     bindings += [f'train.HardwareConfig.topology="{cfg.hardware.topology}"', "train.MeshConfig.data=-1",
-                 f"train.MeshConfig.fsdp={cfg.mesh.fsdp}"]
-    if cfg.optimizer.grad_accum_steps != 1:
-        bindings.append(f"train.OptimizerConfig.grad_accum_steps={cfg.optimizer.grad_accum_steps}")
+                 f"train.MeshConfig.fsdp={p.mesh['fsdp']}", f"train.MeshConfig.tensor={p.mesh['tensor']}"]
+    if m.n_experts:
+        bindings.append(f"train.MeshConfig.expert={p.mesh['expert']}")
+        bindings.append(f"train.ModelConfig.moe_capacity_factor={m.moe_capacity_factor:g}")
+    bindings.append(f'train.ModelConfig.remat="{m.remat}"')
+    bindings.append(f"train.OptimizerConfig.grad_accum_steps={cfg.optimizer.grad_accum_steps}")
     return (f"{slice_name(cfg.hardware.topology)} ({p.chips:,} chips, {_num(p.days)} days, "
-            f"{_gib(p.per_device['total'])} of {_gib(p.budget)} per chip, {_mesh_row(p.mesh)}): "
-            + " ".join(bindings))
+            f"{p.predicted.mfu:.1%} MFU predicted, {_gib(p.per_device['total'])} of {_gib(p.budget)} per "
+            "chip, "
+            f"{_layout(p)}): " + " ".join(bindings))
 
 
 # What to try when XLA's figure, not the estimate, is over: the changes that shrink what XLA holds most.
@@ -462,9 +573,11 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     m = cfg.model
     per_device, host = memory_bytes(cfg, mesh, micro_batch, device)
     fpt = flops_per_token(m, cfg.seq_len)
-    step_s = fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu)
+    predicted = step_time.predict(cfg, mesh, micro_batch)
+    step_s = (fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu) if hw.mfu
+              else predicted.seconds)
     result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem,
-                  host=host)
+                  host=host, predicted=predicted)
     if advise and not result.fits:
         result = dataclasses.replace(result, advice=advice(result))
     return result
@@ -506,14 +619,14 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
 def param_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
     """Bytes of one device's shards of every parameter (a dimension a mesh axis does not divide stays
     replicated over it, as in training)."""
-    return sum(_shard_size(shape, names, mesh) * dtype_bytes for shape, names in param_layout(m).values())
+    return sum(shard_size(shape, names, mesh) * dtype_bytes for shape, names in param_layout(m).values())
 
 
 def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name: str) -> int:
     """One device's optimizer state: moments in the parameters' layout and dtype."""
     total = 0
     for pname, (shape, names) in param_layout(m).items():
-        local = _shard_size(shape, names, mesh)
+        local = shard_size(shape, names, mesh)
         matrix_dims = len(shape) - (1 if _stacked(pname) else 0)
         if name == "adamw":
             total += 2 * local
@@ -529,16 +642,17 @@ def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name
 
 def gathered_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
     """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor, and
-    an MoE layer's experts over expert: E / expert of them) from the compute-dtype copy (`cast_bytes`), and
-    its gradient, in the compute dtype, before it is reduce-scattered; the larger of a dense and an MoE
-    layer (one layer is gathered at a time)."""
+    an MoE layer's experts over expert: E / expert of them) from the compute-dtype copy (`cast_bytes`), its
+    gradient, in the compute dtype, before it is reduce-scattered, and the next layer's weights, which XLA
+    gathers while this one computes (the prefetch that hides the all-gathers, as `step_time` assumes); the
+    largest layer of a dense and an MoE one."""
     if mesh["fsdp"] == 1:
         return 0
     unsharded = dict(mesh, fsdp=1)
     layout = param_layout(m)
-    layer = max(sum(_shard_size(shape[1:], names[1:], unsharded) for name, (shape, names) in layout.items()
+    layer = max(sum(shard_size(shape[1:], names[1:], unsharded) for name, (shape, names) in layout.items()
                     if name.startswith(f"{stack}.")) for stack, _ in _stacks(m))
-    return layer * 2 * DTYPE_BYTES[m.dtype]
+    return layer * 3 * DTYPE_BYTES[m.dtype]
 
 
 def cast_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
@@ -547,7 +661,7 @@ def cast_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
     dtype. An MoE router and its bias are read in float32 (stages/train/moe.py `route`): never cast."""
     if m.param_dtype == m.dtype:
         return 0
-    return sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
+    return sum(shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
                if (_stacked(name) and not name.partition(".")[2].startswith("router"))
                or name == _output_matrix(m)) * DTYPE_BYTES[m.dtype]
 
@@ -745,7 +859,7 @@ def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int
     (in the parameters' dtype); and it copies the output matrix into its transposed layout before the
     forward pass and accumulates that matrix's gradient in the transposed layout, then transposes it back:
     two more float32 copies of this device's shard of it."""
-    layers = sum(_shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
+    layers = sum(shard_size(shape, names, mesh) for name, (shape, names) in param_layout(m).items()
                  if _stacked(name))
     return layers * dtype_bytes + 2 * _output_matrix_bytes(m, mesh)
 
@@ -857,7 +971,7 @@ def _output_matrix(m: ModelConfig) -> str:
 
 def _output_matrix_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
     """This device's shard of the output matrix in float32 (the loss accumulates its gradient so)."""
-    return _shard_size(*param_layout(m)[_output_matrix(m)], mesh) * 4
+    return shard_size(*param_layout(m)[_output_matrix(m)], mesh) * 4
 
 
 def _stacked(name: str) -> bool:
@@ -877,7 +991,14 @@ def _capacity_path(m: ModelConfig, expert: int) -> bool:
     return bool(m.moe_capacity_factor) or expert > 1
 
 
-def _shard_size(shape, names, mesh: dict[str, int]) -> int:
+def shard_size(shape, names, mesh: dict[str, int]) -> int:
+    """Elements of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
+    return _shard_size(tuple(shape), tuple(names), tuple(mesh.items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _shard_size(shape, names, mesh_items) -> int:      # a layout search plans thousands of meshes
+    mesh = dict(mesh_items)
     axes = mesh_axes(names, shape, mesh)
     return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
 

@@ -18,6 +18,7 @@ in `configs.py`, JAX-free, so the planner shards parameters exactly as training 
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -29,6 +30,8 @@ from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec
 
 from stages.train.configs import AXES, BATCH_AXES, MeshConfig, mesh_axes
+
+log = logging.getLogger(__name__)
 
 
 def make_mesh(cfg: MeshConfig, devices=None):
@@ -50,13 +53,31 @@ def make_mesh(cfg: MeshConfig, devices=None):
                          f"{cfg.describe_dcn()} spans {cfg.num_slices}; the dcn sizes must multiply to the "
                          "number of slices")
     if cfg.num_slices == 1:
-        return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+        try:
+            return jax.make_mesh(shape, AXES, axis_types=auto, devices=devices)
+        except NotImplementedError as e:          # an axis is no product of whole torus sides: split one
+            _warn_split(shape, e)
+            grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+            return jax.sharding.Mesh(grid, AXES, axis_types=auto)
     ici = cfg.ici_shape(len(devices))
     if found is not None:
-        grid = mesh_utils.create_hybrid_device_mesh(ici, cfg.dcn_shape, devices)
+        try:
+            grid = mesh_utils.create_hybrid_device_mesh(ici, cfg.dcn_shape, devices)
+        except NotImplementedError as e:
+            _warn_split(ici, e)
+            grid = mesh_utils.create_hybrid_device_mesh(ici, cfg.dcn_shape, devices,
+                                                        allow_split_physical_axes=True)
     else:
         grid = _contiguous_slices(devices, ici, cfg.dcn_shape)
     return jax.sharding.Mesh(grid, AXES, axis_types=auto)
+
+
+def _warn_split(shape, error) -> None:
+    """A TPU slice lays a mesh axis along whole sides of its torus where it can (v5p-2048 is 8x8x16: axes of
+    8, 16, 64, 128 or 1024 chips); an axis of another size (fsdp 512 x expert 2) splits a side, as MaxText's
+    allow_split_physical_axes does, and its collectives use fewer of the torus's wrap-around links."""
+    log.warning("mesh %s is not whole sides of the TPU torus (%s); splitting a physical axis",
+                dict(zip(AXES, shape)), str(error).split(".")[0])
 
 
 def _slices_in(devices) -> int | None:

@@ -1,0 +1,329 @@
+"""How long one training step takes, predicted from the config: compute at per-operation rates, each
+collective's bytes at its link's bandwidth, and a stated rule for what hides behind what. No JAX.
+
+    t = step_time.predict(train_config)        # a stages.train.Config; a StepTime
+    t.seconds, t.mfu                           # the step, and the model FLOPs utilization it implies
+    t.largest(3)                               # the terms that cost the most, in words
+    make plan GIN=gin/600b.gin                 # prints the prediction beside the memory figures
+
+The model, per device and per step (every micro-batch of gradient accumulation):
+
+  compute (serial on the chip; each term alone)
+    matmuls      the dense matmuls' FLOPs (attention projections, MLP, shared experts, router, output
+                 matrix) forward, twice that backward, and again what the remat policy recomputes
+                 (`RECOMPUTED`), at `Efficiency.matmul` of the chip's peak. A capacity-buffer MoE's
+                 experts run here too, padding rows included (a dense einsum over (E, C, D)).
+    experts      a dropless MoE's routed experts (a grouped matmul over the assignments sorted by
+                 expert), at `Efficiency.grouped` of peak
+    attention    causal attention (half the T x T scores): forward, a flash backward at 2.5x the forward
+                 (it recomputes the scores: 5 matmuls to the forward's 2), and the forward again where
+                 the policy recomputes it, at `Efficiency.attention` of peak
+    memory       what no matmul hides: normalizations, RoPE, SwiGLU, residual sums, the loss's logits
+                 and softmax, the optimizer's update of this device's shard (`memory_bytes_per_step`),
+                 at `Efficiency.memory` of the chip's HBM bandwidth
+
+  communication (each term's bytes per device, at its link's bandwidth x `Efficiency.ici` / `.dcn`)
+    fsdp         every layer's weights all-gathered in the compute dtype forward and again backward,
+                 its gradient reduce-scattered: prefetched, so a layer's collectives run while the
+                 previous layer computes; exposed only where they take longer than it (per layer)
+    logits       with FSDP, the loss sums each chunk's float32 partial logits over fsdp (all-reduce,
+                 stages/train/loss.py): on the critical path
+    tensor       Megatron's two all-reduces of the (tokens, D) activations a layer, forward, backward
+                 and recomputed: on the critical path
+    all-to-all   an MoE layer's capacity buffers to the experts and back (`planner.all_to_all_bytes`):
+                 on the critical path (what is sent depends on the routing just computed)
+    data         the gradients' all-reduce over the data axis (ICI) and across slices (DCN), once a step
+                 after the last micro-batch: hidden behind that micro-batch's backward pass where shorter
+    offload      an offload_* policy's activations to host memory and back over the host link: hidden
+                 behind compute where shorter
+
+  step = compute + every exposed communication
+
+The efficiencies (`EFFICIENCY`, per platform) are constants of this model, set from published training
+throughputs and checked against others held out (benchmarks/step_time.py, benchmarks/RESULTS.md); the
+bandwidths are the vendors' (stages/train/devices.py). What it leaves out: stragglers, input pipelines,
+checkpointing, and compiler choices that differ from the rule above (XLA may fuse, reorder or overlap
+more or less than it says).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from stages.train import devices, planner
+from stages.train.configs import BATCH_AXES, LAYER_STACKS, flops_per_token, param_layout, topology_chips
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FLASH_BACKWARD = 2.5     # a flash attention backward's FLOPs over its forward's (5 T x T matmuls to 2)
+# The matmul groups a remat policy recomputes in the backward pass (the down projections never: their
+# outputs only feed the residual sum). "attention" is the T x T core; "experts_in" the routed experts' gate
+# and up (a dropless grouped matmul is no dot_general, so save_dots cannot keep it: `_recomputed`).
+RECOMPUTED = {
+    "none": frozenset(),
+    "save_dots": frozenset(),
+    "dots_no_batch": frozenset({"attention", "experts_in"}),
+    "minimal": frozenset({"attention", "mlp_in", "router", "experts_in"}),
+    "save_qkv_proj": frozenset({"attention", "out", "mlp_in", "router", "experts_in"}),
+    "full": frozenset({"qkv", "attention", "out", "mlp_in", "router", "experts_in"}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency:
+    """The share of a peak rate each kind of work reaches on a device."""
+
+    matmul: float       # dense matmuls, of peak FLOP/s
+    grouped: float      # a dropless MoE's grouped matmul, of the dense matmuls' rate
+    attention: float    # the flash / splash attention kernels, of the dense matmuls' rate
+    memory: float       # elementwise work, of HBM bandwidth
+    ici: float          # collectives within a slice (ICI, NVLink), of the link bandwidth
+    dcn: float          # collectives across slices or nodes, of the data-center network bandwidth
+    host: float         # host offload transfers, of the host link
+
+
+# `matmul` and the TPU's `grouped` are fitted to the calibration rows of benchmarks/step_time.py (each run
+# file there says which constant it sets; `python -m benchmarks.step_time --calibrate` refits them); every
+# other row is held out (the H100's grouped figure is the TPUs': no published GPU MoE row here). The rest
+# are stated, not fitted: attention kernels at ~70% of the dense matmuls'
+# rate (splash and cuDNN's fused kernels, forward and backward together), elementwise work at 70% of HBM
+# bandwidth, collectives at what published bus-bandwidth tests reach (NCCL's all-gather ~40% of NVLink's
+# bidirectional 900 GB/s on 8 H100s, TPU ICI ~70%). A device without a row of its own borrows its
+# platform's (`efficiency`), and the plan says so.
+EFFICIENCY = {
+    "tpu-v5p": Efficiency(matmul=0.82, grouped=0.81, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
+    "tpu-v6e": Efficiency(matmul=0.63, grouped=0.81, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
+    "h100": Efficiency(matmul=0.63, grouped=0.81, attention=0.7, memory=0.7, ici=0.4, dcn=0.7, host=0.7),
+    "cpu": Efficiency(matmul=0.5, grouped=0.6, attention=0.6, memory=0.5, ici=0.5, dcn=0.5, host=0.5),
+}
+PLATFORM_ROW = {"tpu": "tpu-v5p", "gpu": "h100", "cpu": "cpu"}
+
+
+def efficiency(device: devices.Device) -> tuple[Efficiency, str]:
+    """(the efficiencies for `device`, "" or the row they were borrowed from when it has none)."""
+    if device.name in EFFICIENCY:
+        return EFFICIENCY[device.name], ""
+    row = PLATFORM_ROW[platform(device)]
+    return EFFICIENCY[row], row
+
+
+def platform(device: devices.Device) -> str:
+    return "tpu" if device.name.startswith("tpu-") else "cpu" if device.name == "cpu" else "gpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    name: str          # "matmuls", "all-to-all over expert 64", ...
+    seconds: float     # what it takes alone, per step
+    exposed: float     # what it adds to the step (compute terms: all of it)
+    note: str = ""     # how it was hidden, or what it counts
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    terms: tuple[Term, ...]
+    model_flops: float          # the step's model FLOPs on one device (flops_per_token x its tokens)
+    peak: float                 # the device's peak FLOP/s
+
+    @property
+    def seconds(self) -> float:
+        return sum(t.exposed for t in self.terms)
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.seconds * self.peak)
+
+    def term(self, name: str) -> Term | None:
+        return next((t for t in self.terms if t.name.startswith(name)), None)
+
+    def largest(self, n: int = 3) -> str:
+        """"matmuls 9.1 s, all-to-all over expert 64 2.1 s (60% hidden), ..." of the n longest terms."""
+        out = []
+        for t in sorted(self.terms, key=lambda t: -t.seconds)[:n]:
+            hidden = 1 - t.exposed / t.seconds if t.seconds else 0
+            shown = f" ({hidden:.0%} hidden behind compute)" if hidden > 0.005 else ""
+            out.append(f"{t.name} {_s(t.seconds)}{shown}")
+        return ", ".join(out)
+
+
+def predict(cfg, mesh: dict[str, int] | None = None, micro_batch: int | None = None) -> StepTime:
+    """The predicted step of `cfg` (a stages.train.Config) on its hardware: see the module docstring.
+    `mesh` (the whole mesh's sizes) and `micro_batch` (sequences a device a micro-batch) default to what
+    the config gives on its chips, as planner.plan computes them."""
+    hw, m = cfg.hardware, cfg.model
+    device = devices.get(hw.device)
+    eff, _ = efficiency(device)
+    chips = (hw.chips or topology_chips(hw.topology) or _explicit(cfg.mesh)) * hw.num_slices
+    mesh = mesh or cfg.mesh.sizes(chips)
+    shards = math.prod(mesh[a] for a in BATCH_AXES)
+    accum = cfg.optimizer.grad_accum_steps
+    micro_batch = micro_batch or max(1, cfg.global_batch // accum // shards)
+    T, tensor = cfg.seq_len, mesh["tensor"]
+    tokens = micro_batch * T * accum                       # this device's tokens a step
+    recomputed = _recomputed(m, mesh["expert"])
+
+    groups = matmul_flops(m, mesh["expert"], micro_batch * T)          # per token, forward, whole
+    dense = sum(f * (3 + (g in recomputed)) for g, f in groups.items() if g != "experts_in" and
+                g != "experts_out") / tensor
+    experts = (groups["experts_in"] * (3 + ("experts_in" in recomputed)) + groups["experts_out"] * 3) / tensor
+    dropless = m.n_experts and not (m.moe_capacity_factor or mesh["expert"] > 1)
+    attention = 2 * T * m.n_heads * m.effective_head_dim * m.n_layers / tensor   # forward, per token
+    attention *= 1 + FLASH_BACKWARD + ("attention" in recomputed)
+    peak = device.peak_flops
+    rate = peak * eff.matmul
+    compute = [Term("matmuls", tokens * (dense + (0 if dropless else experts)) / rate, 0)]
+    if dropless:
+        compute.append(Term("experts (grouped matmul)", tokens * experts / (rate * eff.grouped), 0))
+    compute.append(Term("attention", tokens * attention / (rate * eff.attention), 0))
+    compute.append(Term("memory-bound ops", memory_bytes_per_step(cfg, mesh, micro_batch, recomputed)
+                        / (device.hbm_bytes_per_s * eff.memory), 0))
+    compute = [dataclasses.replace(t, exposed=t.seconds) for t in compute]
+    busy = sum(t.seconds for t in compute)
+    comms = _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed)
+    model_flops = flops_per_token(m, T) * tokens / tensor
+    return StepTime(tuple(compute + comms), model_flops, peak)
+
+
+def matmul_flops(m, expert: int, tokens: int) -> dict[str, float]:
+    """Forward FLOPs per token of each matmul group, whole (not split over tensor): "qkv", "out", "mlp_in"
+    (gate and up, the shared experts' too), "mlp_out", "router", "experts_in", "experts_out" (a capacity
+    buffer's padding rows included: rows / tokens assignments a token) and "unembed"."""
+    D, N, K, H = m.d_model, m.n_heads, m.n_kv_heads, m.effective_head_dim
+    dense_layers, moe_layers = m.n_layers - m.n_moe_layers, m.n_moe_layers
+    F = m.effective_mlp_dim
+    Fs = m.n_shared_experts * m.effective_moe_mlp_dim
+    out = {"qkv": 2 * D * (N + 2 * K) * H * m.n_layers, "out": 2 * N * H * D * m.n_layers,
+           "mlp_in": 2 * 2 * D * (F * dense_layers + Fs * moe_layers),
+           "mlp_out": 2 * D * (F * dense_layers + Fs * moe_layers),
+           "router": 2 * D * m.n_experts * moe_layers, "experts_in": 0.0, "experts_out": 0.0,
+           "unembed": 2 * D * m.vocab_size}
+    if m.n_experts:
+        rows = planner.moe_rows(m, tokens, expert) / tokens        # expert rows a token costs on its device
+        Fe = m.effective_moe_mlp_dim
+        out["experts_in"] = 2 * 2 * D * Fe * rows * moe_layers
+        out["experts_out"] = 2 * Fe * D * rows * moe_layers
+    return out
+
+
+def memory_bytes_per_step(cfg, mesh: dict[str, int], micro_batch: int, recomputed=frozenset()) -> float:
+    """HBM bytes a device reads and writes a step in work no matmul hides, in the compute dtype, per token
+    and layer: two RMSNorms (read D, write D each), two residual sums (read 2D, write D each), RoPE on q and
+    k (read and write (N + K) H), SwiGLU's product (read 2F, write F; an MoE layer's shared experts); an MoE
+    layer's dispatch (gather its R rows of D, write them), its experts' SwiGLU product over (R, Fe) and the
+    combine (read the R outputs, write and sum each token's k); twice all that backward and once more for a
+    recomputed layer. The loss reads and writes each token's logits four times in float32 (the chunk's
+    logits, their softmax, its gradient, the gradient in the compute dtype); the optimizer reads the
+    parameters, gradients and two moments of this device's shard and writes three of them back, and the
+    gradient accumulator is read and written once a micro-batch."""
+    m, tensor = cfg.model, mesh["tensor"]
+    cdt = DTYPE_BYTES[m.dtype]
+    D = m.d_model / (tensor if m.sequence_parallel else 1)
+    heads = (m.n_heads + m.n_kv_heads) * m.effective_head_dim / tensor
+    passes = 3 + (1 if recomputed else 0)
+    accum = cfg.optimizer.grad_accum_steps
+    tokens = micro_batch * cfg.seq_len                     # a micro-batch's, on this device
+    per_token = 0.0
+    for stack, layers in (("layers", m.n_layers - m.n_moe_layers), ("moe_layers", m.n_moe_layers)):
+        F = m.effective_mlp_dim if stack == "layers" else m.n_shared_experts * m.effective_moe_mlp_dim
+        layer = 10 * D + 3 * F / tensor + 2 * heads
+        if stack == "moe_layers":
+            rows = planner.moe_rows(m, tokens, mesh["expert"]) / tokens        # expert rows a token
+            k = m.n_experts_per_token
+            layer += (3 * rows * m.d_model + 3 * rows * m.effective_moe_mlp_dim / tensor
+                      + (2 * k + 1) * m.d_model)
+        per_token += layers * layer * cdt * passes
+    per_token += 4 * 4 * m.vocab_size / tensor
+    shard = planner.param_bytes(m, mesh, DTYPE_BYTES[m.param_dtype])
+    optimizer = 7 * shard + (2 * shard * accum if accum > 1 else 0)
+    return tokens * accum * per_token + optimizer
+
+
+def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed) -> list[Term]:
+    m, accum = cfg.model, cfg.optimizer.grad_accum_steps
+    cdt, T = DTYPE_BYTES[m.dtype], cfg.seq_len
+    ici, dcn = device.ici_bytes_per_s * eff.ici, device.dcn_bytes_per_s * eff.dcn
+    tokens = micro_batch * T
+    out = []
+    fsdp, dcn_fsdp = mesh["fsdp"], cfg.mesh.dcn_fsdp
+    if fsdp > 1:
+        # Per layer and micro-batch: gather forward, gather backward, reduce-scatter the gradient; the part
+        # across slices moves (dcn - 1) / dcn of a slice's share over DCN, the rest over ICI.
+        alone = hidden = 0.0
+        per_layer_compute = busy / accum / m.n_layers
+        for layer_bytes, n in layer_shard_bytes(m, mesh, cdt):
+            ici_part = (fsdp // dcn_fsdp - 1) / (fsdp // dcn_fsdp) * layer_bytes
+            dcn_part = (dcn_fsdp - 1) / fsdp * layer_bytes
+            seconds = 3 * (ici_part / ici + dcn_part / dcn)
+            alone += n * accum * seconds
+            hidden += n * accum * max(0.0, seconds - per_layer_compute)
+        out.append(Term(f"fsdp all-gathers and reduce-scatters over fsdp {fsdp}", alone, hidden,
+                        "prefetched behind the previous layer's compute"))
+        vocab = m.vocab_size / mesh["tensor"]
+        logits = accum * tokens * vocab * 4 * 2 * (fsdp - 1) / fsdp / ici
+        out.append(Term(f"logits' all-reduce over fsdp {fsdp}", logits, logits))
+    if mesh["tensor"] > 1:
+        t = mesh["tensor"]
+        count = m.n_layers * 2 * (2 + (1 if recomputed else 0)) * accum     # 2 a layer: fwd, bwd, remat
+        seconds = count * 2 * (t - 1) / t * tokens * m.d_model * cdt / ici
+        out.append(Term(f"tensor all-reduces over tensor {t}", seconds, seconds))
+    buffer, count = planner.all_to_all_bytes(cfg, mesh, micro_batch)
+    if count:
+        ep = mesh["expert"]
+        seconds = count * buffer * (ep - 1) / ep / ici * all_to_all_hops(device, ep)
+        out.append(Term(f"all-to-all over expert {ep}", seconds, seconds))
+    data, dcn_data = mesh["data"], cfg.mesh.dcn_data
+    if data > 1:
+        grads = planner.param_bytes(m, mesh, 4)           # this device's shard of the gradients, float32
+        ici_data = data // dcn_data
+        seconds = 2 * grads * ((ici_data - 1) / ici_data / ici + (dcn_data - 1) / dcn_data / dcn)
+        backward = busy / accum * 2 / 3
+        out.append(Term(f"gradient all-reduce over data {data}", seconds, max(0.0, seconds - backward),
+                        "behind the last micro-batch's backward pass"))
+    if m.remat.startswith("offload_") and device.host_bytes:
+        _, host = planner.activation_bytes(m, micro_batch, T, mesh["tensor"], expert=mesh["expert"])
+        seconds = 2 * host * accum / (device.host_link_bytes_per_s * eff.host)
+        out.append(Term("host offload", seconds, max(0.0, seconds - busy), "behind compute"))
+    return out
+
+
+def all_to_all_hops(device: devices.Device, chips: int) -> float:
+    """The links an all-to-all's byte crosses on average among `chips` chips: 1 through a switch (NVLink,
+    the data-center network); on a TPU torus (v4, v5p: 3D; v5e, v6e: 2D) the mean ring distance n / 4 of
+    each side, the chips taken as a cube (a square) of side n. An all-to-all keeps every link of a chip busy,
+    so its bytes move at the chip's ICI bandwidth over this many hops; an all-gather or reduce-scatter moves
+    each byte one hop (rings)."""
+    if platform(device) != "tpu" or chips <= 1:
+        return 1.0
+    dims = 3 if device.name in ("tpu-v4", "tpu-v5p") else 2
+    return max(1.0, dims * chips ** (1 / dims) / 4)
+
+
+def layer_shard_bytes(m, mesh: dict[str, int], dtype_bytes: int) -> list[tuple[int, int]]:
+    """(bytes of one layer's weights as FSDP gathers them on a device: whole over fsdp, still split over
+    tensor and expert; the layers of that kind) for each layer stack, dense then MoE."""
+    whole = dict(mesh, fsdp=1)
+    counts = {"layers": m.n_layers - m.n_moe_layers, "moe_layers": m.n_moe_layers}
+    out = []
+    for stack in LAYER_STACKS:
+        if counts[stack]:
+            size = sum(planner.shard_size(shape[1:], names[1:], whole)
+                       for name, (shape, names) in param_layout(m).items() if name.startswith(f"{stack}."))
+            out.append((size * dtype_bytes, counts[stack]))
+    return out
+
+
+def _recomputed(m, expert: int) -> frozenset:
+    base = m.remat.removeprefix("offload_")
+    out = RECOMPUTED[base]
+    dropless = m.n_experts and not (m.moe_capacity_factor or expert > 1)
+    if base == "save_dots" and dropless:
+        out = out | {"experts_in"}
+    return out
+
+
+def _explicit(mesh) -> int:
+    return (mesh.data if mesh.data > 0 else 1) * mesh.fsdp * mesh.expert * mesh.tensor
+
+
+def _s(x: float) -> str:
+    return f"{x:,.3g} s" if x >= 0.1 else f"{x * 1e3:,.3g} ms"

@@ -1,0 +1,119 @@
+"""The step-time model (stages/train/step_time.py) against hand computations, and its calibration rows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmarks import step_time as bench
+from stages.train import devices, planner, step_time
+from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
+from stages.train.stage_config import Config
+
+MODEL = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, mlp_dim=512,
+                    max_seq_len=512, remat="none")
+
+
+FSDP4 = MeshConfig(fsdp=4)
+
+
+def _cfg(model=MODEL, mesh=FSDP4, device="tpu-v5p", batch=16, accum=1, **hw) -> Config:
+    return Config(model=model, seq_len=512, global_batch=batch, steps=1000,
+                  optimizer=OptimizerConfig(grad_accum_steps=accum, warmup_steps=10),
+                  mesh=mesh, hardware=HardwareConfig(device=device, chips=hw.pop("chips", 4), **hw))
+
+
+def test_matmul_flops_per_token_are_the_hand_counts():
+    g = step_time.matmul_flops(MODEL, 1, 512)
+    D, H, F, L = 256, 64, 512, 4
+    assert g["qkv"] == 2 * D * (4 + 2 * 2) * H * L and g["out"] == 2 * 4 * H * D * L
+    assert g["mlp_in"] == 2 * 2 * D * F * L and g["mlp_out"] == 2 * D * F * L
+    assert g["unembed"] == 2 * D * 1024 and g["router"] == g["experts_in"] == g["experts_out"] == 0
+    # Training FLOPs: 3x the forward matmuls and the causal attention = configs.flops_per_token.
+    from stages.train.configs import flops_per_token
+    attention = 2 * 512 * 4 * H * L
+    assert 3 * (sum(g.values()) + attention) == flops_per_token(MODEL, 512)
+
+
+def test_an_moe_layer_counts_its_capacity_rows():
+    moe = dataclasses.replace(MODEL, n_experts=8, n_experts_per_token=2, moe_mlp_dim=128, n_dense_layers=1,
+                              moe_capacity_factor=1.5)
+    tokens = 1024
+    g = step_time.matmul_flops(moe, 2, tokens)
+    rows = 8 * 384                                  # E x C, C = ceil(1.5 x 1024 x 2 / 8)
+    assert g["experts_in"] == 2 * 2 * 256 * 128 * rows / tokens * 3
+    assert g["router"] == 2 * 256 * 8 * 3 and g["mlp_in"] == 2 * 2 * 256 * 512 * 1
+
+
+@pytest.mark.parametrize("remat, extra", [("none", 0), ("save_dots", 0), ("minimal", 1), ("full", 1),
+                                          ("offload_full", 1)])
+def test_remat_recomputes_the_forward_pass_it_does_not_keep(remat, extra):
+    """full recomputes every matmul but the down projections; the matmul term grows by exactly that."""
+    base = step_time.predict(_cfg()).term("matmuls").seconds
+    t = step_time.predict(_cfg(dataclasses.replace(MODEL, remat=remat))).term("matmuls").seconds
+    g = step_time.matmul_flops(MODEL, 1, 4 * 512)
+    kept = {"none": set(), "save_dots": set(), "minimal": {"mlp_in"}, "full": {"qkv", "out", "mlp_in"},
+            "offload_full": {"qkv", "out", "mlp_in"}}[remat]
+    forward = sum(g.values())
+    assert t / base == pytest.approx((3 * forward + extra * sum(g[k] for k in kept)) / (3 * forward))
+
+
+def test_step_is_compute_plus_what_communication_leaves_exposed():
+    t = step_time.predict(_cfg())
+    assert t.seconds == pytest.approx(sum(x.exposed for x in t.terms))
+    compute = sum(x.seconds for x in t.terms if x.name in ("matmuls", "attention", "memory-bound ops"))
+    fsdp = t.term("fsdp")
+    assert fsdp is not None and 0 <= fsdp.exposed <= fsdp.seconds
+    # One sequence a GPU: a layer's collectives over NVLink outlast its compute, and part of them shows.
+    small = step_time.predict(_cfg(batch=4, device="h100", model=dataclasses.replace(
+        MODEL, d_model=2048, n_heads=16, n_kv_heads=16, mlp_dim=8192)))
+    fsdp = small.term("fsdp")
+    assert 0 < fsdp.exposed < fsdp.seconds
+    assert t.mfu == pytest.approx(t.model_flops / (t.seconds * 459e12))
+    assert compute < t.seconds or not any(x.exposed for x in t.terms if x.name.startswith("logits"))
+
+
+def test_fsdp_bytes_are_each_layer_gathered_twice_and_reduce_scattered_once():
+    cfg = _cfg()
+    t = step_time.predict(cfg)
+    layer = sum(planner.shard_size(shape[1:], names[1:], {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
+                for name, (shape, names) in planner.param_layout(MODEL).items() if name.startswith("layers."))
+    device = devices.get("tpu-v5p")
+    eff, _ = step_time.efficiency(device)
+    expected = 4 * 3 * layer * 2 * 3 / 4 / (device.ici_bytes_per_s * eff.ici)
+    assert t.term("fsdp").seconds == pytest.approx(expected)
+
+
+def test_all_to_all_crosses_the_torus_mean_distance():
+    v5p, h100 = devices.get("tpu-v5p"), devices.get("h100")
+    assert step_time.all_to_all_hops(v5p, 64) == pytest.approx(3.0)      # a 4x4x4 cube: 3 sides of 4 / 4
+    assert step_time.all_to_all_hops(devices.get("tpu-v6e"), 256) == pytest.approx(8.0)   # 16x16: 2 x 4
+    assert step_time.all_to_all_hops(v5p, 8) == pytest.approx(1.5)        # 2x2x2
+    assert step_time.all_to_all_hops(v5p, 1) == 1.0 and step_time.all_to_all_hops(h100, 8) == 1.0
+
+
+def test_an_assumed_mfu_sets_the_days_and_the_prediction_is_printed_beside_it():
+    predicted = planner.plan(_cfg())
+    assumed = planner.plan(_cfg(mfu=0.25))
+    assert predicted.step_s == pytest.approx(predicted.predicted.seconds)
+    assert assumed.step_s != pytest.approx(assumed.predicted.seconds)
+    text = assumed.render()
+    assert "time, predicted:" in text and "time at the assumed 25% MFU" in text
+    assert "time at the assumed" not in predicted.render()
+
+
+def test_a_device_without_calibrated_efficiencies_says_whose_it_borrows():
+    p = planner.plan(_cfg(device="tpu-v5e"))
+    assert "TPU v5e borrows tpu-v5p's efficiencies, none calibrated for it" in p.render()
+
+
+def test_every_published_run_file_states_its_figure_and_role_and_the_calibrated_constants_are_the_fits():
+    files = bench.run_files()
+    roles = [bench.published(p)[1] for p in files]
+    assert len(files) >= 6 and sum(r == "held out" for r in roles) >= 6
+    fitted = bench.calibrate()
+    for device, constants in fitted.items():
+        for name, value in constants.items():
+            stored = getattr(step_time.EFFICIENCY[device], name)
+            assert stored == pytest.approx(value, abs=0.006), (device, name)
