@@ -59,7 +59,7 @@ CASES = {
         "train.MeshConfig.tensor = 8"]),
     # Mixtures of experts: the flagship (expert 64 x fsdp 16, all-to-all of capacity buffers), and the 124M
     # with 8 experts (top-2, one shared, two dense layers first) through each dispatch path.
-    "600b-moe_v5p-2048_expert64_fsdp16_full": ("gin/600b.gin", []),
+    "600b-moe_v5p-2048_fsdp128_expert8_offload_dots_no_batch": ("gin/600b.gin", []),
     "124m-moe8_v5p-8_expert2_fsdp2_capacity_full": ("gin/tiny.gin", MOE_124M + [
         "train.ModelConfig.moe_capacity_factor = 1.25", "train.MeshConfig.expert = 2",
         "train.MeshConfig.fsdp = 2", "train.ModelConfig.remat = 'full'"]),

@@ -111,8 +111,9 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from stages.train import aot
 
+    compiled = []
     try:
-        return p.render(xla=aot.compile_train_step(config))
+        return p.render(xla=aot.compile_train_step(config, collectives=compiled), collectives=compiled)
     except aot.OutOfMemory as e:         # XLA's figure wins: the verdict says does NOT fit, quoting it
         return p.render(xla=e.figures, xla_note=e.said)
     except (RuntimeError, ValueError) as e:

@@ -19,7 +19,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from stages.train import loop, native, sharding
+from stages.train import hlo, loop, native, sharding
 from stages.train.configs import TPU_GENERATIONS, topology_chips
 
 # What libtpu says when a program does not fit a chip's HBM (two forms, sizes like "362.47G"):
@@ -42,11 +42,13 @@ class OutOfMemory(RuntimeError):
         self.figures = {"argument": 0, "output": 0, "alias": 0, "temp": needed, "total": needed, "hbm": hbm}
 
 
-def compile_train_step(cfg, *, eos_id: int = 2, devices: list | None = None) -> dict[str, int]:
+def compile_train_step(cfg, *, eos_id: int = 2, devices: list | None = None,
+                       collectives: list | None = None) -> dict[str, int]:
     """XLA's per-device bytes for one train step of `cfg` (a stages.train.Config) on its topology, times
     its num_slices (or on `devices`, such as this machine's simulated CPU devices): argument (params,
     optimizer state, batch), output, alias (outputs that reuse donated arguments), temp (everything else:
-    gradients, activations, gathered layers) and total = argument + output - alias + temp."""
+    gradients, activations, gathered layers) and total = argument + output - alias + temp. A `collectives`
+    list gets the compiled step's collectives (`hlo.collectives`: kind, shapes, group, runs a step)."""
     topology = cfg.hardware.topology
     if devices is None and not topology:
         raise ValueError("train.HardwareConfig.topology is empty: name a TPU topology such as \"v5p:2x2x1\" "
@@ -71,6 +73,8 @@ def compile_train_step(cfg, *, eos_id: int = 2, devices: list | None = None) -> 
     figures = {"argument": mem.argument_size_in_bytes, "output": mem.output_size_in_bytes,
                "alias": mem.alias_size_in_bytes, "temp": mem.temp_size_in_bytes}
     figures["total"] = figures["argument"] + figures["output"] - figures["alias"] + figures["temp"]
+    if collectives is not None:
+        collectives.extend(hlo.collectives(compiled.as_text()))
     return figures
 
 

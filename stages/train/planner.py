@@ -177,9 +177,10 @@ class Plan:
     def days(self) -> float:
         return self.config.steps * self.step_s / 86400
 
-    def render(self, xla: dict[str, int] | None = None, xla_note: str = "") -> str:
+    def render(self, xla: dict[str, int] | None = None, xla_note: str = "", collectives=None) -> str:
         """The plan as text, its verdict last; `xla` (aot.compile_train_step's figures) adds XLA's own
-        per-device total for the real train step beside the estimate, `xla_note` why it is not there."""
+        per-device total for the real train step beside the estimate, `xla_note` why it is not there, and
+        `collectives` (the compiled step's, `hlo.collectives`) what it moves beside what the model says."""
         cfg, m = self.config, self.config.model
         hw = cfg.hardware
         total_params = sum(self.params.values())
@@ -228,6 +229,8 @@ class Plan:
                         f"{self.per_device['total'] / max(xla['total'], 1):.0%} of it")
         elif xla_note:
             rows.append(f"  XLA: not compiled: {xla_note}")
+        if collectives:
+            rows.append(self.collectives_row(collectives))
         if self.fits_with(xla):
             rows.append(f"  verdict: fits on {where}")
         elif self.problem:
@@ -266,6 +269,21 @@ class Plan:
                         "days): "
                         f"{_num(self.step_s)} s/step, {_num(self.days)} days")
         return rows
+
+    def collectives_row(self, compiled) -> str:
+        """What the compiled step's collectives move a device a step, by kind, beside the step model's
+        (`step_time.collectives`): the model counts the layers' FSDP traffic, the loss's logits, tensor and
+        expert axes and data-parallel gradients; XLA also moves token indices, norms, scalars and the
+        embedding's reshards, which it does not."""
+        from stages.train import hlo
+
+        xla = hlo.bytes_by_kind(compiled)
+        model = dict.fromkeys(xla, 0)
+        for c in step_time.collectives(self.config, self.mesh, self.micro_batch):
+            model[c.kind] += c.bytes * c.count
+        kinds = [k for k in xla if xla[k] or model[k]]
+        return ("  collectives a device a step, XLA's compile (the step model's): "
+                + ", ".join(f"{k} {_gib(xla[k])} ({_gib(model[k])})" for k in kinds))
 
     def all_to_all_row(self) -> str:
         """What an MoE model's expert axis moves per step (`all_to_all_bytes`), and the least time that takes
@@ -325,7 +343,7 @@ class SliceSearch:
     generation: str
     tried: tuple[tuple[str, Plan | None, str], ...]   # (topology, its fastest plan or None, why none runs)
     found: Plan | None                                 # the fastest layout on the smallest slice; None: none
-    runner_up: Plan | None = None                      # the next fastest layout that fits on that slice
+    runner_up: Plan | None = None                      # the fastest that fits with another mesh there
     elsewhere: tuple[Plan, ...] = ()                   # where none does: other generations' smallest
 
     def render(self) -> str:
@@ -414,7 +432,9 @@ def smallest_slice(cfg, days: float, *, elsewhere: bool = True) -> SliceSearch:
         best = ranked[0] if ranked else None
         tried.append((topology, best, why))
         if best is not None and _roomy(best) and best.days <= days:
-            runner_up = ranked[1] if len(ranked) > 1 and _roomy(ranked[1]) else None
+            # The runner-up lays the mesh out differently (the same mesh with another remat is no choice
+            # a user weighs: the answer already takes the fastest policy that fits).
+            runner_up = next((r for r in ranked[1:] if _roomy(r) and r.mesh != best.mesh), None)
             return SliceSearch(cfg, days, generation, tuple(tried), best, runner_up)
     others = ()
     if elsewhere:

@@ -52,7 +52,14 @@ import dataclasses
 import math
 
 from stages.train import devices, planner
-from stages.train.configs import BATCH_AXES, LAYER_STACKS, flops_per_token, param_layout, topology_chips
+from stages.train.configs import (
+    BATCH_AXES,
+    LAYER_STACKS,
+    flops_per_token,
+    mesh_axes,
+    param_layout,
+    topology_chips,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FLASH_BACKWARD = 2.5     # a flash attention backward's FLOPs over its forward's (5 T x T matmuls to 2)
@@ -91,9 +98,9 @@ class Efficiency:
 # bidirectional 900 GB/s on 8 H100s, TPU ICI ~70%). A device without a row of its own borrows its
 # platform's (`efficiency`), and the plan says so.
 EFFICIENCY = {
-    "tpu-v5p": Efficiency(matmul=0.82, grouped=0.81, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
-    "tpu-v6e": Efficiency(matmul=0.63, grouped=0.81, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
-    "h100": Efficiency(matmul=0.63, grouped=0.81, attention=0.7, memory=0.7, ici=0.4, dcn=0.7, host=0.7),
+    "tpu-v5p": Efficiency(matmul=0.822, grouped=0.811, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
+    "tpu-v6e": Efficiency(matmul=0.643, grouped=0.811, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
+    "h100": Efficiency(matmul=0.630, grouped=0.811, attention=0.7, memory=0.7, ici=0.4, dcn=0.7, host=0.7),
     "cpu": Efficiency(matmul=0.5, grouped=0.6, attention=0.6, memory=0.5, ici=0.5, dcn=0.5, host=0.5),
 }
 PLATFORM_ROW = {"tpu": "tpu-v5p", "gpu": "h100", "cpu": "cpu"}
@@ -238,49 +245,141 @@ def memory_bytes_per_step(cfg, mesh: dict[str, int], micro_batch: int, recompute
     return tokens * accum * per_token + optimizer
 
 
-def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed) -> list[Term]:
-    m, accum = cfg.model, cfg.optimizer.grad_accum_steps
-    cdt, T = DTYPE_BYTES[m.dtype], cfg.seq_len
-    ici, dcn = device.ici_bytes_per_s * eff.ici, device.dcn_bytes_per_s * eff.dcn
-    tokens = micro_batch * T
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective the model says a step runs, as `hlo.collectives` reads a compiled step's."""
+
+    kind: str                 # hlo.KINDS
+    dtype: str                # "bf16", "f32" (HLO's names)
+    shape: tuple[int, ...]    # of the whole array it gathers, reduces or exchanges, on one device
+    count: int                # times a step
+    axis: str                 # the mesh axis it runs over
+    what: str                 # the parameter or activation it moves
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * {"bf16": 2, "f16": 2, "f32": 4}[self.dtype]
+
+
+def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]:
+    """The collectives of one step by the model, per device (tests compare them with a compiled step's):
+
+    - fsdp: each layer's matmul weights, whole over fsdp (split over tensor and expert as trained),
+      all-gathered in the compute dtype forward and again backward (the remat's recompute uses the
+      backward's), and their gradients reduce-scattered once, for every micro-batch;
+    - the loss (stages/train/loss.py): with FSDP each chunk's float32 partial logits, this device's rows of
+      the chunk by its vocabulary, all-reduced over fsdp forward and backward;
+    - tensor: Megatron's two all-reduces of the (tokens, D) activations a layer forward and two backward,
+      and the attention's again where the remat recomputes its output projection;
+    - expert: the (E, C, D) capacity buffers to the experts and back (`planner.all_to_all_bytes`);
+    - data: the gradients' all-reduce, float32, once a step."""
+    m, accum, T = cfg.model, cfg.optimizer.grad_accum_steps, cfg.seq_len
+    cdt, pdt = _HLO_DTYPE[m.dtype], _HLO_DTYPE[m.param_dtype]
     out = []
-    fsdp, dcn_fsdp = mesh["fsdp"], cfg.mesh.dcn_fsdp
-    if fsdp > 1:
-        # Per layer and micro-batch: gather forward, gather backward, reduce-scatter the gradient; the part
-        # across slices moves (dcn - 1) / dcn of a slice's share over DCN, the rest over ICI.
-        alone = hidden = 0.0
-        per_layer_compute = busy / accum / m.n_layers
-        for layer_bytes, n in layer_shard_bytes(m, mesh, cdt):
-            ici_part = (fsdp // dcn_fsdp - 1) / (fsdp // dcn_fsdp) * layer_bytes
-            dcn_part = (dcn_fsdp - 1) / fsdp * layer_bytes
-            seconds = 3 * (ici_part / ici + dcn_part / dcn)
-            alone += n * accum * seconds
-            hidden += n * accum * max(0.0, seconds - per_layer_compute)
-        out.append(Term(f"fsdp all-gathers and reduce-scatters over fsdp {fsdp}", alone, hidden,
-                        "prefetched behind the previous layer's compute"))
-        vocab = m.vocab_size / mesh["tensor"]
-        logits = accum * tokens * vocab * 4 * 2 * (fsdp - 1) / fsdp / ici
-        out.append(Term(f"logits' all-reduce over fsdp {fsdp}", logits, logits))
+    if mesh["fsdp"] > 1:
+        whole = dict(mesh, fsdp=1)
+        for name, (shape, names), layers in _layer_matrices(m):
+            dims = _local_shape(shape[1:], names[1:], whole)
+            if math.prod(dims) == planner.shard_size(shape[1:], names[1:], mesh):
+                continue                                   # not split over fsdp: nothing to gather
+            part = name.partition(".")[2]
+            # What the compiled TPU step does (tests/train/test_aot.py): the router is read in float32
+            # (stages/train/moe.py), so gathered and reduced in the parameters' dtype, and the routed experts'
+            # gradients leave their shard_map in it too; a stack of one layer is no loop, and its backward
+            # reuses the forward's gathered weights; under full remat the attention projections are
+            # gathered a third time, for the recompute.
+            gathers = 1 if layers == 1 else 2 + (m.remat.removeprefix("offload_") == "full"
+                                                 and part in ("wq", "wk", "wv", "wo"))
+            out.append(Collective("all-gather", pdt if part == "router" else cdt, dims,
+                                  gathers * layers * accum, "fsdp", name))
+            out.append(Collective("reduce-scatter", pdt if part == "router" or part.startswith("experts_")
+                                  else cdt, dims, layers * accum, "fsdp", name))
+        tokens = micro_batch * T
+        chunks = -(-cfg.global_batch // accum * T // cfg.loss_chunk)
+        vocab = m.vocab_size // mesh["tensor"] if m.vocab_size % mesh["tensor"] == 0 else m.vocab_size
+        out.append(Collective("all-reduce", "f32", (min(cfg.loss_chunk, tokens), vocab), 2 * chunks * accum,
+                              "fsdp", "logits"))
     if mesh["tensor"] > 1:
-        t = mesh["tensor"]
-        count = m.n_layers * 2 * (2 + (1 if recomputed else 0)) * accum     # 2 a layer: fwd, bwd, remat
-        seconds = count * 2 * (t - 1) / t * tokens * m.d_model * cdt / ici
-        out.append(Term(f"tensor all-reduces over tensor {t}", seconds, seconds))
+        # Forward: after the output projection and after the down projection; backward: their transposes
+        # (before q, k, v and before gate, up); a remat that recomputes the output projection redoes its
+        # all-reduce (the down projection is never recomputed).
+        again = "out" in _recomputed(m, mesh["expert"])
+        out.append(Collective("all-reduce", cdt, (micro_batch, T, m.d_model),
+                              m.n_layers * (4 + again) * accum, "tensor", "activations"))
     buffer, count = planner.all_to_all_bytes(cfg, mesh, micro_batch)
     if count:
-        ep = mesh["expert"]
-        seconds = count * buffer * (ep - 1) / ep / ici * all_to_all_hops(device, ep)
-        out.append(Term(f"all-to-all over expert {ep}", seconds, seconds))
-    data, dcn_data = mesh["data"], cfg.mesh.dcn_data
-    if data > 1:
-        grads = planner.param_bytes(m, mesh, 4)           # this device's shard of the gradients, float32
-        ici_data = data // dcn_data
-        seconds = 2 * grads * ((ici_data - 1) / ici_data / ici + (dcn_data - 1) / dcn_data / dcn)
-        backward = busy / accum * 2 / 3
-        out.append(Term(f"gradient all-reduce over data {data}", seconds, max(0.0, seconds - backward),
-                        "behind the last micro-batch's backward pass"))
+        rows = planner.moe_rows(m, micro_batch * T, mesh["expert"])
+        out.append(Collective("all-to-all", cdt, (rows, m.d_model), count, "expert", "capacity buffers"))
+    if mesh["data"] > 1:
+        out.append(Collective("all-reduce", "f32", (planner.param_bytes(m, mesh, 1),), 1, "data",
+                              "gradients"))
+    return out
+
+
+def _local_shape(shape, names, mesh: dict[str, int]) -> tuple[int, ...]:
+    """The dimensions of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
+    axes = mesh_axes(names, shape, mesh)
+    return tuple(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
+
+
+_HLO_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+def _layer_matrices(m):
+    """(name, (shape, logical names), layers) of each stacked layer parameter that is a matrix or more (the
+    norms and the router's bias are not gathered as layers: XLA keeps such small vectors whole)."""
+    counts = {"layers": m.n_layers - m.n_moe_layers, "moe_layers": m.n_moe_layers}
+    return [(name, layout, counts[name.partition(".")[0]]) for name, layout in param_layout(m).items()
+            if name.partition(".")[0] in LAYER_STACKS and len(layout[0]) >= 3]
+
+
+def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed) -> list[Term]:
+    """Each collective of `collectives` at its link's bandwidth (a ring all-gather or reduce-scatter moves
+    (g - 1) / g of the array a device, an all-reduce twice that, an all-to-all (g - 1) / g over its torus
+    hops), hidden or not by the overlap rule of the module docstring."""
+    m, accum = cfg.model, cfg.optimizer.grad_accum_steps
+    ici, dcn = device.ici_bytes_per_s * eff.ici, device.dcn_bytes_per_s * eff.dcn
+    by_what = collectives(cfg, mesh, micro_batch)
+    out = []
+    fsdp, dcn_fsdp = mesh["fsdp"], cfg.mesh.dcn_fsdp
+    layered = [c for c in by_what if c.axis == "fsdp" and c.what != "logits"]
+    if layered:
+        # Per layer and micro-batch: its collectives run while the previous layer computes; the part across
+        # slices moves (dcn - 1) / fsdp of the array over DCN (gathered there first), the rest over ICI.
+        ring = fsdp // dcn_fsdp
+        per_layer_compute = busy / accum / m.n_layers
+        alone = hidden = 0.0
+        for stack, layers in (("layers", m.n_layers - m.n_moe_layers), ("moe_layers", m.n_moe_layers)):
+            moved = sum(c.bytes * c.count for c in layered if c.what.startswith(f"{stack}."))
+            if not moved:
+                continue
+            per_layer = moved / (layers * accum)
+            seconds = per_layer * ((ring - 1) / ring / ici + (dcn_fsdp - 1) / fsdp / dcn)
+            alone += layers * accum * seconds
+            hidden += layers * accum * max(0.0, seconds - per_layer_compute)
+        out.append(Term(f"fsdp all-gathers and reduce-scatters over fsdp {fsdp}", alone, hidden,
+                        "prefetched behind the previous layer's compute"))
+    for c in by_what:
+        group = mesh[c.axis]
+        if c.what == "logits" or c.axis == "tensor":
+            seconds = c.bytes * c.count * 2 * (group - 1) / group / ici
+            out.append(Term(f"{c.what}' all-reduce over {c.axis} {group}" if c.what == "logits" else
+                            f"tensor all-reduces over tensor {group}", seconds, seconds))
+        elif c.kind == "all-to-all":
+            seconds = c.bytes * c.count * (group - 1) / group / ici * all_to_all_hops(device, group)
+            out.append(Term(f"all-to-all over expert {group}", seconds, seconds))
+        elif c.axis == "data":
+            ici_data, dcn_data = group // cfg.mesh.dcn_data, cfg.mesh.dcn_data
+            seconds = 2 * c.bytes * ((ici_data - 1) / ici_data / ici + (dcn_data - 1) / dcn_data / dcn)
+            backward = busy / accum * 2 / 3
+            out.append(Term(f"gradient all-reduce over data {group}", seconds, max(0.0, seconds - backward),
+                            "behind the last micro-batch's backward pass"))
     if m.remat.startswith("offload_") and device.host_bytes:
-        _, host = planner.activation_bytes(m, micro_batch, T, mesh["tensor"], expert=mesh["expert"])
+        _, host = planner.activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], expert=mesh["expert"])
         seconds = 2 * host * accum / (device.host_link_bytes_per_s * eff.host)
         out.append(Term("host offload", seconds, max(0.0, seconds - busy), "behind compute"))
     return out
@@ -296,20 +395,6 @@ def all_to_all_hops(device: devices.Device, chips: int) -> float:
         return 1.0
     dims = 3 if device.name in ("tpu-v4", "tpu-v5p") else 2
     return max(1.0, dims * chips ** (1 / dims) / 4)
-
-
-def layer_shard_bytes(m, mesh: dict[str, int], dtype_bytes: int) -> list[tuple[int, int]]:
-    """(bytes of one layer's weights as FSDP gathers them on a device: whole over fsdp, still split over
-    tensor and expert; the layers of that kind) for each layer stack, dense then MoE."""
-    whole = dict(mesh, fsdp=1)
-    counts = {"layers": m.n_layers - m.n_moe_layers, "moe_layers": m.n_moe_layers}
-    out = []
-    for stack in LAYER_STACKS:
-        if counts[stack]:
-            size = sum(planner.shard_size(shape[1:], names[1:], whole)
-                       for name, (shape, names) in param_layout(m).items() if name.startswith(f"{stack}."))
-            out.append((size * dtype_bytes, counts[stack]))
-    return out
 
 
 def _recomputed(m, expert: int) -> frozenset:

@@ -3,14 +3,16 @@
     .venv/bin/python -m pytest tests/train/test_aot.py
 """
 
+import collections
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from pipeline import config
-from stages.train import aot, attention, moe, sharding
+from stages.train import aot, attention, hlo, moe, planner, sharding, step_time
 from stages.train.configs import MeshConfig
 from tests.conftest import REPO
 
@@ -43,8 +45,10 @@ def test_the_train_step_with_splash_compiles_for_a_tpu_topology(mesh):
     cfg = _tiny('train.ModelConfig.attention_impl="splash"', "train.ModelConfig.attention_block_q=128",
                 "train.ModelConfig.attention_block_k=128", 'train.ModelConfig.remat="minimal"',
                 'train.ModelConfig.dtype="bfloat16"', *mesh.split())
-    figures = aot.compile_train_step(cfg)
+    compiled = []
+    figures = aot.compile_train_step(cfg, collectives=compiled)
     assert figures["argument"] > 0 and figures["temp"] > 0 and figures["total"] > figures["temp"], figures
+    _the_model_names_the_compiled_collectives(cfg, compiled)
     # A sequence that is not a multiple of 128 is refused while tracing, naming the rule.
     short = dataclasses.replace(cfg, seq_len=200)
     with pytest.raises(ValueError, match=r"impl='splash' needs T=200 .* multiples of 128"):
@@ -72,8 +76,10 @@ def test_the_moe_train_step_compiles_for_a_tpu_topology(mesh):
     """The mixture-of-experts train step compiled by the TPU compiler: with an expert axis (all-to-all of
     the capacity buffers inside shard_map) and without (dropless, the Pallas megablox grouped matmul)."""
     cfg = _tiny(*MOE, *mesh.split())
-    figures = aot.compile_train_step(cfg)
+    compiled = []
+    figures = aot.compile_train_step(cfg, collectives=compiled)
     assert figures["argument"] > 0 and figures["temp"] > 0, figures
+    _the_model_names_the_compiled_collectives(cfg, compiled)
     devices = aot._topology_devices(TOPOLOGY)
     with jax.set_mesh(sharding.make_mesh(cfg.mesh, devices=devices)):
         assert moe.resolve_impl("auto") == "megablox"
@@ -92,3 +98,45 @@ def test_sequence_parallelism_splits_the_saved_layer_inputs_over_the_tensor_axis
     whole = aot.compile_train_step(_tiny(*base))
     split = aot.compile_train_step(_tiny(*base, "train.ModelConfig.sequence_parallel=True"))
     assert split["temp"] < whole["temp"], (split, whole)
+
+
+def _key(kind: str, dtype: str, dims) -> tuple:
+    """A collective's class, dtype and its array's dimensions without 1s (an all-to-all's by its elements:
+    XLA reshapes the buffers it exchanges). A gradient may be reduced as a reduce-scatter or as an
+    all-reduce (the TPU compiler picks per array): the two are one class here."""
+    if kind == "all-to-all":
+        return kind, dtype, math.prod(dims)
+    kind = "reduce" if kind in ("all-reduce", "reduce-scatter") else kind
+    return kind, dtype, tuple(d for d in dims if d > 1)
+
+
+def _the_model_names_the_compiled_collectives(cfg, compiled: list[hlo.Collective]) -> None:
+    """Every collective the step model says the step runs (step_time.collectives: FSDP's per-layer gathers
+    and gradient reductions, the loss's logits, the tensor axis's activations, the expert axis's capacity
+    buffers) is in the compiled step with its shape, dtype and count, so the model's bytes of each kind are
+    the compiled step's. What the model leaves out (token indices, norms, scalars, the embedding's
+    reshards, the output matrix's gathers) is what remains. With an expert axis XLA also reduces the
+    non-expert gradients over it, some arrays combined with others: those reductions are not compared."""
+    p = planner.plan(cfg)
+    model = step_time.collectives(cfg, p.mesh, p.micro_batch)
+    assert model, "the step model names no collective for a mesh of 4 chips"
+    got = collections.Counter()
+    for c in compiled:
+        for dtype, dims in c.shapes:
+            got[_key(c.kind, dtype, dims)] += c.count
+    want = collections.Counter()
+    for c in model:
+        expert_axis_reduce = p.mesh["expert"] > 1 and c.kind == "reduce-scatter"
+        if not (expert_axis_reduce and not c.what.startswith("moe_layers.expert")):
+            want[_key(c.kind, c.dtype, c.shape)] += c.count
+    assert {k: got[k] for k in want} == dict(want), [c for c in compiled if c.count]
+    # So the bytes of each kind the model names are the compiled step's, counted from XLA's shapes.
+    xla, mine = collections.Counter(), collections.Counter()
+    for c in compiled:
+        for dtype, dims in c.shapes:
+            if (key := _key(c.kind, dtype, dims)) in want:
+                xla[key[0]] += hlo.DTYPE_BYTES[dtype] * math.prod(dims) * c.count
+    for c in model:
+        if (key := _key(c.kind, c.dtype, c.shape)) in want:
+            mine[key[0]] += c.bytes * c.count
+    assert xla == mine and mine["all-gather"] > 0
