@@ -32,6 +32,7 @@ SCHEDULES = ("cosine", "linear", "wsd", "constant")
 # MoE: the router's score function, and the grouped-matmul kernels of the dropless expert computation (the
 # same names as stages.train.moe.GROUPED_MATMULS; a test checks).
 ROUTER_SCORES = ("softmax", "sigmoid")
+MOE_AUX_SCOPES = ("batch", "sequence")
 MOE_IMPLS = ("auto", "ragged_dot", "megablox", "tiled")
 AXES = ("data", "fsdp", "expert", "tensor")    # the mesh's named axes, in order
 BATCH_AXES = ("data", "fsdp", "expert")        # the mesh axes a batch is split over
@@ -98,11 +99,16 @@ class ModelConfig:
     n_dense_layers: int = 0              # the first layers keep the dense MLP (DeepSeek-V3: 3)
     router_score: str = "softmax"        # ROUTER_SCORES: softmax over experts, or each expert's sigmoid
     router_norm_topk: bool = False       # rescale the top-k weights to sum to 1
+    router_scale: float = 1.0            # the routed experts' weights times this (DeepSeek-V3's routed
+                                         # scaling factor, 2.5), after router_norm_topk; shared experts not
     router_groups: int = 1               # group-limited routing: experts in groups, a token's top-k drawn
     router_topk_groups: int = 1          # from its best router_topk_groups groups (DeepSeek-V3: 8 and 4)
     moe_capacity_factor: float = 0.0     # 0: dropless; else each expert takes at most factor * N * k / E
     moe_impl: str = "auto"               # MOE_IMPLS: the dropless path's grouped matmul
     moe_aux_loss: float = 0.0            # weight of the switch/GShard load-balancing loss
+    moe_aux_scope: str = "batch"         # MOE_AUX_SCOPES: "batch": one loss over the batch's tokens, averaged
+                                         # over the MoE layers; "sequence": DeepSeek-V3's sequence-wise loss,
+                                         # each sequence's, averaged over sequences, summed over the layers
     moe_router_z_loss: float = 0.0       # weight of the router's z-loss (mean squared logsumexp)
     moe_bias_update_rate: float = 0.0    # DeepSeek's auxiliary-loss-free balancing: bias step size; 0: off
 
@@ -130,7 +136,7 @@ class ModelConfig:
                              f"(head_dim={self.head_dim}, d_model={self.d_model}, n_heads={self.n_heads})")
         choices = {"rope_scaling": ROPE_SCALINGS, "remat": REMAT_NAMES, "dtype": DTYPES,
                    "param_dtype": DTYPES, "attention_impl": ATTENTION_IMPLS, "router_score": ROUTER_SCORES,
-                   "moe_impl": MOE_IMPLS}
+                   "moe_impl": MOE_IMPLS, "moe_aux_scope": MOE_AUX_SCOPES}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not one of {valid}")
@@ -156,6 +162,9 @@ class ModelConfig:
         if g * (E // G) < k:
             raise ValueError(f"ModelConfig: router_topk_groups={g} groups of {E // G} experts hold fewer "
                              f"than n_experts_per_token={k}")
+        if not self.router_scale > 0:
+            raise ValueError(f"ModelConfig.router_scale={self.router_scale!r} must be > 0 (1: the weights as "
+                             "routed; DeepSeek-V3: 2.5)")
         for name in ("moe_capacity_factor", "moe_aux_loss", "moe_router_z_loss", "moe_bias_update_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = off)")

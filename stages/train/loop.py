@@ -472,7 +472,8 @@ def forward_loss(graphdef, params, batch, *, eos_id: int, loss_chunk: int, z_los
     Documents packed into a row are separated by `eos_id` and never attend to each other; the logits are
     computed `loss_chunk` tokens at a time (`loss.cross_entropy`).
     A mixture of experts adds its balancing losses to "loss_with_z" (what is differentiated), weighted by
-    ModelConfig.moe_aux_loss and moe_router_z_loss and averaged over the MoE layers, and returns its
+    ModelConfig.moe_aux_loss and moe_router_z_loss and averaged over the MoE layers (the sequence-wise
+    balancing loss, moe_aux_scope "sequence", summed over them), and returns its
     statistics under "moe/..." (`moe_outputs`).
     """
     net = nnx.merge(graphdef, params)
@@ -488,7 +489,10 @@ def forward_loss(graphdef, params, batch, *, eos_id: int, loss_chunk: int, z_los
               "accuracy": out["correct"] / count}
     if stats:
         cfg = net.config
-        balance = cfg.moe_aux_loss * stats["aux"].mean() + cfg.moe_router_z_loss * stats["z"].mean()
+        # DeepSeek-V3's sequence-wise loss weighs each layer's by alpha (a sum over layers); the batch-wise
+        # one, as it always has, their mean.
+        aux = stats["aux"].sum() if cfg.moe_aux_scope == "sequence" else stats["aux"].mean()
+        balance = cfg.moe_aux_loss * aux + cfg.moe_router_z_loss * stats["z"].mean()
         result = dict(result, loss_with_z=result["loss_with_z"] + balance, **moe_outputs(stats))
     return result
 

@@ -10,7 +10,7 @@ Routing (`route`): float32 logits h @ router (N, E); scores softmax(logits) or s
 auxiliary-loss-free method: the bias only selects, it never weights; the training step moves it towards
 equal load, `bias_update`), optionally only among the best `router_topk_groups` of `router_groups` expert
 groups (a group scores the sum of its best two experts); the chosen scores are the weights, rescaled to sum
-to 1 with `router_norm_topk`.
+to 1 with `router_norm_topk`, then times `router_scale` (DeepSeek-V3's routed scaling factor).
 
 The experts' computation, on each device's own tokens (`jax.shard_map` over the whole mesh; the batch is
 split over data x fsdp x expert):
@@ -83,17 +83,20 @@ def route(cfg: ModelConfig, h, router, bias) -> Routing:
     weights = jnp.take_along_axis(scores, experts, axis=-1)
     if cfg.router_norm_topk:
         weights = weights / jnp.maximum(weights.sum(-1, keepdims=True), 1e-20)
-    return Routing(experts.astype(jnp.int32), weights, scores, logits)
+    return Routing(experts.astype(jnp.int32), weights * cfg.router_scale, scores, logits)
 
 
-def balance_terms(routing: Routing, n_experts: int, axes=()) -> dict:
+def balance_terms(routing: Routing, n_experts: int, axes=(), seq_len: int = 0) -> dict:
     """The batch's load statistics and router losses, summed over the mesh `axes` the tokens are split
     over (so every device holds the whole batch's):
 
     load     (E,) the share of the N * k assignments each expert got (sums to 1)
     aux      the switch/GShard balancing loss E * sum_i load_i * P_i, P_i the mean over tokens of expert
              i's score normalized over experts (1 when perfectly balanced; its gradient reaches the router
-             through P only)
+             through P only). With `seq_len` (the tokens are whole sequences of seq_len, in order), DeepSeek-
+             V3's sequence-wise loss instead: that sum over each sequence's own tokens (its f_i = E * its
+             load_i, its P_i), averaged over the sequences, so no sequence may lean on a few experts
+             however balanced the batch is
     z        the router z-loss, the mean over tokens of logsumexp(logits)^2
     """
     n, k = routing.experts.shape
@@ -102,8 +105,16 @@ def balance_terms(routing: Routing, n_experts: int, axes=()) -> dict:
     tokens = psum(jnp.float32(n))
     load = counts / (tokens * k)
     probs = routing.scores / routing.scores.sum(-1, keepdims=True)
-    mean_prob = psum(probs.sum(0)) / tokens                                         # (E,)
-    aux = n_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
+    if seq_len:
+        s = n // seq_len
+        hits = jax.nn.one_hot(routing.experts.reshape(s, seq_len * k), n_experts, dtype=jnp.float32)
+        seq_load = hits.sum(1) / (seq_len * k)                                      # (S, E)
+        seq_prob = probs.reshape(s, seq_len, n_experts).mean(1)                     # (S, E)
+        per_sequence = n_experts * jnp.sum(jax.lax.stop_gradient(seq_load) * seq_prob, -1)
+        aux = psum(per_sequence.sum()) / psum(jnp.float32(s))
+    else:
+        mean_prob = psum(probs.sum(0)) / tokens                                     # (E,)
+        aux = n_experts * jnp.sum(jax.lax.stop_gradient(load) * mean_prob)
     z = psum(jnp.sum(jax.nn.logsumexp(routing.logits, axis=-1) ** 2)) / tokens
     return {"load": load, "aux": aux, "z": z}
 
@@ -132,7 +143,7 @@ def moe_ffn(cfg: ModelConfig, h, w: ExpertWeights):
     mesh = jax.sharding.get_abstract_mesh()
     dt = h.dtype
     if mesh.empty or not set(AXES) <= set(mesh.axis_names) or mesh.size == 1:
-        y, stats = _local(cfg, h.reshape(B * T, D), w, dt, batch_axes=(), expert_axis=None)
+        y, stats = _local(cfg, h.reshape(B * T, D), w, dt, batch_axes=(), expert_axis=None, seq_len=T)
         return y.reshape(B, T, D), stats
     spec = logical_to_spec(("batch", "length", "embed"), h.shape, mesh)
     batch_axes = tuple(a for a in (spec[0] if isinstance(spec[0], tuple) else (spec[0],)) if a)
@@ -147,7 +158,7 @@ def moe_ffn(cfg: ModelConfig, h, w: ExpertWeights):
     def body(x, w):
         b, t, _ = x.shape
         y, stats = _local(cfg, x.reshape(b * t, D), w, dt, batch_axes=batch_axes, expert_axis=expert_axis,
-                          tensor_axis=tensor)
+                          tensor_axis=tensor, seq_len=t)
         return y.reshape(b, t, D), stats
 
     stats_spec = {"load": P(), "aux": P(), "z": P(), "dropped": P()}
@@ -155,10 +166,12 @@ def moe_ffn(cfg: ModelConfig, h, w: ExpertWeights):
                          out_specs=(P(spec[0], None, None), stats_spec), check_vma=False)(h, w)
 
 
-def _local(cfg: ModelConfig, x, w: ExpertWeights, dt, *, batch_axes, expert_axis, tensor_axis=None):
-    """One device's tokens x (n, D) -> (y (n, D) in dt, stats)."""
+def _local(cfg: ModelConfig, x, w: ExpertWeights, dt, *, batch_axes, expert_axis, tensor_axis=None,
+           seq_len: int = 0):
+    """One device's tokens x (n, D), whole sequences of `seq_len` in order -> (y (n, D) in dt, stats)."""
     routing = route(cfg, x, w.router, w.bias)
-    stats = balance_terms(routing, cfg.n_experts, batch_axes)
+    scope = seq_len if cfg.moe_aux_scope == "sequence" else 0
+    stats = balance_terms(routing, cfg.n_experts, batch_axes, seq_len=scope)
     gate, up, down = (a.astype(dt) for a in (w.gate, w.up, w.down))
     n, k = routing.experts.shape
     if not cfg.moe_capacity_factor and expert_axis is None:

@@ -144,6 +144,67 @@ def test_the_balancing_loss_and_load_match_a_hand_computation():
                                [-0.01, -0.01, -0.01, 0.01])
 
 
+def test_the_sequence_wise_balancing_loss_matches_deepseek_v3s_formula_by_hand():
+    """DeepSeek-V3 (eq. 17-20): per sequence, f_i = E / (k T) x the times expert i is chosen, P_i = the mean
+    over its T tokens of i's score normalized over experts, loss = sum_i f_i P_i; here averaged over the
+    sequences. Two sequences of 3 tokens, each balanced over the batch but not within itself."""
+    rng = np.random.default_rng(0)
+    experts = jnp.array([[0, 1], [0, 1], [0, 1], [2, 3], [2, 3], [2, 3]])
+    chosen = np.zeros((6, 4))
+    np.put_along_axis(chosen, np.asarray(experts), 2.0, axis=1)             # a router scores what it chose
+    logits = jnp.asarray(chosen + rng.normal(size=(6, 4)) * 0.3, jnp.float32)
+    scores = jax.nn.sigmoid(logits)
+    routing = moe.Routing(experts, jnp.take_along_axis(scores, experts, -1), scores, logits)
+    got = moe.balance_terms(routing, 4, seq_len=3)
+    s = np.asarray(scores) / np.asarray(scores).sum(-1, keepdims=True)
+    by_hand = []
+    for seq in (slice(0, 3), slice(3, 6)):
+        f = np.zeros(4)
+        for row in np.asarray(experts)[seq]:
+            f[row] += 4 / (2 * 3)
+        by_hand.append((f * s[seq].mean(0)).sum())
+    assert float(got["aux"]) == pytest.approx(np.mean(by_hand), rel=1e-6)
+    # Batch-wise, the same routing is perfectly balanced (every expert a quarter of the assignments), so the
+    # batch loss is the plain mean score: the sequence-wise one sees the lopsided sequences.
+    batch = moe.balance_terms(routing, 4)
+    np.testing.assert_allclose(batch["load"], [0.25] * 4)
+    assert float(got["aux"]) > 1.2 * float(batch["aux"]) and float(batch["aux"]) == pytest.approx(1.0)
+
+
+def test_the_sequence_wise_loss_is_summed_over_layers_and_the_batch_one_averaged():
+    """alpha weighs each MoE layer's sequence-wise loss (DeepSeek-V3), where the batch-wise loss is one mean:
+    with 2 MoE layers the differentiated loss grows by alpha x (aux_1 + aux_2), against alpha x their mean."""
+    from stages.train import loop
+
+    base = dataclasses.replace(MOE, moe_aux_loss=0.5, moe_router_z_loss=0.0)          # 2 MoE layers of 3
+    batch = jax.random.randint(jax.random.key(1), (2, 17), 3, base.vocab_size)
+    for scope in ("batch", "sequence"):
+        graphdef, params = nnx.split(Transformer(dataclasses.replace(base, moe_aux_scope=scope),
+                                                 rngs=nnx.Rngs(0)))
+        out = loop.forward_loss(graphdef, params, batch, eos_id=2, loss_chunk=64, z_loss=0.0)
+        plain, _ = nnx.split(Transformer(dataclasses.replace(base, moe_aux_scope=scope, moe_aux_loss=0.0),
+                                         rngs=nnx.Rngs(0)))
+        without = loop.forward_loss(plain, params, batch, eos_id=2, loss_chunk=64, z_loss=0.0)
+        added = float(out["loss_with_z"] - without["loss_with_z"])
+        layers = 2 if scope == "sequence" else 1
+        assert added == pytest.approx(0.5 * float(out["moe/aux_loss"]) * layers, rel=1e-4), scope
+
+
+def test_the_routed_scaling_factor_scales_the_routed_experts_output_only():
+    cfg = dataclasses.replace(MOE, router_norm_topk=True)
+    w = _weights(jax.random.key(5), cfg)
+    h = _h(cfg)
+    one, _ = moe.moe_ffn(cfg, h, w)
+    scaled, _ = moe.moe_ffn(dataclasses.replace(cfg, router_scale=2.5), h, w)
+    np.testing.assert_allclose(np.asarray(scaled, np.float32), 2.5 * np.asarray(one, np.float32), rtol=2e-2,
+                               atol=1e-3)
+    routing = moe.route(dataclasses.replace(cfg, router_scale=2.5), h.reshape(-1, cfg.d_model), w.router,
+                        w.bias)
+    np.testing.assert_allclose(np.asarray(routing.weights).sum(-1), 2.5, rtol=1e-5)     # normalized, then x2.5
+    with pytest.raises(ValueError, match=r"router_scale=0.0 must be > 0"):
+        dataclasses.replace(cfg, router_scale=0.0)
+
+
 def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups():
     cfg = dataclasses.replace(MOE, n_experts=8, n_experts_per_token=2, router_groups=4, router_topk_groups=1)
     w = _weights(jax.random.key(3), cfg)
