@@ -200,7 +200,7 @@ def test_the_routed_scaling_factor_scales_the_routed_experts_output_only():
                                atol=1e-3)
     routing = moe.route(dataclasses.replace(cfg, router_scale=2.5), h.reshape(-1, cfg.d_model), w.router,
                         w.bias)
-    np.testing.assert_allclose(np.asarray(routing.weights).sum(-1), 2.5, rtol=1e-5)     # normalized, then x2.5
+    np.testing.assert_allclose(np.asarray(routing.weights).sum(-1), 2.5, rtol=1e-5)   # normalized, then x2.5
     with pytest.raises(ValueError, match=r"router_scale=0.0 must be > 0"):
         dataclasses.replace(cfg, router_scale=0.0)
 
