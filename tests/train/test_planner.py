@@ -371,8 +371,9 @@ def test_days_searches_layouts_and_the_flagship_is_its_fastest_on_the_smallest_s
                               "train.MeshConfig.fsdp=128 train.MeshConfig.tensor=1 train.MeshConfig.expert=8 "
                               'train.ModelConfig.moe_capacity_factor=1.25 train.ModelConfig.remat='
                               '"offload_dots_no_batch" train.OptimizerConfig.grad_accum_steps=1'), lines[-2]
-    assert lines[-1].startswith("  runner-up: v5p-2048 (1,024 chips, 21.3 days, 45.4% MFU predicted, 41.3 "
-                                "GiB of 85.5 GiB per chip, data 1 x fsdp 64 x expert 16 x tensor 1, "), lines[-1]
+    runner_row = ("  runner-up: v5p-2048 (1,024 chips, 21.3 days, 45.4% MFU predicted, 41.3 GiB of 85.5 GiB "
+                  "per chip, data 1 x fsdp 64 x expert 16 x tensor 1, ")
+    assert lines[-1].startswith(runner_row), lines[-1]
     # Only meshes along whole sides of the 8x8x16 torus: fsdp 512 x expert 2 would split one.
     assert planner.whole_sides([8, 8, 16], [128, 8]) and planner.whole_sides([8, 8, 16], [16, 64])
     assert not planner.whole_sides([8, 8, 16], [512, 2]) and not planner.whole_sides([16, 16], [64, 4])
