@@ -42,12 +42,14 @@ LAYER_STACKS = ("layers", "moe_layers")        # the stacked (scanned) parameter
 # `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
 # (ZeRO-3: gathered per layer inside the scan), `tensor` splits heads and the MLP dim (Megatron), `expert`
 # splits the batch and a mixture of experts' experts (each device holds E / expert of them; tokens travel
-# to their experts by all-to-all, stages/train/moe.py); the other parameters are replicated over it.
+# to their experts by all-to-all, stages/train/moe.py) and, as fsdp does, every other parameter's embed
+# dimension (an expert's embed is split over fsdp only: its experts dimension took the expert axis), so no
+# weight or optimizer state is held whole on every device of the expert axis.
 LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
     "batch": BATCH_AXES,
     "length": None,
     "sequence": "tensor",    # the residual stream's length under sequence parallelism (ModelConfig)
-    "embed": "fsdp",
+    "embed": ("fsdp", "expert"),
     "vocab": "tensor",
     "heads": "tensor",
     "kv_heads": "tensor",
@@ -489,7 +491,7 @@ def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str
         if shape is not None and mesh_shape is not None:
             kept, size = [], 1
             for a in axes:
-                if shape[i] % (size * mesh_shape[a]) == 0:
+                if a in mesh_shape and shape[i] % (size * mesh_shape[a]) == 0:     # a mesh may lack the axis
                     kept.append(a)
                     size *= mesh_shape[a]
             axes = tuple(kept)

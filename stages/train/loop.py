@@ -309,12 +309,14 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
 
 def moe_row(outputs: list[dict]) -> dict:
     """A metrics row's MoE entries from an interval's step outputs: the balancing losses and the dropped
-    share (means), moe/max_load (the most loaded expert's share x E, averaged over the MoE layers: 1.0 is
+    share (means), moe/dropped_worst_sequence (the most any one sequence of any MoE layer lost in the
+    interval), moe/max_load (the most loaded expert's share x E, averaged over the MoE layers: 1.0 is
     perfect balance, E all tokens to one expert) and moe/load (each expert's share, averaged over the
     layers: a list of E numbers)."""
     load = np.mean([o["moe/load"] for o in outputs], axis=0)                 # (L_moe, E)
     row = {k: float(np.mean([o[k] for o in outputs]))
            for k in ("moe/aux_loss", "moe/router_z_loss", "moe/dropped")}
+    row["moe/dropped_worst_sequence"] = float(max(o["moe/dropped_worst_sequence"] for o in outputs))
     return row | {"moe/max_load": float(load.max(-1).mean() * load.shape[-1]),
                   "moe/load": [round(float(v), 6) for v in load.mean(0)]}
 
@@ -499,9 +501,10 @@ def forward_loss(graphdef, params, batch, *, eos_id: int, loss_chunk: int, z_los
 
 def moe_outputs(stats: dict) -> dict:
     """The MoE layers' statistics as step outputs: moe/load (L_moe, E), moe/aux_loss, moe/router_z_loss,
-    moe/dropped (means over the layers)."""
+    moe/dropped (means over the layers), moe/dropped_worst_sequence (the worst layer's worst sequence)."""
     return {"moe/load": stats["load"], "moe/aux_loss": stats["aux"].mean(),
-            "moe/router_z_loss": stats["z"].mean(), "moe/dropped": stats["dropped"].mean()}
+            "moe/router_z_loss": stats["z"].mean(), "moe/dropped": stats["dropped"].mean(),
+            "moe/dropped_worst_sequence": stats["dropped_worst"].max()}
 
 
 ROUTER_BIAS = ("moe_layers", "router_bias")      # the path of the MoE layers' stacked (L_moe, E) bias

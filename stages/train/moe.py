@@ -136,7 +136,8 @@ def capacity(cfg: ModelConfig, tokens: int) -> int:
 
 
 def moe_ffn(cfg: ModelConfig, h, w: ExpertWeights):
-    """h (B, T, D) in the compute dtype -> (y (B, T, D), stats: load (E,), aux, z, dropped; float32).
+    """h (B, T, D) in the compute dtype -> (y (B, T, D), stats: load (E,), aux, z, dropped (the share of
+    the batch's assignments dropped), dropped_worst (the share of its worst sequence's); float32).
 
     Under a training mesh (`jax.set_mesh`), runs per device in a shard_map; else on the whole array."""
     B, T, D = h.shape
@@ -161,7 +162,7 @@ def moe_ffn(cfg: ModelConfig, h, w: ExpertWeights):
                           tensor_axis=tensor, seq_len=t)
         return y.reshape(b, t, D), stats
 
-    stats_spec = {"load": P(), "aux": P(), "z": P(), "dropped": P()}
+    stats_spec = {"load": P(), "aux": P(), "z": P(), "dropped": P(), "dropped_worst": P()}
     return jax.shard_map(body, mesh=mesh, in_specs=(P(spec[0], None, None), w_specs),
                          out_specs=(P(spec[0], None, None), stats_spec), check_vma=False)(h, w)
 
@@ -176,11 +177,16 @@ def _local(cfg: ModelConfig, x, w: ExpertWeights, dt, *, batch_axes, expert_axis
     n, k = routing.experts.shape
     if not cfg.moe_capacity_factor and expert_axis is None:
         out = _dropless(cfg, x, routing, gate, up, down, tensor_axis)                 # (n, k, D)
-        stats["dropped"] = jnp.float32(0.0)
+        stats["dropped"] = stats["dropped_worst"] = jnp.float32(0.0)
     else:
         out, kept = _with_capacity(cfg, x, routing, gate, up, down, expert_axis, tensor_axis)
         psum = (lambda v: jax.lax.psum(v, batch_axes)) if batch_axes else (lambda v: v)
+        pmax = (lambda v: jax.lax.pmax(v, batch_axes)) if batch_axes else (lambda v: v)
         stats["dropped"] = 1.0 - psum(kept.sum()) / psum(jnp.float32(n * k))
+        # The sequence that lost the most of its assignments (a capacity is a device's, so one sequence
+        # can lose far more than the batch's share).
+        t = seq_len or n
+        stats["dropped_worst"] = pmax(1.0 - kept.reshape(n // t, t * k).mean(1).min())
     # The k outputs summed in float32 without a float32 copy of them (n, k, D).
     y = jnp.einsum("nkd,nk->nd", out, routing.weights.astype(dt), preferred_element_type=jnp.float32)
     return y.astype(dt), stats

@@ -661,17 +661,18 @@ def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name
 
 
 def gathered_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
-    """FSDP's working set: the layer being computed, gathered whole over fsdp (still split over tensor, and
-    an MoE layer's experts over expert: E / expert of them) from the compute-dtype copy (`cast_bytes`), its
+    """FSDP's working set: the layer being computed, gathered whole over the axes its embed dimension is
+    split over (`gathered_mesh`: still split over tensor, and an MoE layer's experts over expert: E / expert
+    of them) from the compute-dtype copy (`cast_bytes`), its
     gradient, in the compute dtype, before it is reduce-scattered, and the next layer's weights, which XLA
     gathers while this one computes (the prefetch that hides the all-gathers, as `step_time` assumes); the
     largest layer of a dense and an MoE one."""
     if mesh["fsdp"] == 1:
         return 0
-    unsharded = dict(mesh, fsdp=1)
     layout = param_layout(m)
-    layer = max(sum(shard_size(shape[1:], names[1:], unsharded) for name, (shape, names) in layout.items()
-                    if name.startswith(f"{stack}.")) for stack, _ in _stacks(m))
+    layer = max(sum(shard_size(shape[1:], names[1:], gathered_mesh(shape[1:], names[1:], mesh))
+                    for name, (shape, names) in layout.items() if name.startswith(f"{stack}."))
+                for stack, _ in _stacks(m))
     return layer * 3 * DTYPE_BYTES[m.dtype]
 
 
@@ -1009,6 +1010,14 @@ def _capacity_path(m: ModelConfig, expert: int) -> bool:
     """Whether an MoE layer runs through capacity buffers (a capacity factor, or an expert axis) rather than
     the dropless grouped matmul (stages/train/moe.py)."""
     return bool(m.moe_capacity_factor) or expert > 1
+
+
+def gathered_mesh(shape, names, mesh: dict[str, int]) -> dict[str, int]:
+    """`mesh` as FSDP sees an array of `shape` and logical `names` once gathered for a layer's compute: the
+    axes its embed dimension is split over (fsdp, and expert for all but the experts) taken as 1."""
+    axes = mesh_axes(names, shape, mesh)
+    embed = next((a for n, a in zip(names, axes) if n == "embed"), ())
+    return dict(mesh, **dict.fromkeys(embed, 1))
 
 
 def shard_size(shape, names, mesh: dict[str, int]) -> int:

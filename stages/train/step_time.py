@@ -280,12 +280,13 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
     m, accum, T = cfg.model, cfg.optimizer.grad_accum_steps, cfg.seq_len
     cdt, pdt = _HLO_DTYPE[m.dtype], _HLO_DTYPE[m.param_dtype]
     out = []
-    if mesh["fsdp"] > 1:
-        whole = dict(mesh, fsdp=1)
+    if mesh["fsdp"] * mesh["expert"] > 1:
         for name, (shape, names), layers in _layer_matrices(m):
-            dims = _local_shape(shape[1:], names[1:], whole)
+            gathered = planner.gathered_mesh(shape[1:], names[1:], mesh)
+            dims = _local_shape(shape[1:], names[1:], gathered)
             if math.prod(dims) == planner.shard_size(shape[1:], names[1:], mesh):
-                continue                                   # not split over fsdp: nothing to gather
+                continue                                   # its embed is not split: nothing to gather
+            axis = ",".join(a for a in ("fsdp", "expert") if gathered[a] != mesh[a])
             part = name.partition(".")[2]
             # What the compiled TPU step does (tests/train/test_aot.py): the router is read in float32
             # (stages/train/moe.py), so gathered and reduced in the parameters' dtype, and the routed experts'
@@ -295,14 +296,15 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
             gathers = 1 if layers == 1 else 2 + (m.remat.removeprefix("offload_") == "full"
                                                  and part in ("wq", "wk", "wv", "wo"))
             out.append(Collective("all-gather", pdt if part == "router" else cdt, dims,
-                                  gathers * layers * accum, "fsdp", name))
+                                  gathers * layers * accum, axis, name))
             out.append(Collective("reduce-scatter", pdt if part == "router" or part.startswith("experts_")
-                                  else cdt, dims, layers * accum, "fsdp", name))
+                                  else cdt, dims, layers * accum, axis, name))
+    if mesh["fsdp"] > 1:
         tokens = micro_batch * T
         chunks = -(-cfg.global_batch // accum * T // cfg.loss_chunk)
         vocab = m.vocab_size // mesh["tensor"] if m.vocab_size % mesh["tensor"] == 0 else m.vocab_size
         out.append(Collective("all-reduce", "f32", (min(cfg.loss_chunk, tokens), vocab), 2 * chunks * accum,
-                              "fsdp", "logits"))
+                              "fsdp,expert" if mesh["expert"] > 1 else "fsdp", "logits"))
     if mesh["tensor"] > 1:
         # Forward: after the output projection and after the down projection; backward: their transposes
         # (before q, k, v and before gate, up); a remat that recomputes the output projection redoes its
@@ -346,28 +348,32 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed) -> lis
     by_what = collectives(cfg, mesh, micro_batch)
     out = []
     fsdp, dcn_fsdp = mesh["fsdp"], cfg.mesh.dcn_fsdp
-    layered = [c for c in by_what if c.axis == "fsdp" and c.what != "logits"]
+    layered = [c for c in by_what if c.axis.startswith("fsdp") and c.what != "logits"
+               or c.axis == "expert" and c.kind != "all-to-all"]
     if layered:
         # Per layer and micro-batch: its collectives run while the previous layer computes; the part across
-        # slices moves (dcn - 1) / fsdp of the array over DCN (gathered there first), the rest over ICI.
-        ring = fsdp // dcn_fsdp
+        # slices moves (dcn - 1) / group of the array over DCN (gathered there first), the rest over ICI.
         per_layer_compute = busy / accum / m.n_layers
         alone = hidden = 0.0
         for stack, layers in (("layers", m.n_layers - m.n_moe_layers), ("moe_layers", m.n_moe_layers)):
-            moved = sum(c.bytes * c.count for c in layered if c.what.startswith(f"{stack}."))
-            if not moved:
-                continue
-            per_layer = moved / (layers * accum)
-            seconds = per_layer * ((ring - 1) / ring / ici + (dcn_fsdp - 1) / fsdp / dcn)
+            seconds = 0.0
+            for c in (c for c in layered if c.what.startswith(f"{stack}.")):
+                group = math.prod(mesh[a] for a in c.axis.split(","))
+                ring = group // dcn_fsdp
+                seconds += c.bytes * c.count / (layers * accum) * ((ring - 1) / ring / ici
+                                                                   + (dcn_fsdp - 1) / group / dcn)
             alone += layers * accum * seconds
             hidden += layers * accum * max(0.0, seconds - per_layer_compute)
-        out.append(Term(f"fsdp all-gathers and reduce-scatters over fsdp {fsdp}", alone, hidden,
+        over = f"fsdp {fsdp}" + (f" (x expert {mesh['expert']} for all but the experts)" if mesh["expert"] > 1
+                                 else "")
+        out.append(Term(f"fsdp all-gathers and reduce-scatters over {over}", alone, hidden,
                         "prefetched behind the previous layer's compute"))
     for c in by_what:
-        group = mesh[c.axis]
+        group = math.prod(mesh[a] for a in c.axis.split(","))
         if c.what == "logits" or c.axis == "tensor":
             seconds = c.bytes * c.count * 2 * (group - 1) / group / ici
-            out.append(Term(f"{c.what}' all-reduce over {c.axis} {group}" if c.what == "logits" else
+            out.append(Term(f"{c.what}' all-reduce over {c.axis.replace(',', ' x ')} {group}"
+                            if c.what == "logits" else
                             f"tensor all-reduces over tensor {group}", seconds, seconds))
         elif c.kind == "all-to-all":
             seconds = c.bytes * c.count * (group - 1) / group / ici * all_to_all_hops(device, group)

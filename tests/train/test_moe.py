@@ -205,6 +205,21 @@ def test_the_routed_scaling_factor_scales_the_routed_experts_output_only():
         dataclasses.replace(cfg, router_scale=0.0)
 
 
+def test_the_worst_sequences_dropped_share_is_measured_beside_the_batchs():
+    """Capacity is a device's: 2 sequences of 4 tokens, top-1 of 4 experts at capacity factor 1 (C = 2 rows
+    an expert). Sequence A sends all 4 tokens to expert 0, B one to each: expert 0 gets 5, keeps A's first
+    2. A loses 2 of 4 (50%), B its token to expert 0 (25%): the batch 3 of 8, the worst sequence half."""
+    cfg = ModelConfig(vocab_size=16, d_model=4, n_layers=2, n_heads=1, n_kv_heads=1, max_seq_len=8,
+                      dtype="float32", n_experts=4, n_experts_per_token=1, moe_mlp_dim=8,
+                      moe_capacity_factor=1.0, n_dense_layers=1)
+    eye = jnp.eye(4, dtype=jnp.float32)
+    x = jnp.concatenate([jnp.tile(eye[:1], (4, 1)), eye]) * 5.0                  # (8, 4): A then B
+    w = moe.ExpertWeights(eye, jnp.zeros(4), jnp.ones((4, 4, 8)), jnp.ones((4, 4, 8)), jnp.ones((4, 8, 4)))
+    _, stats = moe._local(cfg, x, w, jnp.float32, batch_axes=(), expert_axis=None, seq_len=4)
+    assert float(stats["dropped"]) == pytest.approx(3 / 8)
+    assert float(stats["dropped_worst"]) == pytest.approx(0.5)
+
+
 def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups():
     cfg = dataclasses.replace(MOE, n_experts=8, n_experts_per_token=2, router_groups=4, router_topk_groups=1)
     w = _weights(jax.random.key(3), cfg)

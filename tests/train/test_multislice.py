@@ -186,12 +186,12 @@ def test_a_two_slice_mesh_on_simulated_devices_places_params_and_batch():
 
     params = got["params"]
     assert got["params_as_param_shardings"]
-    assert params["layers.wq"]["spec"] == [None, "fsdp", "tensor"]            # (L, D, N, H)
-    assert params["embed"]["spec"] == ["tensor", "fsdp"]                       # (V, D)
+    assert params["layers.wq"]["spec"] == [None, ["fsdp", "expert"], "tensor"]   # (L, D, N, H); expert 1
+    assert params["embed"]["spec"] == ["tensor", ["fsdp", "expert"]]              # (V, D)
     for name, p in params.items():
         assert "data" not in str(p["spec"]), name                             # replicated over data
         assert p["slices"]["0"] == p["slices"]["1"], name                      # each slice: the same parts
-        split = 4 if "fsdp" in p["spec"] else 1
+        split = 4 if "fsdp" in str(p["spec"]) else 1
         assert len(p["slices"]["0"]) == split, (name, p)                       # fsdp splits within a slice
     batch = got["batch"]
     assert batch["spec"] == [["data", "fsdp", "expert"]] and batch["equal"]

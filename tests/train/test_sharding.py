@@ -53,8 +53,8 @@ def test_logical_rules_use_each_mesh_axis_once_and_skip_axes_that_do_not_divide(
     assert sharding.logical_to_spec(("batch", "length", "embed")) == P(("data", "fsdp", "expert"), None, None)
     experts = ("layers", "experts", "embed", "mlp")               # a MoE layer's stacked expert weights
     assert sharding.logical_to_spec(experts) == P(None, "expert", "fsdp", "tensor")
-    wq_names = ("layers", "embed", "heads", "head_dim")
-    assert sharding.logical_to_spec(wq_names) == P(None, "fsdp", "tensor", None)
+    wq_names = ("layers", "embed", "heads", "head_dim")     # embed over fsdp and expert (the experts' over fsdp)
+    assert sharding.logical_to_spec(wq_names) == P(None, ("fsdp", "expert"), "tensor", None)
     mesh = jax.sharding.AbstractMesh((2, 2, 4), ("data", "fsdp", "tensor"))
     assert sharding.logical_to_spec(("embed", "kv_heads"), (64, 2), mesh) == P("fsdp", None)   # 2 % 4 != 0
     with pytest.raises(ValueError, match="logical axis 'embd' has no sharding rule"):
@@ -142,6 +142,7 @@ def test_sharded_loss_and_grads_equal_one_device(sharded_results, mesh):
 
 def test_params_are_placed_by_their_logical_names(sharded_results):
     r = sharded_results
-    assert r["data8"]["wq_spec"] == [None, "fsdp", "tensor"]           # mesh axes of size 1: harmless
-    assert r["data2_fsdp2_tensor2"]["wq_spec"] == [None, "fsdp", "tensor"]
-    assert r["data2_fsdp2_tensor2"]["embed_spec"] == ["tensor", "fsdp"]
+    # mesh axes of size 1: harmless
+    assert r["data8"]["wq_spec"] == [None, ["fsdp", "expert"], "tensor"]
+    assert r["data2_fsdp2_tensor2"]["wq_spec"] == [None, ["fsdp", "expert"], "tensor"]
+    assert r["data2_fsdp2_tensor2"]["embed_spec"] == ["tensor", ["fsdp", "expert"]]
