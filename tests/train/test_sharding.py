@@ -53,7 +53,7 @@ def test_logical_rules_use_each_mesh_axis_once_and_skip_axes_that_do_not_divide(
     assert sharding.logical_to_spec(("batch", "length", "embed")) == P(("data", "fsdp", "expert"), None, None)
     experts = ("layers", "experts", "embed", "mlp")               # a MoE layer's stacked expert weights
     assert sharding.logical_to_spec(experts) == P(None, "expert", "fsdp", "tensor")
-    wq_names = ("layers", "embed", "heads", "head_dim")     # embed over fsdp and expert (the experts' over fsdp)
+    wq_names = ("layers", "embed", "heads", "head_dim")     # embed: fsdp and expert (the experts': fsdp)
     assert sharding.logical_to_spec(wq_names) == P(None, ("fsdp", "expert"), "tensor", None)
     mesh = jax.sharding.AbstractMesh((2, 2, 4), ("data", "fsdp", "tensor"))
     assert sharding.logical_to_spec(("embed", "kv_heads"), (64, 2), mesh) == P("fsdp", None)   # 2 % 4 != 0
