@@ -47,11 +47,11 @@ def published(path: str) -> tuple[float, str]:
 
 
 def row(path: str) -> dict:
-    from stages.train import planner, step_time
+    from stages.train import planner
 
     cfg = _config(path)
     p = planner.plan(cfg, advise=False)
-    t = step_time.predict(cfg)
+    t = p.predicted
     rate, role = published(path)
     predicted = cfg.global_batch * cfg.seq_len / t.seconds / p.chips
     return {"published_tokens_per_s_per_chip": rate, "predicted_tokens_per_s_per_chip": round(predicted, 1),

@@ -62,7 +62,6 @@ JAX: `make plan` runs in a second.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 from stages.train import devices, step_time
@@ -77,13 +76,20 @@ from stages.train.configs import (
     active_params,
     batch_axes_named,
     flops_per_token,
-    mesh_axes,
     param_counts,
     param_layout,
     topology_chips,
 )
+from stages.train.shards import (  # noqa: F401 - re-exported: the planner's sizes, as callers know them
+    DTYPE_BYTES,
+    _capacity_path,
+    all_to_all_bytes,
+    gathered_mesh,
+    moe_rows,
+    param_bytes,
+    shard_size,
+)
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADROOM = 0.9     # the share of HBM a plan may use: the runtime, XLA's buffers, fragmentation take the rest
 # A layout search (`smallest_slice`) takes only layouts whose estimate fits 10% under the budget: the estimate
 # is checked to within 10% of XLA's figure (benchmarks/plan_vs_xla.py), so a closer fit may not compile.
@@ -218,6 +224,8 @@ class Plan:
         if moved := self.all_to_all_row():
             rows.append(moved)
         rows += self.time_rows()
+        if collectives:
+            rows.append(self.collectives_row(collectives))
         oom = xla is not None and "hbm" in xla          # the compile ran out of memory (aot.OutOfMemory)
         needs = "at least " if oom else ""
         if oom:
@@ -229,8 +237,6 @@ class Plan:
                         f"{self.per_device['total'] / max(xla['total'], 1):.0%} of it")
         elif xla_note:
             rows.append(f"  XLA: not compiled: {xla_note}")
-        if collectives:
-            rows.append(self.collectives_row(collectives))
         if self.fits_with(xla):
             rows.append(f"  verdict: fits on {where}")
         elif self.problem:
@@ -593,7 +599,7 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     m = cfg.model
     per_device, host = memory_bytes(cfg, mesh, micro_batch, device)
     fpt = flops_per_token(m, cfg.seq_len)
-    predicted = step_time.predict(cfg, mesh, micro_batch)
+    predicted = step_time.predict(cfg, mesh, micro_batch, host)
     step_s = (fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu) if hw.mfu
               else predicted.seconds)
     result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem,
@@ -634,12 +640,6 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
     loss = out["loss"] + out["xla_cpu"] + out["across_slices"]
     out["total"] = max(held + max(backward, loss), update)
     return out, host
-
-
-def param_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
-    """Bytes of one device's shards of every parameter (a dimension a mesh axis does not divide stays
-    replicated over it, as in training)."""
-    return sum(shard_size(shape, names, mesh) * dtype_bytes for shape, names in param_layout(m).values())
 
 
 def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name: str) -> int:
@@ -704,19 +704,6 @@ def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1, stack: str = 
     R = D // tensor if m.sequence_parallel and D % tensor == 0 else D
     return {"input": R, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
             "residual": R, "normed2": D, "gate": F, "up": F, "act": F, "down": D}
-
-
-def moe_rows(m: ModelConfig, tokens: int, expert: int) -> int:
-    """Rows of an MoE layer's expert buffers on one device with `tokens` tokens (stages/train/moe.py): the
-    n * k assignments sorted by expert (dropless, no expert axis), else E capacity buffers of
-    C = ceil(factor * n * k / E) rows (C = n dropless with an expert axis); after the all-to-all a device
-    holds E / expert experts' buffers from all `expert` devices: E * C rows again."""
-    E, k = m.n_experts, m.n_experts_per_token
-    if not _capacity_path(m, expert):
-        return tokens * k
-    if not m.moe_capacity_factor:
-        return E * tokens
-    return E * min(tokens, max(1, math.ceil(m.moe_capacity_factor * tokens * k / E)))
 
 
 def moe_buffers(m: ModelConfig, tokens: int, tensor: int, expert: int) -> dict[str, int]:
@@ -810,20 +797,6 @@ def recompute_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, la
     if splash:
         out += -(-seq_len // min(m.attention_block_k, seq_len)) * tokens * layer["q"] * cdt
     return out
-
-
-def all_to_all_bytes(cfg, mesh: dict[str, int], micro_batch: int) -> tuple[int, int]:
-    """(bytes of one all-to-all's buffer on one device, all-to-alls per step) of an MoE model whose experts
-    are split over an expert axis (0, 0 without one): each MoE layer sends its (E, C, D) capacity buffer to
-    the experts' devices and gets their outputs back the same way, in the compute dtype, for each
-    micro-batch: twice forward, twice backward (the transposes), and twice more where a remat policy
-    recomputes the layer's forward pass."""
-    m = cfg.model
-    if not m.n_experts or mesh["expert"] == 1:
-        return 0, 0
-    buffer = moe_rows(m, micro_batch * cfg.seq_len, mesh["expert"]) * m.d_model * DTYPE_BYTES[m.dtype]
-    passes = 2 + 2 + (0 if m.remat == "none" else 2)
-    return buffer, m.n_moe_layers * cfg.optimizer.grad_accum_steps * passes
 
 
 def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int]) -> int:
@@ -1004,32 +977,6 @@ def _stacks(m: ModelConfig) -> list[tuple[str, int]]:
     """(stack, its layers) for each layer stack `m` has: the dense layers, then the MoE layers."""
     counts = {"layers": m.n_layers - m.n_moe_layers, "moe_layers": m.n_moe_layers}
     return [(stack, counts[stack]) for stack in LAYER_STACKS if counts[stack]]
-
-
-def _capacity_path(m: ModelConfig, expert: int) -> bool:
-    """Whether an MoE layer runs through capacity buffers (a capacity factor, or an expert axis) rather than
-    the dropless grouped matmul (stages/train/moe.py)."""
-    return bool(m.moe_capacity_factor) or expert > 1
-
-
-def gathered_mesh(shape, names, mesh: dict[str, int]) -> dict[str, int]:
-    """`mesh` as FSDP sees an array of `shape` and logical `names` once gathered for a layer's compute: the
-    axes its embed dimension is split over (fsdp, and expert for all but the experts) taken as 1."""
-    axes = mesh_axes(names, shape, mesh)
-    embed = next((a for n, a in zip(names, axes) if n == "embed"), ())
-    return dict(mesh, **dict.fromkeys(embed, 1))
-
-
-def shard_size(shape, names, mesh: dict[str, int]) -> int:
-    """Elements of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
-    return _shard_size(tuple(shape), tuple(names), tuple(mesh.items()))
-
-
-@functools.lru_cache(maxsize=65536)
-def _shard_size(shape, names, mesh_items) -> int:      # a layout search plans thousands of meshes
-    mesh = dict(mesh_items)
-    axes = mesh_axes(names, shape, mesh)
-    return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
 
 
 def _slices(mesh, chips: int) -> str:

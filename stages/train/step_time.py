@@ -1,7 +1,7 @@
 """How long one training step takes, predicted from the config: compute at per-operation rates, each
 collective's bytes at its link's bandwidth, and a stated rule for what hides behind what. No JAX.
 
-    t = step_time.predict(train_config)        # a stages.train.Config; a StepTime
+    t = planner.plan(train_config).predicted   # a stages.train.Config; a StepTime (step_time.predict)
     t.seconds, t.mfu                           # the step, and the model FLOPs utilization it implies
     t.largest(3)                               # the terms that cost the most, in words
     make plan GIN=gin/600b.gin                 # prints the prediction beside the memory figures
@@ -30,7 +30,7 @@ The model, per device and per step (every micro-batch of gradient accumulation):
                  stages/train/loss.py): on the critical path
     tensor       Megatron's two all-reduces of the (tokens, D) activations a layer, forward, backward
                  and recomputed: on the critical path
-    all-to-all   an MoE layer's capacity buffers to the experts and back (`planner.all_to_all_bytes`):
+    all-to-all   an MoE layer's capacity buffers to the experts and back (`shards.all_to_all_bytes`):
                  on the critical path (what is sent depends on the routing just computed)
     data         the gradients' all-reduce over the data axis (ICI) and across slices (DCN), once a step
                  after the last micro-batch: hidden behind that micro-batch's backward pass where shorter
@@ -51,14 +51,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train import devices, planner
+from stages.train import devices, shards
 from stages.train.configs import (
-    BATCH_AXES,
     LAYER_STACKS,
     flops_per_token,
     mesh_axes,
     param_layout,
-    topology_chips,
 )
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -153,18 +151,15 @@ class StepTime:
         return ", ".join(out)
 
 
-def predict(cfg, mesh: dict[str, int] | None = None, micro_batch: int | None = None) -> StepTime:
-    """The predicted step of `cfg` (a stages.train.Config) on its hardware: see the module docstring.
-    `mesh` (the whole mesh's sizes) and `micro_batch` (sequences a device a micro-batch) default to what
-    the config gives on its chips, as planner.plan computes them."""
-    hw, m = cfg.hardware, cfg.model
-    device = devices.get(hw.device)
+def predict(cfg, mesh: dict[str, int], micro_batch: int, host_bytes: int) -> StepTime:
+    """The predicted step of `cfg` (a stages.train.Config) on its hardware (see the module docstring), with
+    `mesh` (the whole mesh's sizes), `micro_batch` (sequences a device a micro-batch) and `host_bytes` (what
+    an offload policy keeps in host memory a micro-batch) as `planner.plan` computes them: call that, whose
+    `Plan.predicted` this is."""
+    m = cfg.model
+    device = devices.get(cfg.hardware.device)
     eff, _ = efficiency(device)
-    chips = (hw.chips or topology_chips(hw.topology) or _explicit(cfg.mesh)) * hw.num_slices
-    mesh = mesh or cfg.mesh.sizes(chips)
-    shards = math.prod(mesh[a] for a in BATCH_AXES)
     accum = cfg.optimizer.grad_accum_steps
-    micro_batch = micro_batch or max(1, cfg.global_batch // accum // shards)
     T, tensor = cfg.seq_len, mesh["tensor"]
     tokens = micro_batch * T * accum                       # this device's tokens a step
     recomputed = _recomputed(m, mesh["expert"])
@@ -186,7 +181,7 @@ def predict(cfg, mesh: dict[str, int] | None = None, micro_batch: int | None = N
                         / (device.hbm_bytes_per_s * eff.memory), 0))
     compute = [dataclasses.replace(t, exposed=t.seconds) for t in compute]
     busy = sum(t.seconds for t in compute)
-    comms = _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed)
+    comms = _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_bytes)
     model_flops = flops_per_token(m, T) * tokens / tensor
     return StepTime(tuple(compute + comms), model_flops, peak)
 
@@ -205,7 +200,7 @@ def matmul_flops(m, expert: int, tokens: int) -> dict[str, float]:
            "router": 2 * D * m.n_experts * moe_layers, "experts_in": 0.0, "experts_out": 0.0,
            "unembed": 2 * D * m.vocab_size}
     if m.n_experts:
-        rows = planner.moe_rows(m, tokens, expert) / tokens        # expert rows a token costs on its device
+        rows = shards.moe_rows(m, tokens, expert) / tokens        # expert rows a token costs on its device
         Fe = m.effective_moe_mlp_dim
         out["experts_in"] = 2 * 2 * D * Fe * rows * moe_layers
         out["experts_out"] = 2 * Fe * D * rows * moe_layers
@@ -234,13 +229,13 @@ def memory_bytes_per_step(cfg, mesh: dict[str, int], micro_batch: int, recompute
         F = m.effective_mlp_dim if stack == "layers" else m.n_shared_experts * m.effective_moe_mlp_dim
         layer = 10 * D + 3 * F / tensor + 2 * heads
         if stack == "moe_layers":
-            rows = planner.moe_rows(m, tokens, mesh["expert"]) / tokens        # expert rows a token
+            rows = shards.moe_rows(m, tokens, mesh["expert"]) / tokens        # expert rows a token
             k = m.n_experts_per_token
             layer += (3 * rows * m.d_model + 3 * rows * m.effective_moe_mlp_dim / tensor
                       + (2 * k + 1) * m.d_model)
         per_token += layers * layer * cdt * passes
     per_token += 4 * 4 * m.vocab_size / tensor
-    shard = planner.param_bytes(m, mesh, DTYPE_BYTES[m.param_dtype])
+    shard = shards.param_bytes(m, mesh, DTYPE_BYTES[m.param_dtype])
     optimizer = 7 * shard + (2 * shard * accum if accum > 1 else 0)
     return tokens * accum * per_token + optimizer
 
@@ -275,16 +270,16 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
       the chunk by its vocabulary, all-reduced over fsdp forward and backward;
     - tensor: Megatron's two all-reduces of the (tokens, D) activations a layer forward and two backward,
       and the attention's again where the remat recomputes its output projection;
-    - expert: the (E, C, D) capacity buffers to the experts and back (`planner.all_to_all_bytes`);
+    - expert: the (E, C, D) capacity buffers to the experts and back (`shards.all_to_all_bytes`);
     - data: the gradients' all-reduce, float32, once a step."""
     m, accum, T = cfg.model, cfg.optimizer.grad_accum_steps, cfg.seq_len
     cdt, pdt = _HLO_DTYPE[m.dtype], _HLO_DTYPE[m.param_dtype]
     out = []
     if mesh["fsdp"] * mesh["expert"] > 1:
         for name, (shape, names), layers in _layer_matrices(m):
-            gathered = planner.gathered_mesh(shape[1:], names[1:], mesh)
+            gathered = shards.gathered_mesh(shape[1:], names[1:], mesh)
             dims = _local_shape(shape[1:], names[1:], gathered)
-            if math.prod(dims) == planner.shard_size(shape[1:], names[1:], mesh):
+            if math.prod(dims) == shards.shard_size(shape[1:], names[1:], mesh):
                 continue                                   # its embed is not split: nothing to gather
             axis = ",".join(a for a in ("fsdp", "expert") if gathered[a] != mesh[a])
             part = name.partition(".")[2]
@@ -312,12 +307,12 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
         again = "out" in _recomputed(m, mesh["expert"])
         out.append(Collective("all-reduce", cdt, (micro_batch, T, m.d_model),
                               m.n_layers * (4 + again) * accum, "tensor", "activations"))
-    buffer, count = planner.all_to_all_bytes(cfg, mesh, micro_batch)
+    buffer, count = shards.all_to_all_bytes(cfg, mesh, micro_batch)
     if count:
-        rows = planner.moe_rows(m, micro_batch * T, mesh["expert"])
+        rows = shards.moe_rows(m, micro_batch * T, mesh["expert"])
         out.append(Collective("all-to-all", cdt, (rows, m.d_model), count, "expert", "capacity buffers"))
     if mesh["data"] > 1:
-        out.append(Collective("all-reduce", "f32", (planner.param_bytes(m, mesh, 1),), 1, "data",
+        out.append(Collective("all-reduce", "f32", (shards.param_bytes(m, mesh, 1),), 1, "data",
                               "gradients"))
     return out
 
@@ -339,7 +334,7 @@ def _layer_matrices(m):
             if name.partition(".")[0] in LAYER_STACKS and len(layout[0]) >= 3]
 
 
-def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed) -> list[Term]:
+def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_bytes) -> list[Term]:
     """Each collective of `collectives` at its link's bandwidth (a ring all-gather or reduce-scatter moves
     (g - 1) / g of the array a device, an all-reduce twice that, an all-to-all (g - 1) / g over its torus
     hops), hidden or not by the overlap rule of the module docstring."""
@@ -385,8 +380,7 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed) -> lis
             out.append(Term(f"gradient all-reduce over data {group}", seconds, max(0.0, seconds - backward),
                             "behind the last micro-batch's backward pass"))
     if m.remat.startswith("offload_") and device.host_bytes:
-        _, host = planner.activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], expert=mesh["expert"])
-        seconds = 2 * host * accum / (device.host_link_bytes_per_s * eff.host)
+        seconds = 2 * host_bytes * accum / (device.host_link_bytes_per_s * eff.host)
         out.append(Term("host offload", seconds, max(0.0, seconds - busy), "behind compute"))
     return out
 
@@ -410,10 +404,6 @@ def _recomputed(m, expert: int) -> frozenset:
     if base == "save_dots" and dropless:
         out = out | {"experts_in"}
     return out
-
-
-def _explicit(mesh) -> int:
-    return (mesh.data if mesh.data > 0 else 1) * mesh.fsdp * mesh.expert * mesh.tensor
 
 
 def _s(x: float) -> str:

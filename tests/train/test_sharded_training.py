@@ -66,8 +66,9 @@ def test_no_device_ever_holds_more_than_its_share_at_init(results):
 def test_the_train_step_keeps_params_and_optimizer_state_in_their_shardings(results):
     for r in results.values():
         assert r["params_out"] == r["params_in"] and r["opt_out"] == r["opt_in"]
-    assert results[8]["wq"] == "P(None, 'fsdp', 'tensor', None)"
-    assert "P(None, 'fsdp', 'tensor', None)" in results[8]["opt_in"]    # Adam moments of wq
+    wq = "P(None, ('fsdp', 'expert'), 'tensor', None)"       # embed over fsdp and the (size-1) expert axis
+    assert results[8]["wq"] == wq
+    assert wq in results[8]["opt_in"]                          # Adam moments of wq
 
 
 def test_per_device_scratch_memory_drops_as_fsdp_grows(results):

@@ -24,6 +24,10 @@ def _cfg(model=MODEL, mesh=FSDP4, device="tpu-v5p", batch=16, accum=1, **hw) -> 
                   mesh=mesh, hardware=HardwareConfig(device=device, chips=hw.pop("chips", 4), **hw))
 
 
+def _predicted(cfg) -> step_time.StepTime:
+    return planner.plan(cfg, advise=False).predicted
+
+
 def test_matmul_flops_per_token_are_the_hand_counts():
     g = step_time.matmul_flops(MODEL, 1, 512)
     D, H, F, L = 256, 64, 512, 4
@@ -50,8 +54,8 @@ def test_an_moe_layer_counts_its_capacity_rows():
                                           ("offload_full", 1)])
 def test_remat_recomputes_the_forward_pass_it_does_not_keep(remat, extra):
     """full recomputes every matmul but the down projections; the matmul term grows by exactly that."""
-    base = step_time.predict(_cfg()).term("matmuls").seconds
-    t = step_time.predict(_cfg(dataclasses.replace(MODEL, remat=remat))).term("matmuls").seconds
+    base = _predicted(_cfg()).term("matmuls").seconds
+    t = _predicted(_cfg(dataclasses.replace(MODEL, remat=remat))).term("matmuls").seconds
     g = step_time.matmul_flops(MODEL, 1, 4 * 512)
     kept = {"none": set(), "save_dots": set(), "minimal": {"mlp_in"}, "full": {"qkv", "out", "mlp_in"},
             "offload_full": {"qkv", "out", "mlp_in"}}[remat]
@@ -60,13 +64,13 @@ def test_remat_recomputes_the_forward_pass_it_does_not_keep(remat, extra):
 
 
 def test_step_is_compute_plus_what_communication_leaves_exposed():
-    t = step_time.predict(_cfg())
+    t = _predicted(_cfg())
     assert t.seconds == pytest.approx(sum(x.exposed for x in t.terms))
     compute = sum(x.seconds for x in t.terms if x.name in ("matmuls", "attention", "memory-bound ops"))
     fsdp = t.term("fsdp")
     assert fsdp is not None and 0 <= fsdp.exposed <= fsdp.seconds
     # One sequence a GPU: a layer's collectives over NVLink outlast its compute, and part of them shows.
-    small = step_time.predict(_cfg(batch=4, device="h100", model=dataclasses.replace(
+    small = _predicted(_cfg(batch=4, device="h100", model=dataclasses.replace(
         MODEL, d_model=2048, n_heads=16, n_kv_heads=16, mlp_dim=8192)))
     fsdp = small.term("fsdp")
     assert 0 < fsdp.exposed < fsdp.seconds
@@ -76,7 +80,7 @@ def test_step_is_compute_plus_what_communication_leaves_exposed():
 
 def test_fsdp_bytes_are_each_layer_gathered_twice_and_reduce_scattered_once():
     cfg = _cfg()
-    t = step_time.predict(cfg)
+    t = _predicted(cfg)
     layer = sum(planner.shard_size(shape[1:], names[1:], {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
                 for name, (shape, names) in planner.param_layout(MODEL).items()
                 if name.startswith("layers.") and len(shape) >= 3)          # the matrices: norms stay whole

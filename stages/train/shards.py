@@ -1,0 +1,75 @@
+"""How big one device's share of a training config's arrays is (no JAX): the sizes both the memory planner
+(stages/train/planner.py) and the step-time model (stages/train/step_time.py) count from.
+
+    shards.shard_size(shape, names, mesh)      # elements of one device's shard of an array
+    shards.param_bytes(model_config, mesh, 4)  # every parameter's shard, in bytes
+    shards.moe_rows(model_config, tokens, 8)   # rows of an MoE layer's expert buffers on a device
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from stages.train.configs import ModelConfig, mesh_axes, param_layout
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def param_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
+    """Bytes of one device's shards of every parameter (a dimension a mesh axis does not divide stays
+    replicated over it, as in training)."""
+    return sum(shard_size(shape, names, mesh) * dtype_bytes for shape, names in param_layout(m).values())
+
+
+def moe_rows(m: ModelConfig, tokens: int, expert: int) -> int:
+    """Rows of an MoE layer's expert buffers on one device with `tokens` tokens (stages/train/moe.py): the
+    n * k assignments sorted by expert (dropless, no expert axis), else E capacity buffers of
+    C = ceil(factor * n * k / E) rows (C = n dropless with an expert axis); after the all-to-all a device
+    holds E / expert experts' buffers from all `expert` devices: E * C rows again."""
+    E, k = m.n_experts, m.n_experts_per_token
+    if not _capacity_path(m, expert):
+        return tokens * k
+    if not m.moe_capacity_factor:
+        return E * tokens
+    return E * min(tokens, max(1, math.ceil(m.moe_capacity_factor * tokens * k / E)))
+
+
+def all_to_all_bytes(cfg, mesh: dict[str, int], micro_batch: int) -> tuple[int, int]:
+    """(bytes of one all-to-all's buffer on one device, all-to-alls per step) of an MoE model whose experts
+    are split over an expert axis (0, 0 without one): each MoE layer sends its (E, C, D) capacity buffer to
+    the experts' devices and gets their outputs back the same way, in the compute dtype, for each
+    micro-batch: twice forward, twice backward (the transposes), and twice more where a remat policy
+    recomputes the layer's forward pass."""
+    m = cfg.model
+    if not m.n_experts or mesh["expert"] == 1:
+        return 0, 0
+    buffer = moe_rows(m, micro_batch * cfg.seq_len, mesh["expert"]) * m.d_model * DTYPE_BYTES[m.dtype]
+    passes = 2 + 2 + (0 if m.remat == "none" else 2)
+    return buffer, m.n_moe_layers * cfg.optimizer.grad_accum_steps * passes
+
+
+def _capacity_path(m: ModelConfig, expert: int) -> bool:
+    """Whether an MoE layer runs through capacity buffers (a capacity factor, or an expert axis) rather than
+    the dropless grouped matmul (stages/train/moe.py)."""
+    return bool(m.moe_capacity_factor) or expert > 1
+
+
+def gathered_mesh(shape, names, mesh: dict[str, int]) -> dict[str, int]:
+    """`mesh` as FSDP sees an array of `shape` and logical `names` once gathered for a layer's compute: the
+    axes its embed dimension is split over (fsdp, and expert for all but the experts) taken as 1."""
+    axes = mesh_axes(names, shape, mesh)
+    embed = next((a for n, a in zip(names, axes) if n == "embed"), ())
+    return dict(mesh, **dict.fromkeys(embed, 1))
+
+
+def shard_size(shape, names, mesh: dict[str, int]) -> int:
+    """Elements of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
+    return _shard_size(tuple(shape), tuple(names), tuple(mesh.items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _shard_size(shape, names, mesh_items) -> int:      # a layout search plans thousands of meshes
+    mesh = dict(mesh_items)
+    axes = mesh_axes(names, shape, mesh)
+    return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
