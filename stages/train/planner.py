@@ -274,7 +274,23 @@ class Plan:
             rows.append(f"  time at the assumed {hw.mfu:.0%} MFU (train.HardwareConfig.mfu, which sets the "
                         "days): "
                         f"{_num(self.step_s)} s/step, {_num(self.days)} days")
-        return rows
+        return rows + self._loss_chunk_hint()
+
+    def _loss_chunk_hint(self) -> list[str]:
+        """Under FSDP, loss chunks smaller than the micro-batch have every chip compute and all-reduce every
+        chunk's partial logits (`step_time.collectives`); where that costs a tenth of the step, say what
+        one chunk of the micro-batch would save and hold."""
+        cfg, t = self.config, self.predicted
+        logits = t.term("logits")
+        micro = cfg.global_batch // cfg.optimizer.grad_accum_steps * cfg.seq_len
+        if logits is None or cfg.loss_chunk >= micro or logits.exposed < 0.1 * t.seconds:
+            return []
+        p = plan(dataclasses.replace(cfg, loss_chunk=micro), advise=False)
+        chunks = -(-micro // cfg.loss_chunk)
+        return [f"    hint: train.Config.loss_chunk={cfg.loss_chunk:,} splits each micro-batch of {micro:,} "
+                f"tokens into {chunks:,} chunks whose partial logits every chip computes and all-reduces "
+                f"({_num(logits.exposed)} s a step); train.Config.loss_chunk={micro} predicts "
+                f"{_num(p.predicted.seconds)} s/step at {_gib(p.per_device['total'])} per device"]
 
     def collectives_row(self, compiled) -> str:
         """What the compiled step's collectives move a device a step, by kind, beside the step model's

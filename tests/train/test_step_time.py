@@ -177,3 +177,21 @@ def test_hlo_collectives_count_loops_fusions_tuples_and_async_pairs():
     assert len(cs) == 4
     assert hlo.bytes_by_kind(cs) == {"all-gather": 6 * 32 * 32 * 2, "reduce-scatter": 6 * 64 * 32 * 2,
                                      "all-reduce": 32, "all-to-all": 64, "collective-permute": 0}
+
+
+def test_a_plan_whose_loss_chunks_cost_a_tenth_of_the_step_says_what_one_chunk_would_save():
+    """gin/1b.gin: 4,096-token chunks of a 2M-token micro-batch under fsdp 64: every chip computes and
+    all-reduces all 512 chunks' partial logits, the step's largest term; one chunk removes it."""
+    from pipeline import config
+    from tests.conftest import REPO
+
+    p = planner.plan(config.load([f"{REPO}/gin/1b.gin"]).stages["train"].config)
+    hint = next(line for line in p.render().splitlines() if line.startswith("    hint: "))
+    assert hint.startswith("    hint: train.Config.loss_chunk=4,096 splits each micro-batch of 2,097,152 "
+                           "tokens into 512 chunks"), hint
+    one = planner.plan(dataclasses.replace(p.config, loss_chunk=2_097_152))
+    # 512 chunks of 4,096 rows a chip, all-reduced forward and backward, against its own 32,768 rows once.
+    assert one.predicted.term("logits").exposed == pytest.approx(p.predicted.term("logits").exposed / 64)
+    assert f"predicts {planner._num(one.predicted.seconds)} s/step" in hint
+    flagship = planner.plan(config.load([f"{REPO}/gin/600b.gin"]).stages["train"].config)
+    assert "hint:" not in flagship.render()
