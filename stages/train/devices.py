@@ -13,8 +13,8 @@ stand-in for the host JAX exposes as one CPU device, so MFU stays finite in CPU 
 of magnitude; its memory is the host's, so it has no separate host memory to offload to (0).
 HBM bandwidth (the step-time model's elementwise work, stages/train/step_time.py) is the vendors': v4 1.2
 TB/s, v5e 819 GB/s, v5p 2.77 TB/s, v6e 1.64 TB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s. The host link, which
-offloaded activations cross, is one PCIe slot per chip: 4.0 x16 (32 GB/s) on TPU hosts, 5.0 x16 (64 GB/s)
-on H100 and H200 ones.
+offloaded activations cross, is assumed, not looked up: one PCIe 4.0 x16 link (32 GB/s) a TPU chip, one
+5.0 x16 (64 GB/s) an H100 or H200.
 """
 
 from __future__ import annotations

@@ -63,8 +63,6 @@ def collectives(text: str) -> list[Collective]:
             kind = "reduce-scatter" if m.group(2) == "all-reduce" and name in scatter else m.group(2)
             shapes = tuple((d, tuple(int(n) for n in dims.split(",") if n)) for d, dims in
                            _ARRAY.findall(m.group(1)))
-            if m.group(3) == "-done" and kind == "all-gather" and len(shapes) > 1:
-                shapes = shapes[len(shapes) // 2:]               # (operands..., results...): the results
             op = re.search(r'op_name="([^"]+)"', line)
             group = _group(line)
             if m.group(3) == "-done" and (start := re.search(r"-done\(%([\w.\-]+)\)", line)):

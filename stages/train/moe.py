@@ -107,8 +107,9 @@ def balance_terms(routing: Routing, n_experts: int, axes=(), seq_len: int = 0) -
     probs = routing.scores / routing.scores.sum(-1, keepdims=True)
     if seq_len:
         s = n // seq_len
-        hits = jax.nn.one_hot(routing.experts.reshape(s, seq_len * k), n_experts, dtype=jnp.float32)
-        seq_load = hits.sum(1) / (seq_len * k)                                      # (S, E)
+        sequence = jnp.repeat(jnp.arange(s), seq_len * k)                           # (n * k,) in token order
+        hits = jnp.zeros((s, n_experts), jnp.float32).at[sequence, routing.experts.reshape(-1)].add(1.0)
+        seq_load = hits / (seq_len * k)                                             # (S, E)
         seq_prob = probs.reshape(s, seq_len, n_experts).mean(1)                     # (S, E)
         per_sequence = n_experts * jnp.sum(jax.lax.stop_gradient(seq_load) * seq_prob, -1)
         aux = psum(per_sequence.sum()) / psum(jnp.float32(s))

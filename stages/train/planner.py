@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train import devices, step_time
+from stages.train import devices, hlo, step_time
 from stages.train.configs import (
     AXES,
     BATCH_AXES,
@@ -82,8 +82,8 @@ from stages.train.configs import (
 )
 from stages.train.shards import (  # noqa: F401 - re-exported: the planner's sizes, as callers know them
     DTYPE_BYTES,
-    _capacity_path,
     all_to_all_bytes,
+    capacity_path,
     gathered_mesh,
     moe_rows,
     param_bytes,
@@ -263,7 +263,7 @@ class Plan:
         assumed MFU (train.HardwareConfig.mfu), the days at that MFU too, which then set `days`."""
         hw, t = self.config.hardware, self.predicted
         steps = self.config.steps
-        eff, borrowed = step_time.efficiency(self.device)
+        _, borrowed = step_time.efficiency(self.device)
         borrowed = f"; {self.device.label} borrows {borrowed}'s efficiencies, none calibrated for it" \
             if borrowed else ""
         rows = [f"  time, predicted: {_num(t.seconds)} s/step ({t.mfu:.1%} MFU), "
@@ -297,8 +297,6 @@ class Plan:
         (`step_time.collectives`): the model counts the layers' FSDP traffic, the loss's logits, tensor and
         expert axes and data-parallel gradients; XLA also moves token indices, norms, scalars and the
         embedding's reshards, which it does not."""
-        from stages.train import hlo
-
         xla = hlo.bytes_by_kind(compiled)
         model = dict.fromkeys(xla, 0)
         for c in step_time.collectives(self.config, self.mesh, self.micro_batch):
@@ -683,7 +681,7 @@ def gathered_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
     gradient, in the compute dtype, before it is reduce-scattered, and the next layer's weights, which XLA
     gathers while this one computes (the prefetch that hides the all-gathers, as `step_time` assumes); the
     largest layer of a dense and an MoE one."""
-    if mesh["fsdp"] == 1:
+    if mesh["fsdp"] * mesh["expert"] == 1:        # nothing split over an axis that FSDP gathers
         return 0
     layout = param_layout(m)
     layer = max(sum(shard_size(shape[1:], names[1:], gathered_mesh(shape[1:], names[1:], mesh))
@@ -745,7 +743,7 @@ def moe_kept(m: ModelConfig, expert: int) -> set[str]:
     """The rows of `moe_buffers` that `m`'s remat policy (or the one its offload_* policy is named after)
     keeps for the backward pass."""
     base = m.remat.removeprefix(OFFLOAD)
-    kept = MOE_KEPT[base] - (_MOE_DOTS if base == "save_dots" and not _capacity_path(m, expert) else set())
+    kept = MOE_KEPT[base] - (_MOE_DOTS if base == "save_dots" and not capacity_path(m, expert) else set())
     return kept - {"sent"} if expert > 1 and "received" in kept else kept
 
 
@@ -822,7 +820,7 @@ def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int
     and the float32 gradient of the output matrix that the chunks accumulate."""
     tensor = mesh["tensor"]
     vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
-    per_logit = 4 + (4 if mesh["fsdp"] > 1 else DTYPE_BYTES[m.dtype])
+    per_logit = 4 + (4 if mesh["fsdp"] * mesh["expert"] > 1 else DTYPE_BYTES[m.dtype])
     return min(loss_chunk, tokens) * vocab * per_logit + _output_matrix_bytes(m, mesh)
 
 

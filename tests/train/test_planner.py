@@ -403,7 +403,7 @@ def test_600b_on_a_v4_32_in_30_days_is_refused_with_the_memory_the_days_and_what
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     verdict = next(line for line in lines if line.startswith("  verdict: "))
-    assert verdict.startswith("  verdict: does NOT fit: 2,149.6 GiB per device > 28.8 GiB usable. "), verdict
+    assert verdict.startswith("  verdict: does NOT fit: 2,154.4 GiB per device > 28.8 GiB usable. "), verdict
     time = next(line for line in lines if line.startswith("  time, predicted: "))
     assert time.endswith("days for 2.01T tokens; TPU v4 borrows tpu-v5p's efficiencies, none calibrated for "
                          "it"), time
