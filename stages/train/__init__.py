@@ -42,7 +42,9 @@ CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig,
 #    the weights differ from version 1's op-by-op initialization in the last bits.
 # 3: YaRN's ramp ends at min(ceil(dim), head_dim - 1), as the paper's code and transformers do (it was clipped
 #    at head_dim / 2 - 1, which changed the frequencies when the correction range reached past it).
-VERSION = "3"
+# 4: a full capacity buffer drops its expert's lowest-scored assignments (within a choice), not the last
+#    tokens of the device's batch.
+VERSION = "4"
 
 
 def resolve(config: Config, bound: frozenset[str]) -> Config:

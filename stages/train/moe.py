@@ -19,8 +19,9 @@ split over data x fsdp x expert):
         a grouped matmul (`grouped_matmul`: `jax.lax.ragged_dot`, the Pallas megablox kernel on TPU, or a
         tiled scan on CPU, where ragged_dot lowers to a dense masked product over every expert)
     capacity (moe_capacity_factor > 0, or an expert axis): each expert takes at most
-        C = ceil(factor * n * k / E) of a device's assignments (first choices before second ones, as GShard),
-        into an (E, C, D) buffer; the rest are dropped (their share is `stats["dropped"]`). With an expert
+        C = ceil(factor * n * k / E) of a device's assignments (first choices before second ones, as GShard;
+        within a choice the higher router scores first, as V-MoE's batch prioritized routing), into an
+        (E, C, D) buffer; the rest are dropped (their share is `stats["dropped"]`). With an expert
         axis of size ep the buffer goes to the experts' devices with one all-to-all (E, C, D) ->
         (E / ep, ep * C, D), is computed there and comes back with another. Dropless with an expert axis
         uses C = n (no assignment can be dropped; memory E * n * D per device: set a capacity factor for
@@ -218,13 +219,18 @@ def _dropless(cfg, x, routing: Routing, gate, up, down, tensor_axis):
 
 
 def _with_capacity(cfg, x, routing: Routing, gate, up, down, expert_axis, tensor_axis):
-    """Assignments into (E, C, D) buffers (first choices first), through the experts (on their devices
+    """Assignments into (E, C, D) buffers (first choices first, then by score), through the experts (on their devices
     with an expert axis), and back. -> ((n, k, D), kept (n, k) float32)."""
     n, k = routing.experts.shape
     E, D = cfg.n_experts, x.shape[-1]
     C = capacity(cfg, n)
     slot_major = routing.experts.T.reshape(-1)                              # (k * n,): choice j of all first
-    order = jnp.argsort(slot_major, stable=True)
+    # Within an expert, first choices before second ones and, within a choice, the higher router score
+    # first: what a full buffer drops is the assignments its expert least wanted, spread over the batch,
+    # not the last tokens of the device's batch (token order left whole sequences with nothing).
+    affinity = jnp.take_along_axis(routing.scores, routing.experts, 1).T.reshape(-1)     # (k * n,)
+    choice = jnp.repeat(jnp.arange(k), n)
+    order = jnp.lexsort((-affinity, choice, slot_major))
     sizes = jnp.bincount(slot_major, length=E)
     starts = jnp.cumsum(sizes) - sizes
     rank_sorted = jnp.arange(k * n) - starts[slot_major[order]]

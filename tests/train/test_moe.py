@@ -220,6 +220,22 @@ def test_the_worst_sequences_dropped_share_is_measured_beside_the_batchs():
     assert float(stats["dropped_worst"]) == pytest.approx(0.5)
 
 
+def test_a_full_buffer_drops_its_experts_lowest_scored_assignments_not_the_last_tokens():
+    """8 tokens all route to expert 0 (top-1 of 4, capacity factor 1: C = 2 rows), their affinity to it
+    rising with their position: the buffer keeps the last two, the ones expert 0 scored highest. In token
+    order it kept the first two, and a device's last sequences lost everything to a popular expert."""
+    cfg = ModelConfig(vocab_size=16, d_model=4, n_layers=2, n_heads=1, n_kv_heads=1, max_seq_len=8,
+                      dtype="float32", n_experts=4, n_experts_per_token=1, moe_mlp_dim=8,
+                      moe_capacity_factor=1.0, n_dense_layers=1)
+    eye = jnp.eye(4, dtype=jnp.float32)
+    x = eye[0] * jnp.arange(1.0, 9.0)[:, None]                                   # (8, 4): e0 x 1 .. 8
+    routing = moe.route(cfg, x, eye, jnp.zeros(4))
+    assert (routing.experts == 0).all()
+    ones = jnp.ones((4, 4, 8))
+    _, kept = moe._with_capacity(cfg, x, routing, ones, ones, jnp.ones((4, 8, 4)), None, None)
+    assert kept[:, 0].tolist() == [0, 0, 0, 0, 0, 0, 1, 1]
+
+
 def test_group_limited_routing_draws_a_tokens_experts_from_its_best_groups():
     cfg = dataclasses.replace(MOE, n_experts=8, n_experts_per_token=2, router_groups=4, router_topk_groups=1)
     w = _weights(jax.random.key(3), cfg)
