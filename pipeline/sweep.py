@@ -91,9 +91,9 @@ def variants(gin_files: list[str], params: list[str]) -> dict[str, list[str]]:
 
 def runs(gin_files: list[str], params: list[str]) -> list[Run]:
     """Every variant x seed: the gin files, the overrides, the variant's bindings, then its seed (bound
-    only when `sweep.seeds` > 1; one seed keeps the base config's)."""
+    only when `sweep.seeds` > 1; one seed keeps the base config's), named for W&B (`_name_tracked_run`)."""
     found, seeds = settings(gin_files, params)
-    out = []
+    sweep, out = sweep_name(gin_files), []
     for name, bindings in found.items():
         for seed in range(seeds):
             extra = [f"{SEED_BINDING} = {seed}"] if seeds > 1 else []
@@ -101,8 +101,18 @@ def runs(gin_files: list[str], params: list[str]) -> list[Run]:
                 plan = config.load(gin_files, params + bindings + extra)
             except config.ConfigError as e:
                 raise config.ConfigError(f"sweep variant {name!r}: {e}") from None
-            out.append(Run(name, plan.stages["train"].config.seed, plan))
+            run = Run(name, plan.stages["train"].config.seed, plan)
+            _name_tracked_run(plan, group=sweep, name=f"{name}-seed{run.seed}")
+            out.append(run)
     return out
+
+
+def _name_tracked_run(plan: run_plan.Plan, *, group: str, name: str) -> None:
+    """The run's W&B group (the sweep's name) and name (`<variant>-seed<s>`), which only a tracked run reads
+    (stages/io/tracking.py); tracking is out of the key, so the train key stays the same."""
+    sp = plan.stages["train"]
+    tracked = dataclasses.replace(sp.config.tracking, group=group, name=name)
+    plan.stages["train"] = dataclasses.replace(sp, config=dataclasses.replace(sp.config, tracking=tracked))
 
 
 def compare(name: str, sweep_runs: list[Run]) -> str:

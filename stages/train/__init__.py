@@ -28,8 +28,9 @@ import logging
 import os
 from collections.abc import Mapping
 
-from stages.io import storage
+from stages.io import storage, tracking
 from stages.io.committed import by_source, stage_of
+from stages.io.tracking import Tracking
 from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
 from stages.train.mixture import Mixture
@@ -37,7 +38,8 @@ from stages.train.stage_config import Config, LaunchConfig
 
 log = logging.getLogger(__name__)
 
-CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig, HardwareConfig, Mixture)
+CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig, HardwareConfig, Mixture,
+                 Tracking)
 # 2: parameters and optimizer state are initialized by one jitted program directly in their shardings;
 #    the weights differ from version 1's op-by-op initialization in the last bits.
 # 3: YaRN's ramp ends at min(ceil(dim), head_dim - 1), as the paper's code and transformers do (it was clipped
@@ -128,8 +130,10 @@ def check(config: Config) -> str:
     the devices its processes will have (`configs.cpu_run_problem`), a config the planner says cannot fit
     its hardware (unless `train.HardwareConfig.allow_unfit`), a checkpoint (`init_from`) whose safetensors
     headers are damaged or do not hold the model its config.json describes (init_from.problem: headers
-    only, never the weights)."""
+    only, never the weights), W&B tracking asked for without the wandb package."""
     if problem := cpu_run_problem(config, os.environ):
+        return problem
+    if config.tracking.enabled and (problem := tracking.missing()):
         return problem
     p = planner.plan(config)
     if not p.fits and not config.hardware.allow_unfit:

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from stages.io import storage
+from stages.io import storage, tracking
 from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, scoring, sharding
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
@@ -84,9 +84,12 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
         stop = AgreedStop(request, run.mesh, process_count)   # all processes stop after the same step
         ckpt = checkpoint.Checkpointer(storage.join(work_dir, "checkpoints"), keep=cfg.keep_checkpoints,
                                        every=cfg.checkpoint_every)
-        writer = None
+        writer = tracked = None
         try:
             params, opt_state, start = resume(run, ckpt, params, opt_state)
+            if process_index == 0:        # W&B (stages/io/tracking.py): None unless train.Tracking asks
+                tracked = tracking.Run.start(cfg.tracking, work_dir, key=key_of(work_dir),
+                                             config=tracked_config(cfg), resuming=start > 0)
             # The rows logged before the checkpoint this run resumed from, so metrics.jsonl (and the
             # report's curves) run from step 1 across any number of stops and resumes.
             history_path = storage.join(work_dir, HISTORY)
@@ -106,15 +109,36 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
                 params, opt_state, last = one_interval(run, params, opt_state, begin, end, ckpt, stop,
                                                        first=begin == start, on_saved=saved)
                 writer.write(last)
+                if tracked is not None:
+                    tracked.log(last)
                 if "tokens_per_s" in last:
                     throughput = last
                 # After the interval's losses were checked: a non-finite loss never reaches a checkpoint.
                 checkpoint_or_stop(run, ckpt, stop, params, opt_state, end - 1, on_saved=saved)
+            if tracked is not None:        # its state into the output, which the pipeline reads
+                tracked.close(local_out)
+                tracked = None
         finally:
             if writer is not None:
                 writer.close()
+            if tracked is not None:        # stopped or failed: the W&B run ends; a resume continues it
+                tracked.close()
             ckpt.close()
         return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
+
+
+def key_of(work_dir: str) -> str:
+    """The training key, from its work directory: the cache lays a stage out as <stage>/<key>/work."""
+    return work_dir.rstrip("/").split("/")[-2]
+
+
+def tracked_config(cfg) -> dict:
+    """What a W&B run shows as its config: the training config as the key sees it (how the run is launched
+    and tracked left out)."""
+    out = dataclasses.asdict(cfg)
+    for name in ("launcher", "tracking", "stop_after"):
+        out.pop(name, None)
+    return {"train": out}
 
 
 @dataclasses.dataclass(frozen=True)

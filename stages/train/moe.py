@@ -219,8 +219,8 @@ def _dropless(cfg, x, routing: Routing, gate, up, down, tensor_axis):
 
 
 def _with_capacity(cfg, x, routing: Routing, gate, up, down, expert_axis, tensor_axis):
-    """Assignments into (E, C, D) buffers (first choices first, then by score), through the experts (on their devices
-    with an expert axis), and back. -> ((n, k, D), kept (n, k) float32)."""
+    """Assignments into (E, C, D) buffers (first choices first, then by score), through the experts (on
+    their devices with an expert axis), and back. -> ((n, k, D), kept (n, k) float32)."""
     n, k = routing.experts.shape
     E, D = cfg.n_experts, x.shape[-1]
     C = capacity(cfg, n)

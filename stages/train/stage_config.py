@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from stages.io import storage
+from stages.io.tracking import Tracking
 from stages.train.configs import (
     NAN_POLICIES,
     HardwareConfig,
@@ -88,6 +89,8 @@ class Config:
     launcher: LaunchConfig = dataclasses.field(default_factory=LaunchConfig, metadata={"key": False})
     hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig, metadata={"key": False})
     stop_after: int = dataclasses.field(default=0, metadata={"key": False})   # testing: exit at this step
+    # Experiment tracking (W&B: stages/io/tracking.py); gin binds it as train.Tracking.<field>
+    tracking: Tracking = dataclasses.field(default_factory=Tracking, metadata={"key": False})
 
     def __post_init__(self):
         for name in ("steps", "global_batch", "seq_len", "loss_chunk", "eval_batches"):

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline import cache
 from stages import train
+from stages.io.tracking import Tracking
 from stages.train import spec
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
 from stages.train.launch import LaunchConfig
@@ -44,7 +45,9 @@ FULL = train.Config(
                           remote_dir="/opt/refinery", timeout_s=3600),
     hardware=HardwareConfig(device="tpu-v5p", topology="v5p:2x2x2", chips=16, num_slices=16, mfu=0.5,
                             allow_unfit=True),
-    stop_after=120)
+    stop_after=120,
+    tracking=Tracking(tracker="wandb", project="p", entity="team", mode="offline", tags=("a", "b"), group="g",
+                      name="n", dir="/tmp/wandb"))
 
 MANIFEST = {"attempt": "attempt-20250101T000000-ab12", "files": {"manifest.json": 97, "train-00000.bin": 2048,
                                                                   "val-00000.bin": 512},
@@ -62,7 +65,7 @@ def _written(tmp_path, config=FULL) -> tuple[str, dict]:
 
 def test_every_field_is_off_its_default():
     """So that the round trip below would notice a field the spec dropped or left at its default."""
-    for cfg in (FULL, FULL.model, FULL.optimizer, FULL.mesh, FULL.launcher, FULL.hardware):
+    for cfg in (FULL, FULL.model, FULL.optimizer, FULL.mesh, FULL.launcher, FULL.hardware, FULL.tracking):
         default = type(cfg)()
         same = [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) == getattr(default, f.name)]
         assert not same, f"{type(cfg).__name__} fields at their defaults: {same}"
