@@ -17,6 +17,16 @@ and fill in its project and bucket:
 Dataflow workers import this repository's stage code (the DoFns), so the package is staged to them
 with `--setup_file` (this repository's setup.py, which defers to setup.cfg); `options` passes any other
 `--flag=value` through.
+
+On one machine with several cores, include gin/data/local_workers.gin (or bind `local_workers`): the
+`FnApiRunner` then runs each stage's bundles on that many worker processes
+(`--direct_num_workers=N --direct_running_mode=multi_processing`, each worker a
+`python -m apache_beam.runners.worker.sdk_worker_main` process), with outputs byte-identical to one
+process's (tests/pipeline/test_output_is_the_key.py). Why this runner: Beam's other local ones either run
+in this process (the PortableRunner's LOOPBACK environment executes the bundles in the submitting process,
+so it adds no process), need a binary from outside the package registries (Prism, Flink, Spark), or compute
+the wrong thing (the Dask runner computes only the last output of a graph and sends every element of a
+multi-output ParDo to every output).
 """
 
 from __future__ import annotations
@@ -40,10 +50,18 @@ class Runner:
     machine_type: str = ""            # Dataflow: worker machine type; "" = Dataflow's default
     max_workers: int = 0              # Dataflow: the autoscaling limit; 0 = Dataflow's default
     stage_package: bool = True        # Dataflow: ship this repository to the workers (--setup_file)
+    local_workers: int = 0            # FnApiRunner: bundles on this many local processes; 0: in this one
 
     def __post_init__(self):
         if self.max_workers < 0:
             raise ValueError(f"beam_runner.Runner.max_workers={self.max_workers} must be >= 0 (0 = default)")
+        if self.local_workers < 0:
+            raise ValueError(f"beam_runner.Runner.local_workers={self.local_workers} must be >= 0 (0: the "
+                             "stage's own process)")
+        if self.local_workers and self.name != "FnApiRunner":
+            raise ValueError(f"beam_runner.Runner.local_workers={self.local_workers} runs the FnApiRunner on "
+                             f"local processes; name={self.name!r} is not it (Dataflow scales its own "
+                             "workers: max_workers)")
         if self.name == DATAFLOW:
             missing = [f for f in ("project", "region", "temp_location") if not getattr(self, f)]
             if missing:
@@ -56,7 +74,7 @@ class Runner:
     def unused_fields(self) -> frozenset[str]:
         """Fields this runner ignores (the placeholder check skips them): Dataflow's, when running locally."""
         dataflow = {"project", "region", "temp_location", "machine_type", "max_workers", "stage_package"}
-        return frozenset() if self.name == DATAFLOW else frozenset(dataflow)
+        return frozenset({"local_workers"}) if self.name == DATAFLOW else frozenset(dataflow)
 
     def pipeline_options(self) -> list[str]:
         """The command-line style options Beam's `PipelineOptions` takes, for this runner."""
@@ -67,6 +85,8 @@ class Runner:
             out += [f"--machine_type={self.machine_type}"] if self.machine_type else []
             out += [f"--max_num_workers={self.max_workers}"] if self.max_workers else []
             out += [f"--setup_file={os.path.join(REPO, 'setup.py')}"] if self.stage_package else []
+        if self.local_workers:
+            out += [f"--direct_num_workers={self.local_workers}", "--direct_running_mode=multi_processing"]
         return out + list(self.options)
 
 

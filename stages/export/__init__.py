@@ -8,8 +8,10 @@
     tokenizer = AutoTokenizer.from_pretrained("cache/export/<key>/<attempt>")      # prints on its last lines
 
 Writes into `out_dir`:
-    config.json                 LlamaForCausalLM (stages/train/hf.py: GQA, RoPE and its scaling in the form
-                                transformers 5 reads and the one 4.x reads, tied embeddings, rms_norm_eps)
+    config.json                 LlamaForCausalLM, or for a mixture of experts MixtralForCausalLM or
+                                Glm4MoeForCausalLM (stages/train/hf.py: GQA, RoPE and its scaling in the form
+                                transformers 5 reads and the one 4.x reads, tied embeddings, rms_norm_eps;
+                                the experts one tensor each, the layout vLLM and llama.cpp read)
     generation_config.json      bos/eos ids, greedy by default
     model.safetensors           or model-0000i-of-0000n.safetensors + model.safetensors.index.json above
                                 `max_shard_bytes`; written tensor by tensor from train's Orbax checkpoint (one
@@ -28,9 +30,10 @@ convention when it is the EOS) and the tokenizer adds it to every encoding (`add
 `tokenizer(text)` and lm-eval's HF backend then condition on what training did, as Refinery's own scorer
 does (`harness.RefineryLM`, tests/export/test_lm_eval_hf.py).
 
-A model transformers' Llama cannot express (a mixture of experts; `hf.problem` names the setting) is not
-converted: the stage writes the model card and NOT_EXPORTED.md saying why, and its summary line says so, so
-the DAG of an MoE run still ends (its weights stay in train's Orbax checkpoint). A tokenizer setting the
+A model none of those classes can express (`hf.problem` names the setting: a softmax router with groups, a
+sigmoid one without shared experts, ...) is not converted: the stage writes the model card and
+NOT_EXPORTED.md saying why, and its summary line says so, so the DAG still ends (its weights stay in train's
+Orbax checkpoint). A tokenizer setting the
 fast tokenizer cannot express fails the stage with one line naming it, before anything is written.
 No JAX: the checkpoint is read with TensorStore (stages/train/checkpoint_arrays.py), so exporting the tiny
 model takes 0.2 s.
@@ -86,7 +89,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     summary = storage.read_json(train.file("summary.json"))
     mcfg = ModelConfig.from_json(summary["model"])
     title = config.name or f"refinery-{train.key[:12]}"
-    if why := hf.problem(mcfg):
+    arrays = None if hf.problem(mcfg) else CheckpointArrays(storage.join(train.path, "checkpoint"))
+    if why := hf.problem(mcfg) or implied_zero_problem(arrays, mcfg):
         log.warning("export: not exported: %s", why)
         # The key, not the path: the same bytes on every machine (`<cache_root>/train/<key>/` finds it).
         storage.write_text(storage.join(out_dir, NOT_EXPORTED), f"# Not exported\n\n{why}.\n\nThe weights "
@@ -102,24 +106,25 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     shard = storage.read_json(next(iter(by_source(inputs, "shard").values())).file("manifest.json"))
     dtype = config.dtype or mcfg.param_dtype
 
-    arrays = CheckpointArrays(storage.join(train.path, "checkpoint"))
     tensors = {t.name: t for t in hf.tensors(mcfg)}
     last_of_layer = {t.layer: name for name, t in tensors.items() if t.layer is not None}   # for progress
     check_shapes(arrays, mcfg)
-    specs = [safetensors.Spec(t.name, t.shape, dtype) for t in tensors.values()]
+    specs = [safetensors.Spec(t.name, t.shape, t.dtype or dtype) for t in tensors.values()]
     files = safetensors.plan_shards(specs, config.max_shard_bytes)
     names = safetensors.shard_names(len(files))
-    np_dtype = safetensors.numpy_dtype(dtype)
     total = sum(s.nbytes for s in specs)
-    log.info("export: %d tensors, %.2f GB (%s) into %d safetensors file(s) in %s", len(specs),
-             total / GIGABYTE, dtype, len(files), out_dir)
+    log.info("export: %s, %d tensors, %.2f GB (%s) into %d safetensors file(s) in %s", hf.architecture(mcfg),
+             len(specs), total / GIGABYTE, dtype, len(files), out_dir)
+    for note in hf.notes(mcfg):
+        log.info("export: %s", note)
     done = 0
 
     def array_for(spec):
         nonlocal done
         t = tensors[spec.name]
         # (a transposed view of the stored layer) -> one C-ordered copy in the file's dtype, written as it is
-        out = np.ascontiguousarray(t.to_hf(arrays.read(t.param, t.layer)), dtype=np_dtype)
+        out = np.ascontiguousarray(t.to_hf(arrays.read(t.param, t.index)),
+                                   dtype=safetensors.numpy_dtype(spec.dtype))
         done += spec.nbytes
         if t.layer is not None and last_of_layer[t.layer] == spec.name:
             log.info("export: layer %d of %d written (%.0f%% of %.2f GB)", t.layer + 1, mcfg.n_layers,
@@ -158,6 +163,21 @@ def document_start(shard_manifest: dict) -> int:
     """The token training put right before every document's text: BOS with the shard's add_bos, else the EOS
     that ends the document before it. The export's bos_token: what every context must start with."""
     return shard_manifest["bos_id"] if shard_manifest.get("add_bos") else shard_manifest["eos_id"]
+
+
+def implied_zero_problem(arrays, mcfg) -> str:
+    """A parameter the exported class fixes at zero (Mixtral's selection bias) that the checkpoint holds
+    otherwise, in one line, or "": a bias set away from zero (by init_from, say) would route differently."""
+    import numpy as np
+
+    from stages.train import hf
+
+    for name in sorted(hf.implied_zero(mcfg)):
+        values = np.asarray(arrays.read(name))
+        if np.any(values != 0):
+            return (f"{name} holds non-zero values (largest {np.abs(values).max():.3g}): transformers' "
+                    f"{hf.architecture(mcfg)} has no selection bias")
+    return ""
 
 
 def check_shapes(arrays, mcfg) -> None:

@@ -26,16 +26,24 @@ log = logging.getLogger(__name__)
 def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None = None) -> str:
     """The card's markdown. start: (piece, id) of the token every context starts with (the export's
     bos_token); None when no tokenizer was exported."""
-    keys = stage_keys(inputs)
+    from stages.train import hf
+
+    keys, arch = stage_keys(inputs), hf.architecture(mcfg)
+    kind = hf.MODEL_TYPES[arch]
+    experts = (f"; {mcfg.n_experts} routed experts, top-{mcfg.n_experts_per_token}"
+               + (f", {mcfg.n_shared_experts} shared" if mcfg.n_shared_experts else "")
+               + (f", {mcfg.n_dense_layers} dense layers first" if mcfg.n_dense_layers else "")
+               if mcfg.n_experts else "")
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
-             "tags: [refinery, llama]", "---", "", f"# {name}", "",
-             f"A Llama-architecture decoder ({_params(mcfg)} parameters: "
+             f"tags: [refinery, {kind}]", "---", "", f"# {name}", "",
+             f"A decoder in transformers' {arch} architecture ({_params(mcfg)} parameters: "
              f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, {mcfg.n_heads} heads / {mcfg.n_kv_heads} kv "
-             f"heads, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from raw text by "
-             "Refinery's cached pipeline. Load it with transformers:", "", "```python",
+             f"heads{experts}, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from raw "
+             "text by Refinery's cached pipeline. Load it with transformers:", "", "```python",
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
              'model = AutoModelForCausalLM.from_pretrained("<this directory or hub id>")',
              'tokenizer = AutoTokenizer.from_pretrained("<this directory or hub id>")', "```", "",
+             *[line for note in hf.notes(mcfg) for line in (note, "")],
              *(_context_start(*start) if start else []),
              "## The run", "", "| stage | cache key | figures |", "|---|---|---|"]
     for stage, key in keys.items():

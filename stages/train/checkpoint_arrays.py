@@ -51,8 +51,9 @@ class CheckpointArrays:
     def dtype(self, name: str) -> str:
         return self._array(name).dtype.name
 
-    def read(self, name: str, index: int | None = None):
-        """The array `name` as numpy, or only `array[index]` (one layer of a stacked parameter)."""
+    def read(self, name: str, index: int | tuple[int, ...] | None = None):
+        """The array `name` as numpy, or only `array[index]` (one layer of a stacked parameter, or one
+        (layer, expert))."""
         array = self._array(name)
         return (array if index is None else array[index]).read().result()
 

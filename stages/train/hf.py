@@ -1,11 +1,15 @@
-"""The decoder as Hugging Face transformers' `LlamaForCausalLM` sees it, both ways, without JAX or torch:
-its config.json, and each of its tensors as a function of one of ours.
+"""The decoder as Hugging Face transformers sees it, both ways, without JAX or torch: its config.json, and
+each of its tensors as a function of one of ours. A dense model is `LlamaForCausalLM`; a mixture of experts
+is `MixtralForCausalLM` (softmax routing over every expert, top-k renormalised) or `Glm4MoeForCausalLM`
+(DeepSeek-V3's routing: sigmoid scores, a selection-only bias, group-limited top-k, shared experts, leading
+dense layers), whichever holds it exactly (`architecture`).
 
     from stages.train import hf
-    hf.problem(model_config)                     # "" or one line naming a setting Llama cannot express
+    hf.problem(model_config)                     # "" or one line naming a setting no class can express
+    hf.architecture(model_config)                # "LlamaForCausalLM", "MixtralForCausalLM", ...
     hf.config_json(model_config, bos_id=1, eos_id=2, dtype="float32")     # what config.json holds
     for t in hf.tensors(model_config):           # in transformers' order
-        t.name, t.param, t.layer                 # "model.layers.3.self_attn.q_proj.weight", "layers.wq", 3
+        t.name, t.param, t.index                 # "model.layers.3.self_attn.q_proj.weight", "layers.wq", (3,)
         t.to_hf(ours[3])                         # (D, N, H) -> (N * H, D)
         t.from_hf(theirs)                        # and back
     hf.model_fields(json.load(open("config.json")))   # ModelConfig fields, or ValueError naming the setting
@@ -13,13 +17,22 @@ its config.json, and each of its tensors as a function of one of ours.
 The layouts. Ours keeps heads as their own axis and the input dimension first (einsum "btd,dnh->btnh");
 torch's Linear stores (out, in). RoPE needs no permutation: both rotate the pairs (i, i + H/2) (the
 "rotate_half" layout; the permutation in Meta's conversion script is for the interleaved layout of Meta's
-original checkpoints). The layers are stacked on a leading axis in our checkpoint and numbered in theirs.
+original checkpoints). The layers are stacked on a leading axis in our checkpoint and numbered in theirs;
+an MoE layer's experts are stacked on the next axis in ours and numbered in theirs (`experts.{e}.`), the
+per-expert layout the hub, vLLM and llama.cpp read (transformers 5 fuses them on load). A tensor's `index`
+is where it sits in our stacked parameter: (layer,) or (layer, expert).
 
 RoPE parameters are written twice: `rope_parameters` (what transformers 5 reads, rope_theta inside) and the
 older `rope_scaling` + `rope_theta` (transformers 4). transformers 5 prefers `rope_scaling` when present, so
 the two hold the same dict. Our "ntk" scaling (a stretched base, applied at every length) is transformers'
 default RoPE with that base as rope_theta; transformers' "dynamic" NTK, which changes the base only past
-max_position_embeddings, is not the same model and is refused on import.
+max_position_embeddings, is not the same model and is refused on import. GLM-4-MoE rotates only part of
+each head unless told otherwise (`partial_rotary_factor`, 0.5 by default): the export writes 1.0 at the top
+level and in both rope dicts, where transformers, vLLM and llama.cpp each look for it.
+
+A capacity factor is a training setting: Refinery's own forward pass drops the assignments past an expert's
+capacity, the exported classes (and vLLM, llama.cpp) drop none. The two are the same model wherever no
+buffer overflows; `notes` says so, and the model card carries it.
 """
 
 from __future__ import annotations
@@ -31,7 +44,9 @@ import numpy as np
 
 from stages.train.configs import ModelConfig
 
-ARCHITECTURE = "LlamaForCausalLM"
+ARCHITECTURE = "LlamaForCausalLM"         # a dense model
+MIXTRAL, GLM4_MOE = "MixtralForCausalLM", "Glm4MoeForCausalLM"
+MODEL_TYPES = {ARCHITECTURE: "llama", MIXTRAL: "mixtral", GLM4_MOE: "glm4_moe"}
 # Llama 3's fixed llama3-scaling shape and YaRN's default ramp: the only values model.rope_inv_freq uses.
 LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -42,20 +57,71 @@ NUMERICS = ("dtype", "param_dtype", "attention_impl", "attention_block_q", "atte
 EXPRESSED = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
              "max_seq_len", "rope_theta", "rope_scaling", "rope_factor", "rope_original_max_len",
              "tie_embeddings", "norm_eps")
+# What the MoE classes add (config_json writes them; `_moe_problem` says which values each can hold), and the
+# MoE fields that only change training: the balancing losses, the bias's update rule, the capacity (`notes`).
+MOE_EXPRESSED = ("n_experts", "n_experts_per_token", "n_shared_experts", "moe_mlp_dim", "n_dense_layers",
+                 "router_score", "router_norm_topk", "router_scale", "router_groups", "router_topk_groups")
+MOE_TRAINING = ("moe_capacity_factor", "moe_aux_loss", "moe_aux_scope", "moe_router_z_loss",
+                "moe_bias_update_rate")
+
+
+def architecture(cfg: ModelConfig) -> str:
+    """The transformers class that holds `cfg`: Llama for a dense model; for an MoE, Mixtral's softmax router
+    or GLM-4-MoE's sigmoid one (`problem` says whether it holds every setting)."""
+    if not cfg.n_experts:
+        return ARCHITECTURE
+    return MIXTRAL if cfg.router_score == "softmax" else GLM4_MOE
 
 
 def problem(cfg: ModelConfig) -> str:
-    """Why `cfg` cannot be exported as a LlamaForCausalLM, in one line, or "". A ModelConfig field that is
-    neither expressed by config.json nor numerics only (a layer kind transformers' Llama lacks) fails when
-    set away from its default: the export never writes a silently different model."""
-    defaults = ModelConfig()
+    """Why `cfg` cannot be exported as `architecture(cfg)`, in one line, or "". A ModelConfig field that is
+    neither expressed by its config.json nor numerics only (a layer kind the class lacks) fails when set
+    away from its default: the export never writes a silently different model."""
+    defaults, arch = ModelConfig(), architecture(cfg)
+    moe = MOE_EXPRESSED + MOE_TRAINING if cfg.n_experts else ()
     for f in dataclasses.fields(ModelConfig):
-        if f.name in EXPRESSED or f.name in NUMERICS:
+        if f.name in EXPRESSED or f.name in NUMERICS or f.name in moe:
             continue
         if getattr(cfg, f.name) != getattr(defaults, f.name):
             return (f"train.ModelConfig.{f.name}={getattr(cfg, f.name)!r} has no equivalent in transformers' "
-                    f"{ARCHITECTURE}; the export would be a different model (unset it to export)")
+                    f"{arch}; the export would be a different model (unset it to export)")
+    return _moe_problem(cfg, arch) if cfg.n_experts else ""
+
+
+def _moe_problem(cfg: ModelConfig, arch: str) -> str:
+    """What of an MoE `arch` cannot hold: Mixtral has no bias, groups, scale, shared or dense layers and
+    always renormalises; GLM-4-MoE scores each group by its best two experts and always has shared ones."""
+    if arch == MIXTRAL:
+        fixed = (("router_norm_topk", True, "renormalises the top-k weights always"),
+                 ("router_scale", 1.0, "has no routed scaling factor"),
+                 ("router_groups", 1, "routes over every expert, not within groups"),
+                 ("n_shared_experts", 0, "has no shared experts"),
+                 ("n_dense_layers", 0, "has an MoE block in every layer"),
+                 ("moe_bias_update_rate", 0.0, "has no selection bias"))
+        for name, want, why in fixed:
+            if name == "router_norm_topk" and cfg.n_experts_per_token == cfg.n_experts:
+                continue                           # top-E of E: renormalising changes nothing
+            if getattr(cfg, name) != want:
+                return (f"train.ModelConfig.{name}={getattr(cfg, name)!r}: transformers' {MIXTRAL} (softmax "
+                        f"routing) {why}; export needs {name}={want!r}, or the sigmoid router "
+                        f"({GLM4_MOE})")
+        return ""
+    if cfg.n_experts // cfg.router_groups < 2:
+        return (f"train.ModelConfig.router_groups={cfg.router_groups}: groups of one expert; transformers' "
+                f"{GLM4_MOE} scores a group by its best two (export needs n_experts / router_groups >= 2)")
+    if cfg.n_shared_experts < 1:
+        return (f"train.ModelConfig.n_shared_experts=0: transformers' {GLM4_MOE} (sigmoid routing) always "
+                "has shared experts (vLLM builds them too); export needs n_shared_experts >= 1")
     return ""
+
+
+def notes(cfg: ModelConfig) -> list[str]:
+    """What differs between the exported model and Refinery's forward pass where it may (the model card's)."""
+    if cfg.n_experts and cfg.moe_capacity_factor:
+        return [f"Trained with an expert capacity factor of {cfg.moe_capacity_factor:g}: Refinery's forward "
+                "pass drops the assignments past an expert's capacity, transformers, vLLM and llama.cpp run "
+                "every one (dropless). The two agree wherever no expert's buffer overflows."]
+    return []
 
 
 def rope_parameters(cfg: ModelConfig) -> dict:
@@ -77,33 +143,60 @@ def config_json(cfg: ModelConfig, *, bos_id: int, eos_id: int, dtype: str) -> di
     """config.json of the exported model; ValueError when `problem(cfg)`."""
     if why := problem(cfg):
         raise ValueError(why)
-    rope = rope_parameters(cfg)
-    return {
-        "architectures": [ARCHITECTURE], "model_type": "llama",
+    arch, rope = architecture(cfg), rope_parameters(cfg)
+    if arch == GLM4_MOE:                 # every head dimension rotated, wherever a reader looks for it
+        rope = rope | {"partial_rotary_factor": 1.0}
+    common = {
+        "architectures": [arch], "model_type": MODEL_TYPES[arch],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.effective_mlp_dim,
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.effective_head_dim, "hidden_act": "silu",
         "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": rope["rope_theta"], "rope_parameters": rope,
         "rope_scaling": None if rope["rope_type"] == "default" else dict(rope),
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False, "mlp_bias": False,
-        "attention_dropout": 0.0, "pretraining_tp": 1, "initializer_range": cfg.init_std,
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": 0.0,
+        "initializer_range": cfg.init_std,
         "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": dtype, "dtype": dtype,
         "use_cache": True,
     }
+    if arch == ARCHITECTURE:
+        return common | {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+    moe = {"num_experts_per_tok": cfg.n_experts_per_token}
+    if arch == MIXTRAL:
+        return common | moe | {"intermediate_size": cfg.effective_moe_mlp_dim,
+                               "num_local_experts": cfg.n_experts, "sliding_window": None,
+                               "router_jitter_noise": 0.0, "output_router_logits": False}
+    return common | moe | {
+        "moe_intermediate_size": cfg.effective_moe_mlp_dim, "n_routed_experts": cfg.n_experts,
+        "n_shared_experts": cfg.n_shared_experts, "first_k_dense_replace": cfg.n_dense_layers,
+        "n_group": cfg.router_groups, "topk_group": cfg.router_topk_groups,
+        "norm_topk_prob": cfg.router_norm_topk, "routed_scaling_factor": cfg.router_scale,
+        "use_qk_norm": False, "attention_bias": False, "partial_rotary_factor": 1.0,
+        "num_nextn_predict_layers": 0}
 
 
 def model_fields(config: dict, where: str = "config.json") -> dict:
-    """The ModelConfig fields a Hugging Face Llama config.json describes; ValueError naming the setting
-    (and `where`) for anything our decoder would compute differently."""
+    """The ModelConfig fields a Hugging Face Llama, Mixtral or GLM-4-MoE config.json describes; ValueError
+    naming the setting (and `where`) for anything our decoder would compute differently."""
     arch = config.get("architectures") or []
-    if config.get("model_type") != "llama" or (arch and arch != [ARCHITECTURE]):
-        raise ValueError(f"{where}: model_type={config.get('model_type')!r}, architectures={arch}: only "
-                         f"model_type 'llama' ({ARCHITECTURE}) checkpoints can be loaded")
-    fixed = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+    by_type = {t: a for a, t in MODEL_TYPES.items()}
+    kind = config.get("model_type")
+    if kind not in by_type or (arch and arch != [by_type[kind]]):
+        raise ValueError(f"{where}: model_type={kind!r}, architectures={arch}: only model_type "
+                         f"{', '.join(repr(t) for t in by_type)} ({', '.join(by_type.values())}) checkpoints "
+                         "can be loaded")
+    fixed = {"hidden_act": "silu", "attention_bias": False}
+    fixed |= {"mlp_bias": False, "pretraining_tp": 1} if kind == "llama" else {}
+    fixed |= {"sliding_window": None} if kind == "mixtral" else {}
+    fixed |= {"use_qk_norm": False, "partial_rotary_factor": 1.0, "num_nextn_predict_layers": 0} \
+        if kind == "glm4_moe" else {}
     for name, want in fixed.items():
-        if config.get(name, want) != want:
-            raise ValueError(f"{where}: {name}={config[name]!r}; Refinery's decoder has {name}={want!r}")
+        value = config.get(name, want)
+        if name == "partial_rotary_factor":           # GLM's default, 0.5, when no file says otherwise
+            rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+            value = config.get(name, rope.get(name, 0.5))
+        if value != want:
+            raise ValueError(f"{where}: {name}={value!r}; Refinery's decoder has {name}={want!r}")
     size = {name: _count(config, name, where) for name in REQUIRED}
     heads = size["num_attention_heads"]
     optional = {name: _count(config, name, where, required=False)
@@ -115,6 +208,22 @@ def model_fields(config: dict, where: str = "config.json") -> dict:
               "mlp_dim": size["intermediate_size"], "max_seq_len": size["max_position_embeddings"],
               "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
               "norm_eps": _number(config, "rms_norm_eps", 1e-6, where)}
+    if kind == "mixtral":
+        fields |= {"n_experts": _count(config, "num_local_experts", where),
+                   "n_experts_per_token": _count(config, "num_experts_per_tok", where),
+                   "moe_mlp_dim": size["intermediate_size"], "router_score": "softmax",
+                   "router_norm_topk": True}
+    elif kind == "glm4_moe":
+        fields |= {"n_experts": _count(config, "n_routed_experts", where),
+                   "n_experts_per_token": _count(config, "num_experts_per_tok", where),
+                   "moe_mlp_dim": _count(config, "moe_intermediate_size", where),
+                   "n_shared_experts": _count(config, "n_shared_experts", where),
+                   "n_dense_layers": int(config.get("first_k_dense_replace", 1)),
+                   "router_groups": _count(config, "n_group", where),
+                   "router_topk_groups": _count(config, "topk_group", where),
+                   "router_norm_topk": bool(config.get("norm_topk_prob", True)),
+                   "router_scale": _number(config, "routed_scaling_factor", 1.0, where),
+                   "router_score": "sigmoid"}
     try:
         return fields | _rope_fields(config, where)
     except (KeyError, TypeError) as e:        # a rope setting missing or of the wrong kind
@@ -178,27 +287,31 @@ def _rope_fields(config: dict, where: str) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """One transformers tensor: its name, shape, the parameter of ours it comes from (a key of
-    `configs.param_layout`), the layer it is in (None: not stacked), and the two conversions of one
-    (unstacked) array."""
+    `configs.param_layout`), where in that stacked parameter it sits (None: not stacked; (layer,) or
+    (layer, expert)), the model layer it belongs to (for progress), and the two conversions of one array."""
 
     name: str
     shape: tuple[int, ...]
     param: str
-    layer: int | None
+    index: tuple[int, ...] | None
     to_hf: Callable[[np.ndarray], np.ndarray]
     from_hf: Callable[[np.ndarray], np.ndarray]
+    layer: int | None = None
+    dtype: str = ""                    # "": the export's dtype; GLM-4-MoE's router is float32 always
 
 
 def tensors(cfg: ModelConfig) -> Iterator[Tensor]:
-    """Every tensor of the LlamaForCausalLM, in transformers' order (lm_head absent when tied)."""
+    """Every tensor of `architecture(cfg)`, in transformers' order (lm_head absent when tied)."""
     D, N, K, H, F, V = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim,
                         cfg.effective_mlp_dim, cfg.vocab_size)
+    arch = architecture(cfg)
+
     def heads_in(n):       # ours (D, n, H) <-> torch Linear (n * H, D)
         return (lambda a: a.reshape(D, n * H).T, lambda a: a.T.reshape(D, n, H))
 
     transposed = (lambda a: a.T, lambda a: a.T)
     yield Tensor("model.embed_tokens.weight", (V, D), "embed", None, _same, _same)
-    per_layer = (
+    attention = (
         ("input_layernorm.weight", (D,), "attn_norm", (_same, _same)),
         ("self_attn.q_proj.weight", (N * H, D), "wq", heads_in(N)),
         ("self_attn.k_proj.weight", (K * H, D), "wk", heads_in(K)),
@@ -207,16 +320,51 @@ def tensors(cfg: ModelConfig) -> Iterator[Tensor]:
         ("self_attn.o_proj.weight", (D, N * H), "wo",
          (lambda a: a.reshape(N * H, D).T, lambda a: a.T.reshape(N, H, D))),
         ("post_attention_layernorm.weight", (D,), "mlp_norm", (_same, _same)),
-        ("mlp.gate_proj.weight", (F, D), "w_gate", transposed),
-        ("mlp.up_proj.weight", (F, D), "w_up", transposed),
-        ("mlp.down_proj.weight", (D, F), "w_down", transposed),
     )
+    dense_mlp = (("mlp.gate_proj.weight", (F, D), "w_gate", transposed),
+                 ("mlp.up_proj.weight", (F, D), "w_up", transposed),
+                 ("mlp.down_proj.weight", (D, F), "w_down", transposed))
+    dense = cfg.n_layers - cfg.n_moe_layers
     for i in range(cfg.n_layers):
-        for suffix, shape, param, (to_hf, from_hf) in per_layer:
-            yield Tensor(f"model.layers.{i}.{suffix}", shape, f"layers.{param}", i, to_hf, from_hf)
+        stack, j = ("layers", i) if i < dense else ("moe_layers", i - dense)
+        for suffix, shape, param, (to_hf, from_hf) in attention + (dense_mlp if i < dense else ()):
+            yield Tensor(f"model.layers.{i}.{suffix}", shape, f"{stack}.{param}", (j,), to_hf, from_hf, i)
+        if i >= dense:
+            yield from _moe_block(cfg, arch, i, j, transposed)
     yield Tensor("model.norm.weight", (D,), "final_norm", None, _same, _same)
     if not cfg.tie_embeddings:
         yield Tensor("lm_head.weight", (V, D), "unembedding", None, *transposed)
+
+
+def _moe_block(cfg: ModelConfig, arch: str, i: int, j: int, transposed) -> Iterator[Tensor]:
+    """Model layer i's MoE block (our moe_layers[j]), per expert: Mixtral's `block_sparse_moe.` (w1 gate,
+    w3 up, w2 down) or GLM-4-MoE's `mlp.` (gate_proj, up_proj, down_proj, the selection bias and the shared
+    experts as one MLP of n_shared x the expert width)."""
+    D, E, Fe = cfg.d_model, cfg.n_experts, cfg.effective_moe_mlp_dim
+    block = f"model.layers.{i}.block_sparse_moe." if arch == MIXTRAL else f"model.layers.{i}.mlp."
+    router_dtype = "float32" if arch == GLM4_MOE else ""
+    yield Tensor(block + "gate.weight", (E, D), "moe_layers.router", (j,), *transposed, i, router_dtype)
+    if arch == GLM4_MOE:
+        yield Tensor(block + "gate.e_score_correction_bias", (E,), "moe_layers.router_bias", (j,), _same,
+                     _same, i, "float32")
+    names = {"experts_gate": "w1", "experts_down": "w2", "experts_up": "w3"} if arch == MIXTRAL else \
+        {"experts_gate": "gate_proj", "experts_up": "up_proj", "experts_down": "down_proj"}
+    for e in range(E):
+        for param, name in names.items():
+            shape = (D, Fe) if param == "experts_down" else (Fe, D)
+            yield Tensor(f"{block}experts.{e}.{name}.weight", shape, f"moe_layers.{param}", (j, e),
+                         *transposed, i)
+    if arch == GLM4_MOE:
+        S = cfg.n_shared_experts * Fe
+        for param, name, shape in (("shared_gate", "gate_proj", (S, D)), ("shared_up", "up_proj", (S, D)),
+                                   ("shared_down", "down_proj", (D, S))):
+            yield Tensor(f"{block}shared_experts.{name}.weight", shape, f"moe_layers.{param}", (j,),
+                         *transposed, i)
+
+
+def implied_zero(cfg: ModelConfig) -> frozenset[str]:
+    """Our parameters the class holds no tensor for, as it fixes them at zero: Mixtral's selection bias."""
+    return frozenset({"moe_layers.router_bias"}) if architecture(cfg) == MIXTRAL else frozenset()
 
 
 def _same(a: np.ndarray) -> np.ndarray:

@@ -215,12 +215,17 @@ def load_params(source: str, mcfg, params):
         readers = {name: safetensors.Reader(path) for name, path in zip(files, local)}
         arrays = {tensor: r.array(tensor) for r in readers.values() for tensor in r.names()}   # views
 
+        zero = hf.implied_zero(mcfg)
+
         def load(path, leaf):
             name = ".".join(k for k in pytree.names(path) if k != "value")
+            if name in zero:            # a parameter the class fixes at zero (Mixtral's selection bias)
+                return jax.make_array_from_callback(
+                    leaf.shape, leaf.sharding, lambda index: np.zeros(leaf.shape, leaf.dtype)[index])
             if name not in by_param:
                 raise ValueError(f"init_from {source}: no Hugging Face tensor maps to parameter {name!r}")
-            parts = by_param[name]
-            for t in parts:
+            parts = {t.index: t for t in by_param[name]}
+            for t in parts.values():
                 if t.name not in arrays:
                     raise ValueError(f"init_from {source}: tensor {t.name} is missing from its safetensors "
                                      "files")
@@ -228,13 +233,10 @@ def load_params(source: str, mcfg, params):
                     raise ValueError(f"init_from {source}: {t.name} is {tuple(arrays[t.name].shape)}, the "
                                      f"model config needs {t.shape}")
 
+            stacked = len(next(iter(parts))) if None not in parts else 0     # 1: layers, 2: (layer, expert)
+
             def block(index):          # this device's block of the parameter, in its dtype
-                if parts[0].layer is None:
-                    out = parts[0].from_hf(arrays[parts[0].name])[index]
-                else:
-                    layers = range(len(parts))[index[0]]
-                    out = np.stack([parts[i].from_hf(arrays[parts[i].name])[index[1:]] for i in layers])
-                return np.asarray(out, dtype=leaf.dtype)
+                return np.asarray(_block(parts, arrays, index, stacked, leaf.shape), dtype=leaf.dtype)
 
             return jax.make_array_from_callback(leaf.shape, leaf.sharding, block)
 
@@ -245,6 +247,17 @@ def load_params(source: str, mcfg, params):
     log.info("init_from: %d tensors from %s", sum(len(p) for p in by_param.values()), source)
     return loaded
 
+
+
+def _block(parts: dict, arrays: dict, index: tuple, stacked: int, shape: tuple, at: tuple = ()):
+    """The block `index` of a parameter made of Hugging Face tensors: `parts` {(layer,) or (layer, expert) or
+    None: hf.Tensor}; the first `stacked` axes number the tensors, the rest index into each one."""
+    if len(at) == stacked:
+        t = parts[at if stacked else None]
+        return t.from_hf(arrays[t.name])[index[stacked:]]
+    axis = len(at)
+    return np.stack([_block(parts, arrays, index, stacked, shape, (*at, i))
+                     for i in range(shape[axis])[index[axis]]])
 
 
 def _storage(call, path: str):

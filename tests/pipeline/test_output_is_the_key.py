@@ -1,13 +1,17 @@
 """A key names one output (issue 15): the data half of gin/tiny.gin run twice, on two cache roots and with
-different settings that no key covers, gives the same keys and byte-identical commits, config.gin included.
-And each stage's config.gin is the gin of exactly what its key covers: loading it gives the same keys.
+different settings that no key covers, gives the same keys and byte-identical commits, config.gin included;
+the second run's Beam stages run on 2 worker processes (gin/data/local_workers.gin), the first's in the
+stage's own process. And each stage's config.gin is the gin of exactly what its key covers: loading it
+gives the same keys.
 
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/pipeline/test_output_is_the_key.py
 """
 
 import dataclasses
 import os
+import threading
 
+import psutil
 import pytest
 
 import gin
@@ -21,16 +25,46 @@ DATA = ("download", "clean", "tokenizer", "shard")
 # so the data half takes seconds
 SMALL = ["download.Embedded.max_files = 300", "tokenizer.Config.vocab_size = 1024",
          "shard.Config.allow_small_val = True"]
-# What no data stage's key covers: the Beam runner's workers, a downstream stage's bindings (evaluate's is
-# part of evaluate's key; training's log interval, launcher and hardware are part of none)
-OTHER = ['beam_runner.Runner.options = ("--direct_num_workers=2",)',
+# What no data stage's key covers: the Beam runner's worker processes (with LOCAL_WORKERS), a downstream
+# stage's bindings (evaluate's is part of evaluate's key; training's log interval, launcher and hardware
+# are part of none)
+LOCAL_WORKERS = os.path.join(REPO, "gin", "data", "local_workers.gin")
+OTHER = ["beam_runner.Runner.local_workers = 2",
          "evaluate.Config.max_new_tokens = 7", "train.Config.log_every = 5",
          'train.LaunchConfig.kind = "local"', "train.HardwareConfig.mfu = 0.5",
          "tokenizer.Config.allow_large_vocab = True"]
 
 
 def _plan(root, *extra):
-    return config.load([TINY], [f'pipeline.Settings.cache_root = "{root}"', *SMALL, *extra])
+    files = [TINY, LOCAL_WORKERS] if extra == tuple(OTHER) else [TINY]
+    return config.load(files, [f'pipeline.Settings.cache_root = "{root}"', *SMALL, *extra])
+
+
+class _Workers:
+    """The Beam SDK worker processes (`sdk_worker_main`) this process starts while in the `with` block."""
+
+    def __init__(self):
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+
+    def _watch(self):
+        me = psutil.Process()
+        while not self._stop.wait(0.2):
+            for child in me.children(recursive=True):
+                try:
+                    if "apache_beam.runners.worker.sdk_worker_main" in " ".join(child.cmdline()):
+                        self.seen.add(child.pid)
+                except psutil.Error:         # gone between the listing and the look
+                    pass
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def _files(done):
@@ -64,9 +98,16 @@ def test_config_gin_holds_what_the_key_covers_and_loads_to_the_same_keys(tmp_pat
 def test_the_data_half_twice_gives_the_same_keys_and_the_same_bytes(tmp_path):
     plans = [_plan(tmp_path / "a"), _plan(tmp_path / "b", *OTHER)]
     assert [plans[0].stages[s].key for s in DATA] == [plans[1].stages[s].key for s in DATA]
+    assert plans[1].stages["clean"].config.runner.local_workers == 2
+    workers = []
     for plan in plans:
-        result = tasks.build([plan], ["shard"])
+        with _Workers() as seen:
+            result = tasks.build([plan], ["shard"])
         assert result.ok, result.summary
+        workers.append(len(seen.seen))
+    print(f"Beam SDK worker processes: {workers}")
+    # one process, then the Beam stages' bundles on worker processes (2 a stage: download, clean, shard)
+    assert workers[0] == 0 and workers[1] >= 2, workers
     differ = []
     for stage in DATA:
         a, b = (_files(cache.load(p.cache_root, stage, p.stages[stage].key)) for p in plans)
