@@ -38,8 +38,8 @@ def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None =
              f"tags: [refinery, {kind}]", "---", "", f"# {name}", "",
              f"A decoder in transformers' {arch} architecture ({_params(mcfg)} parameters: "
              f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, {mcfg.n_heads} heads / {mcfg.n_kv_heads} kv "
-             f"heads{experts}, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from raw "
-             "text by Refinery's cached pipeline. Load it with transformers:", "", "```python",
+             f"heads{experts}, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from "
+             "raw text by Refinery's cached pipeline. Load it with transformers:", "", "```python",
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
              'model = AutoModelForCausalLM.from_pretrained("<this directory or hub id>")',
              'tokenizer = AutoTokenizer.from_pretrained("<this directory or hub id>")', "```", "",
