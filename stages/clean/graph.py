@@ -34,11 +34,22 @@ here it keeps every element a batch and costs one dict entry per document that h
 Elements are files and batches, never single documents (a local runner costs ~50 us per element).
 An input shard is streamed one row group at a time; an output shard is held in memory once, by the
 worker that sorts and writes it, so choose `num_shards` to keep shards to a few hundred MB.
+
+Spilling (every runner but Dataflow, whose shuffle service holds the groups on its own disks): Beam's
+local runner keeps a GroupByKey's whole input in memory until the step after it runs, which would make
+the stage hold every kept document and every band key of the corpus at once. So CleanShard writes each
+batch and each band batch to a file of its own in a scratch directory on the local disk (`spill`,
+deleted when the stage ends) and the groups carry the files' paths; WriteShard and LinkBand read their
+group's files. The outputs are the same bytes either way (tests/stages/test_clean.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import pickle
+import tempfile
 import time
 
 import apache_beam as beam
@@ -64,11 +75,19 @@ def run(config: Config, paths: list[str], out_dir: str) -> None:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
     if problem := config.contamination.problem():
         raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
+    with contextlib.ExitStack() as stack:
+        spill_dir = None if config.runner.name == beam_runner.DATAFLOW else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="refinery-clean-spill-"))
+        _build_and_run(config, paths, out_dir, spill_dir)
+
+
+def _build_and_run(config: Config, paths: list[str], out_dir: str, spill_dir: str | None) -> None:
     with beam_runner.pipeline(config.runner) as p:
         cleaned = (p
                    | "Inputs" >> beam.Create(paths)
                    | "Spread" >> beam.Reshuffle()
-                   | "Clean" >> beam.ParDo(CleanShard(config)).with_outputs("tally", "bands", main="batches"))
+                   | "Clean" >> beam.ParDo(CleanShard(config, spill_dir)).with_outputs("tally", "bands",
+                                                                                      main="batches"))
         every_bucket = p | "Buckets" >> beam.Create([(b, []) for b in range(config.num_shards)])
         batches = (cleaned.batches, every_bucket) | "AllBuckets" >> beam.Flatten()
         if config.minhash:
@@ -93,16 +112,27 @@ def run(config: Config, paths: list[str], out_dir: str) -> None:
 
 
 class CleanShard(beam.DoFn):
-    """One input shard -> batches of kept documents by bucket, and the shard's Tally."""
+    """One input shard -> batches of kept documents by bucket, and the shard's Tally. With `spill_dir`, each
+    batch (and band batch) goes to a file there and the element carries its path (`spill`)."""
 
-    def __init__(self, config: Config):
-        self.config = config
+    def __init__(self, config: Config, spill_dir: str | None = None):
+        self.config, self.spill_dir = config, spill_dir
 
     def setup(self):
         self.filters = build_filters(self.config)
         self.hasher = hasher(self.config) if self.config.minhash else None
 
     def process(self, path: str):
+        for tag, (key, batch) in self._process(path):
+            if tag == "tally":
+                yield beam.pvalue.TaggedOutput("tally", batch)
+                continue
+            if self.spill_dir is not None:
+                batch = spill(self.spill_dir, batch)
+            yield (key, batch) if tag == "batches" else beam.pvalue.TaggedOutput("bands", (key, batch))
+
+    def _process(self, path: str):
+        """("batches", (bucket, batch)), ("bands", (partition, batch)) and last ("tally", (None, Tally))."""
         config, start = self.config, time.time()
         tally = tally_lib.Tally(config.samples_per_reason)
         buffers: dict[int, list] = {}
@@ -131,17 +161,17 @@ class CleanShard(beam.DoFn):
                     yield from self._bands(unsigned, bands, final=False)
                     unsigned = []
             if len(batch) >= BATCH_DOCS:
-                yield bucket, buffers.pop(bucket)
+                yield "batches", (bucket, buffers.pop(bucket))
             if buffered >= BUFFER_CHARS:
-                yield from sorted(buffers.items())
+                yield from (("batches", item) for item in sorted(buffers.items()))
                 buffers, buffered = {}, 0
-        yield from sorted(buffers.items())
+        yield from (("batches", item) for item in sorted(buffers.items()))
         if self.hasher is not None:
             yield from self._bands(unsigned, bands, final=True)
         wall = time.time() - start
         log.info("clean: %s: %d docs in %.1f s (%.0f docs/s), %d dropped before dedup", path,
                  tally.docs_in, wall, tally.docs_in / max(wall, 1e-9), sum(tally.dropped.values()))
-        yield beam.pvalue.TaggedOutput("tally", tally)
+        yield "tally", (None, tally)
 
     def _bands(self, unsigned: list, bands: dict[int, list], final: bool):
         """Adds the band keys of `unsigned` to `bands`; emits full partitions (all of them when final)."""
@@ -152,12 +182,29 @@ class CleanShard(beam.DoFn):
                 bands.setdefault(part, []).append((band_key, n))
         for part in sorted(bands):
             if final or len(bands[part]) >= BAND_BATCH:
-                yield beam.pvalue.TaggedOutput("bands", (part, bands.pop(part)))
+                yield "bands", (part, bands.pop(part))
 
 
 def hasher(config: Config) -> minhash.MinHasher:
     return minhash.MinHasher(bands=config.minhash_bands, rows=config.minhash_rows,
                              ngram=config.minhash_ngram, seed=config.minhash_seed)
+
+
+def spill(directory: str, batch: list) -> str:
+    """`batch` pickled into a new file of `directory`; its path, which `unspilled` reads back."""
+    fd, path = tempfile.mkstemp(suffix=".pkl", dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(batch, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def unspilled(batch: list | str) -> list:
+    """A group's batch: as it came, or read back from the file `spill` wrote (kept until the stage ends,
+    so that a retried bundle reads it again)."""
+    if not isinstance(batch, str):
+        return batch
+    with open(batch, "rb") as f:
+        return pickle.load(f)
 
 
 def link_band(element) -> list[tuple]:
@@ -166,7 +213,7 @@ def link_band(element) -> list[tuple]:
     first: dict[bytes, tuple] = {}   # band key -> the first node seen with it
     forest = minhash.UnionFind()
     for batch in batches:
-        for band_key, n in batch:
+        for band_key, n in unspilled(batch):
             other = first.setdefault(band_key, n)
             if other != n:
                 forest.union(other, n)
@@ -233,7 +280,7 @@ class WriteShard(beam.DoFn):
         survivors: dict[bytes, tuple[tuple, int, dict, tuple[str, ...]]] = {}
         kept: list[tuple[dict, int, tuple[str, ...]]] = []
         for batch in batches:
-            for key, chars, doc, rewrites in batch:
+            for key, chars, doc, rewrites in unspilled(batch):
                 if not self.config.dedup:
                     if key in near:
                         tally.drop("near_duplicate", doc, chars)

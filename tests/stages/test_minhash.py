@@ -7,6 +7,7 @@ p = 0.053; the tests assert the actual Jaccard of each planted pair, computed he
 """
 
 import json
+import os
 import random
 import statistics
 
@@ -197,3 +198,32 @@ def test_stage_with_minhash_off_keeps_near_duplicates(tmp_path):
     done = _run(str(tmp_path), [docs], "off", num_shards=2, minhash=False)
     assert sorted(_kept(done)) == ["hi-0-a", "hi-0-b"]
     assert storage.read_json(done.file("stats.json"))["dropped"] == {"duplicate": 1}
+
+
+def test_spilled_groups_give_the_bytes_of_groups_held_in_memory(runs, tmp_path, monkeypatch):
+    """Locally the stage spills each batch and band batch to a file and groups their paths (graph.py); the
+    in-memory groups (Dataflow's way) write the same bytes. The spill files were written, and are gone
+    with the stage."""
+    from stages.clean import graph
+
+    three = runs[1]
+    spills, dirs, built = [], [], graph._build_and_run
+
+    def watched(config, paths, out_dir, spill_dir):
+        built(config, paths, out_dir, spill_dir)
+        spills.append(sorted(os.listdir(spill_dir)))
+        dirs.append(spill_dir)
+    monkeypatch.setattr(graph, "_build_and_run", watched)
+    docs = [{"id": i, "text": t, "source": "test"} for i, t in DOCS.items()]
+    random.Random(1).shuffle(docs)
+    spilled = _run(str(tmp_path), [docs[0::3], docs[1::3], docs[2::3]], "three", num_shards=3,
+                   samples_per_reason=3)
+    assert spills and len(spills[0]) >= 6 and all(name.endswith(".pkl") for name in spills[0])
+    assert not os.path.exists(dirs[0])
+    monkeypatch.setattr(graph, "_build_and_run", lambda config, paths, out_dir, spill_dir: built(
+        config, paths, out_dir, None))
+    held = _run(str(tmp_path / "held"), [docs[0::3], docs[1::3], docs[2::3]], "three", num_shards=3,
+                samples_per_reason=3)
+    assert spilled.files == held.files == three.files
+    for name in held.files:
+        assert storage.read_bytes(spilled.file(name)) == storage.read_bytes(held.file(name)), name
