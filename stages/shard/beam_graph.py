@@ -13,13 +13,18 @@
 Elements are whole clean shards and chunks of millions of tokens, never single documents, and
 tokens travel as numpy arrays in the shard dtype. Offsets, not arrival order, decide where tokens
 land, so the output is the same however Beam bundles and orders the work. Cut needs every count
-first, so the chunks are materialized once (in memory under FnApiRunner, on disk on Dataflow).
+first, so the chunks are materialized once: on Dataflow on its disks; on a local runner, which would
+hold them all in memory, each chunk's tokens go to a file of a scratch directory (`spill_dir`) and
+the elements carry `Spilled` ranges of those files, which the writer reads a piece at a time: memory
+holds about one output shard, whatever the corpus.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
+import tempfile
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -34,14 +39,15 @@ LOWEST_KEPT = 1 << 16       # (fraction, tokens) pairs a Tokenize worker holds b
 
 
 def build(p: beam.Pipeline, config: Config, doc_shards: list[str], model: bytes, out_dir: str,
-          manifest: dict, work_dir: str) -> None:
-    """Adds the stage to `p`. `manifest` holds the fixed fields; the split totals are added to it."""
+          manifest: dict, work_dir: str, spill_dir: str | None = None) -> None:
+    """Adds the stage to `p`. `manifest` holds the fixed fields; the split totals are added to it. With
+    `spill_dir` (a local directory) the token chunks wait there, not in memory."""
     vocab_size = manifest["vocab_size"]
+    tokenize = Tokenize(config, model, llmc.dtype_for(vocab_size), spill_dir)
     tokenized = (p
                  | "CleanShards" >> beam.Create(list(enumerate(doc_shards)))
                  | "Spread" >> beam.Reshuffle()
-                 | "Tokenize" >> beam.ParDo(Tokenize(config, model, llmc.dtype_for(vocab_size))).with_outputs(
-                     "lowest", main="chunks"))
+                 | "Tokenize" >> beam.ParDo(tokenize).with_outputs("lowest", main="chunks"))
     chunks = tokenized.chunks
     _ = (tokenized.lowest
          | "AllLowest" >> beam.combiners.ToList()
@@ -63,8 +69,8 @@ class Tokenize(beam.DoFn):
     """(i, clean shard path) -> (split, i, offset within shard i's part of split, docs, tokens (N,)), and,
     tagged "lowest", the shard's `split_rule.lowest` documents for `min_val_tokens`."""
 
-    def __init__(self, config: Config, model: bytes, dtype: np.dtype):
-        self.config, self.model, self.dtype = config, model, dtype
+    def __init__(self, config: Config, model: bytes, dtype: np.dtype, spill_dir: str | None = None):
+        self.config, self.model, self.dtype, self.spill_dir = config, model, dtype, spill_dir
 
     def setup(self):
         import sentencepiece as spm
@@ -83,6 +89,8 @@ class Tokenize(beam.DoFn):
             tokens = np.fromiter(itertools.chain.from_iterable(docs), dtype=self.dtype,
                                  count=pending_tokens[split])
             pending[split], pending_tokens[split], emitted[split] = [], 0, offset + len(tokens)
+            if self.spill_dir is not None:
+                tokens = Spilled.write(self.spill_dir, tokens)
             return split, index, offset, len(docs), tokens
 
         for batch in _batches(documents.read(path, columns=("id", "text")), self.config.docs_per_batch):
@@ -105,6 +113,34 @@ class Tokenize(beam.DoFn):
             if pending[split]:
                 yield flush(split)
         yield beam.pvalue.TaggedOutput("lowest", split_rule.lowest(lowest, self.config.min_val_tokens))
+
+
+class Spilled:
+    """Tokens [start, stop) of a file of raw tokens that `write` made: what a chunk or a piece of one is
+    while it waits for the writer, instead of the array. Sliced like the array; `array()` reads it."""
+
+    def __init__(self, path: str, dtype: str, start: int, stop: int):
+        self.path, self.dtype, self.start, self.stop = path, dtype, start, stop
+
+    @classmethod
+    def write(cls, directory: str, tokens: np.ndarray) -> Spilled:
+        fd, path = tempfile.mkstemp(suffix=".tokens", dir=directory)
+        with os.fdopen(fd, "wb") as f:
+            tokens.tofile(f)
+        return cls(path, tokens.dtype.name, 0, len(tokens))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, where: slice) -> Spilled:
+        start, stop, step = where.indices(len(self))
+        if step != 1:
+            raise ValueError("a spilled range slices with step 1 only")
+        return Spilled(self.path, self.dtype, self.start + start, self.start + max(start, stop))
+
+    def array(self) -> np.ndarray:
+        dtype = np.dtype(self.dtype)
+        return np.fromfile(self.path, dtype=dtype, count=len(self), offset=self.start * dtype.itemsize)
 
 
 def make_layout(counts: list[tuple[tuple[str, int], tuple[int, int]]]) -> dict:
@@ -144,7 +180,8 @@ def write_shard(keyed: tuple[tuple[str, int], list], layout: dict, tokens_per_sh
         at += len(tokens)
     if at != want:
         raise RuntimeError(f"{split} shard {shard}: pieces hold {at} tokens, the layout says {want}")
-    llmc.write(storage.join(out_dir, shard_name(split, shard)), [t for _, t in pieces], vocab_size)
+    arrays = [t.array() if isinstance(t, Spilled) else t for _, t in pieces]
+    llmc.write(storage.join(out_dir, shard_name(split, shard)), arrays, vocab_size)
 
 
 def write_manifest(layout: dict, manifest: dict, out_dir: str) -> None:

@@ -112,6 +112,25 @@ def test_bytes_do_not_depend_on_chunking_or_parallelism(sharded, upstream, tmp_p
         assert storage.read_bytes(again.file(name)) == storage.read_bytes(sharded.file(name)), name
 
 
+def test_spilled_chunks_give_the_bytes_of_chunks_held_in_memory(sharded, upstream, tmp_path, monkeypatch):
+    """Locally the token chunks wait in files (beam_graph.Spilled) and the pieces cut from them are file
+    ranges; held in memory (Dataflow's way) they give the same shards. Many chunks, cut at odd places."""
+    monkeypatch.setattr(beam_graph, "CHUNK_TOKENS", 700)
+    build, spilled_dirs = beam_graph.build, []
+
+    def held(p, config, doc_shards, model, out_dir, manifest, work_dir, spill_dir=None):
+        spilled_dirs.append(spill_dir)
+        build(p, config, doc_shards, model, out_dir, manifest, work_dir, None)
+    monkeypatch.setattr(beam_graph, "build", held)
+    in_memory = run_shard(tmp_path, upstream)
+    assert spilled_dirs and spilled_dirs[0] is not None            # the stage asked for a spill directory
+    assert in_memory.files == sharded.files
+    for name in sharded.files:
+        assert storage.read_bytes(in_memory.file(name)) == storage.read_bytes(sharded.file(name)), name
+    piece = beam_graph.Spilled.write(str(tmp_path), np.arange(10, dtype=np.uint16))[3:8][1:]
+    assert (piece.start, piece.stop, len(piece)) == (4, 8, 4) and piece.array().tolist() == [4, 5, 6, 7]
+
+
 def test_add_bos_and_no_validation_split(upstream, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="stages.shard"):
         out = run_shard(tmp_path, upstream, add_bos=True, val_fraction=0.0, tokens_per_shard=10**6,
