@@ -106,8 +106,9 @@ def _write_corpus(directory: str, sentences: list[str], total: int, seed: int) -
 
 
 def _run(corpus: str, cache: str, shards: int) -> dict:
-    params = [*RUN, f"download.Files.paths = ['{corpus}/*.jsonl.gz']", f"download.Config.num_shards = {shards}",
-              f"clean.Config.num_shards = {shards}", f"pipeline.Settings.cache_root = '{cache}'"]
+    params = [*RUN, f"download.Files.paths = ['{corpus}/*.jsonl.gz']",
+              f"download.Config.num_shards = {shards}", f"clean.Config.num_shards = {shards}",
+              f"pipeline.Settings.cache_root = '{cache}'"]
     argv = [sys.executable, "-m", "pipeline", "run", "--stage", "shard"]
     argv += [a for path in GIN for a in ("--gin", path)] + [a for p in params for a in ("--gin-param", p)]
     start = time.time()

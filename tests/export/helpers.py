@@ -62,3 +62,21 @@ def export_model(tmp: pathlib.Path, mcfg, params, sp_model: bytes, config=None) 
     out = tmp / "export"
     export.run(config or export.Config(), inputs, str(out), str(tmp / "work"))
     return out
+
+
+def greedy_both(net, export_dir, prompt_tokens: int = 520, new_tokens: int = 24) -> tuple[list, list]:
+    """(ours, transformers') greedy continuations of one random prompt: the JAX model `net` (KV-cache
+    decoding, stages/evaluate/measure.py) and the export at `export_dir` loaded by transformers."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from stages.evaluate import measure
+
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
+    prompt = list(np.random.default_rng(2).integers(3, 300, size=prompt_tokens))
+    ours = measure._generate(net, prompt, new_tokens, temperature=0.0, top_k=0, seed=0)
+    with torch.no_grad():
+        theirs = theirs_model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                                       eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    return ours, theirs

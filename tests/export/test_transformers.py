@@ -14,7 +14,6 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from stages.evaluate import measure  # noqa: E402
 from stages.train import model  # noqa: E402
 from stages.train.configs import ModelConfig  # noqa: E402
 from tests.export import helpers  # noqa: E402
@@ -71,13 +70,7 @@ def test_logits_match_transformers_on_a_long_prompt(tmp_path, sp_model, name):
 def test_greedy_generation_matches_token_for_token(tmp_path, sp_model):
     cfg = VARIANTS["gqa"]
     net, params = _jax_model(cfg, seed=3)
-    out = helpers.export_model(tmp_path, cfg, params, sp_model)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    prompt = list(np.random.default_rng(2).integers(3, 300, size=520))
-    ours = measure._generate(net, prompt, 24, temperature=0.0, top_k=0, seed=0)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    ours, theirs = helpers.greedy_both(net, helpers.export_model(tmp_path, cfg, params, sp_model))
     assert len(set(ours)) > 1                      # not a constant sequence that any model could match
     assert ours == theirs
 
