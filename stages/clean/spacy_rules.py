@@ -1,0 +1,492 @@
+"""spaCy's English tokenizer and sentencizer as datatrove 0.10.1 runs them, without spaCy: its rules
+written out here, in regular expressions and a table of special cases.
+
+    words("Don't stop, e.g. plant-based.") == ("Do", "n't", "stop", ",", "e.g.", "plant", "-", "based", ".")
+    sentences("It works. Does it? Yes!") == 3
+
+What datatrove does for English (`SpaCyTokenizer("en")`) is `spacy.blank("en")` plus the `sentencizer`;
+its words are the tokens' texts stripped, the empty ones dropped. spaCy's tokenizer (3.8, `tokenizer.pyx`)
+works on each run of non-whitespace characters (a "chunk") on its own, so here:
+
+1. the text is cut at whitespace (`str.split`, the same whitespace as spaCy's `str.isspace`); the
+   whitespace tokens spaCy makes are dropped by datatrove's stripping anyway;
+2. a chunk that is a special case (`SPECIALS`: English contractions `don't` -> `do n't`, `cannot`,
+   `gonna`, abbreviations `e.g.`, `Dr.`, `Jan.`, single letters `a.`, times `5pm`, emoticons `:)`, and
+   each with `'` as `’` too) becomes its tokens;
+3. otherwise a prefix (`_PREFIX`: an opening bracket or quote, punctuation, a currency sign, a symbol)
+   and a suffix (`_SUFFIX`: closing punctuation, `'s`, a unit or currency after a digit, a period after a
+   digit, a lowercase letter or punctuation, or after two capitals) are split off in turn until neither
+   is left or what is left is a special case;
+4. what is left stays whole when it is a special case or looks like a URL or domain (`_URL`:
+   `example.com`, `http://a/b?c`), and else splits at its infixes (`_INFIX`: `...`, a symbol, `+ - * ^`
+   between digits, `.` between a lowercase and an uppercase letter, `,` between letters, hyphens and
+   `: < > = /` between letters (or a digit, then a letter));
+5. special cases made of several of those tokens are joined again (`word):` -> `word ):`).
+
+Each chunk's tokens depend on the chunk alone, so they are cached in a dict (`_CACHE`): web text
+repeats its chunks, and a chunk seen before costs a dict look-up in C (`map`, `chain`); the rules
+above run once per distinct chunk, and letters alone (`str.isalpha`) skip them.
+
+Sentences (C4's count) follow spaCy's `sentencizer`: a token that is one of `SENTENCE_ENDS` (`. ! ?`
+and their kin in other scripts; `...` is not one) starts a new sentence at the next token that is
+neither one of them nor punctuation (every character of Unicode category P); a run of whitespace
+other than one space is such a token. datatrove counts at least one sentence in a line.
+
+The character classes are spaCy's: letters are the scripts of `_ALPHA_RANGES` (Latin, Greek, Cyrillic,
+Arabic, Hebrew, Indic, Ethiopic, Hangul, kana, CJK; not Thai, Georgian or Armenian), lower- and uppercase
+as Python's `str.islower`/`isupper` say, uncased scripts both; symbols are Unicode's category So as of
+spaCy's table (Unicode 11: later symbols and emoji, `_NEWER_SYMBOLS`, are not split off). Known
+differences from spaCy: none on the pages compared (tests/stages/test_words_spacy.py checks the tables
+against spaCy's own and the tokens against spaCy's on real pages, where spaCy is installed).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import unicodedata
+from itertools import chain
+
+# The version of these rules, for the clean stage's key (words.fingerprint): bump on any change that can
+# change a token.
+VERSION = "1: spaCy 3.8's English tokenizer and sentencizer"
+
+# ---------------------------------------------------------------------------------------------
+# Character classes
+
+# Letters, as code point ranges by script. Cased scripts: the case of each letter is Python's.
+_CASED_RANGES = (
+    (0x41, 0x5A), (0x61, 0x7A), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0x1BF), (0x1C4, 0x2AF),   # Latin
+    (0x1D00, 0x1D25), (0x1D6B, 0x1D77), (0x1D79, 0x1D9A), (0x1E00, 0x1EFF), (0x2C60, 0x2C7B),
+    (0x2C7E, 0x2C7F), (0xA722, 0xA76F), (0xA771, 0xA787), (0xA78B, 0xA78E), (0xA790, 0xA7B9),
+    (0xA7FA, 0xA7FA), (0xAB30, 0xAB5A), (0xAB60, 0xAB64), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A),
+    (0x386, 0x386), (0x388, 0x38A), (0x38C, 0x38C), (0x38E, 0x38F), (0x391, 0x3A9), (0x3AC, 0x3AF),  # Greek
+    (0x3B1, 0x3C9), (0x3CC, 0x3CE),
+    (0x400, 0x401), (0x403, 0x40A), (0x40C, 0x40D), (0x410, 0x451), (0x453, 0x45A), (0x45C, 0x45D),  # Cyrillic
+    (0x490, 0x491), (0x496, 0x497), (0x4A2, 0x4A3), (0x4AE, 0x4AF), (0x4BA, 0x4BB), (0x4D8, 0x4D9),
+    (0x4E8, 0x4E9),
+)
+# Scripts without case: their letters count as lowercase and as uppercase.
+_UNCASED_RANGES = (
+    (0x591, 0x5F4),                                                              # Hebrew
+    (0x620, 0x64A), (0x66E, 0x6D5), (0x6E5, 0x6FF), (0x750, 0x77F), (0x8A0, 0x8BD),  # Arabic, Persian
+    (0xFB1D, 0xFBB1), (0xFBD3, 0xFD3D), (0xFD50, 0xFDC7), (0xFDF0, 0xFDFB), (0xFE70, 0xFEFC),
+    (0x1EE00, 0x1EEBB),
+    (0x900, 0x9FF), (0xB80, 0xCFF), (0xD80, 0xDFF),        # Devanagari, Bengali; Tamil to Kannada; Sinhala
+    (0x1100, 0x137F),                                      # Hangul Jamo, Ethiopic
+    (0xAC00, 0xD7AF),                                      # Hangul syllables
+    (0x2E80, 0x2FDF), (0x2FF0, 0x30FF), (0x31C0, 0x31EF), (0x3200, 0x4DBF), (0x4E00, 0x9FFF),  # CJK, kana
+    (0xF900, 0xFAFF), (0xFE30, 0xFE4F), (0x1F200, 0x1F2FF), (0x20000, 0x2A6DF), (0x2A700, 0x2EBEF),
+    (0x2F800, 0x2FA1F),
+)
+# Two letters whose case spaCy's tables give otherwise than Python: ʔ counts as lowercase, and an unassigned
+# code point of Greek as uppercase (harmless).
+_EXTRA_LOWER, _EXTRA_UPPER = "\u0294", "\u03a2"
+# Symbols (category So) that Unicode added after spaCy's table was written: not split off.
+_NEWER_SYMBOLS = (
+    (0x166D, 0x166D), (0x2B97, 0x2B97), (0x2BC9, 0x2BC9), (0x2BFF, 0x2BFF), (0x2E50, 0x2E51),
+    (0x32FF, 0x32FF), (0xFD40, 0xFD4F), (0xFDCF, 0xFDCF), (0xFDFE, 0xFDFF), (0x1019C, 0x1019C),
+    (0x11FD5, 0x11FDC), (0x11FE1, 0x11FF1), (0x1CF50, 0x1CFC3), (0x1D1E9, 0x1D1EA), (0x1E14F, 0x1E14F),
+    (0x1ED2E, 0x1ED2E), (0x1F10D, 0x1F10F), (0x1F16C, 0x1F16F), (0x1F1AD, 0x1F1AD), (0x1F6D5, 0x1F6D7),
+    (0x1F6DD, 0x1F6DF), (0x1F6FA, 0x1F6FC), (0x1F7E0, 0x1F7EB), (0x1F7F0, 0x1F7F0), (0x1F8B0, 0x1F8B1),
+    (0x1F90C, 0x1F90F), (0x1F93F, 0x1F93F), (0x1F971, 0x1F972), (0x1F977, 0x1F979), (0x1F97B, 0x1F97B),
+    (0x1F9A3, 0x1F9AF), (0x1F9BA, 0x1F9BF), (0x1F9C3, 0x1F9CF), (0x1FA00, 0x1FA53), (0x1FA70, 0x1FA74),
+    (0x1FA78, 0x1FA7C), (0x1FA80, 0x1FA86), (0x1FA90, 0x1FAAC), (0x1FAB0, 0x1FABA), (0x1FAC0, 0x1FAC5),
+    (0x1FAD0, 0x1FAD9), (0x1FAE0, 0x1FAE7), (0x1FAF0, 0x1FAF6), (0x1FB00, 0x1FB92), (0x1FB94, 0x1FBCA),
+)
+# Punctuation that spaCy splits off either end of a chunk, and quotes (which include `,`).
+_PUNCT = "…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪"
+_QUOTES = "'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉\u2329\u232a⟦⟧"   # \u2329 \u232a: the angle brackets that NFC makes 〈〉
+_HYPHENS = ("-", "–", "—", "--", "---", "——", "~")
+_CURRENCY = ("$", "£", "€", "¥", "฿", "US$", "C$", "A$", "₽", "﷼", "₴", "₠", "₡", "₢", "₣", "₤", "₥", "₦", "₧",
+             "₨", "₩", "₪", "₫", "₭", "₮", "₯", "₰", "₱", "₲", "₳", "₵", "₶", "₷", "₸", "₹", "₺", "₻", "₼", "₾",
+             "₿")
+# Units split off a number (`10km` -> `10 km`). spaCy's list also joins `тб` to the next unit by a missing
+# space, so `тб` is not one.
+_UNITS = ("km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm nm yd in ft kg g mg µg t lb oz m/s km/h "
+          "kmh mph hPa Pa mbar mb MB kb KB gb GB tb TB T G M K % км км² км³ м м² м³ дм дм² дм³ см см² см³ "
+          "мм мм² мм³ нм кг г мг м/с км/ч кПа Па мбар Кб КБ кб Мб МБ мб Гб ГБ гб Тб ТБ кб كم² كم³ م م² م³ سم "
+          "سم² سم³ مم مم² مم³ كم غرام جرام جم كغ ملغ كوب اكواب").split()
+# The sentencizer's sentence-ending characters (datatrove's TERMINAL_PUNCTUATION less the marks of scripts
+# spaCy's list predates).
+SENTENCE_ENDS = frozenset(
+    "!.?։؟۔܀܁܂߹।॥၊။።፧፨᙮᜵᜶᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟᰻᰼᱾᱿‼‽⁇⁈⁉⸮⸼꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗！．？｡。"
+    "\U00010a56\U00010a57\U00011047\U00011048\U000110be\U000110bf\U000110c0\U000110c1\U00011141\U00011142"
+    "\U00011143\U000111c5\U000111c6\U000111cd\U000111de\U000111df\U00011238\U00011239\U0001123b\U0001123c"
+    "\U000112a9\U0001144b\U0001144c\U000115c2\U000115c3\U000115c9\U000115ca\U000115cb\U000115cc\U000115cd"
+    "\U000115ce\U000115cf\U000115d0\U000115d1\U000115d2\U000115d3\U000115d4\U000115d5\U000115d6\U000115d7"
+    "\U00011641\U00011642\U0001173c\U0001173d\U0001173e\U00011a42\U00011a43\U00011a9b\U00011a9c\U00011c41"
+    "\U00011c42\U00016a6e\U00016a6f\U00016af5\U00016b37\U00016b38\U00016b44\U0001bc9f\U0001da88")
+
+
+def _ranges_class(ranges) -> str:
+    return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+
+
+def _chars_class(chars) -> str:
+    return "".join(re.escape(c) for c in sorted(set(chars)))
+
+
+def _cased(test) -> str:
+    return _chars_class(chr(c) for a, b in _CASED_RANGES for c in range(a, b + 1) if test(chr(c)))
+
+
+@functools.cache
+def _classes() -> dict[str, str]:
+    """The character classes, as the inside of a regular expression's [...] (built on first use)."""
+    uncased = _ranges_class(_UNCASED_RANGES)
+    newer = {c for a, b in _NEWER_SYMBOLS for c in range(a, b + 1)}
+    symbols = [c for c in range(0xA0, 0x1FC00) if c not in newer and unicodedata.category(chr(c)) == "So"]
+    return {"alpha": _ranges_class(_CASED_RANGES) + uncased,
+            "lower": _cased(str.islower) + re.escape(_EXTRA_LOWER) + uncased,
+            "upper": _cased(str.isupper) + re.escape(_EXTRA_UPPER) + uncased,
+            "symbols": _chars_class(map(chr, symbols)),
+            "punct_quotes": _chars_class(_PUNCT + _QUOTES)}
+
+
+def _alternatives(strings) -> str:
+    return "|".join(map(re.escape, strings))
+
+
+@functools.cache
+def _rules() -> tuple:
+    """(prefix match, suffix search, infix finditer, URL match), compiled on first use."""
+    c = _classes()
+    al, lo, up, sym, pq = c["alpha"], c["lower"], c["upper"], c["symbols"], c["punct_quotes"]
+    quotes = _chars_class(_QUOTES)
+    # Prefixes: one character of these, or a run of periods, or a two- or three-character currency sign.
+    prefix = re.compile(rf"(?:[§%=—–{pq}£€¥฿₽﷼₠-₿$]|[{sym}]|\+(?![0-9])|\.\.+|US\$|C\$|A\$)")
+    # Suffixes: the longest end of the chunk that is one of these (a search: the leftmost start wins).
+    suffix = re.compile(
+        rf"(?:[{pq}—–]|[{sym}]|……|\.\.+|'s|'S|’s|’S"
+        rf"|(?<=[0-9])\+|(?<=°[FfCcKk])\."
+        rf"|(?<=[0-9])(?:{_alternatives(_CURRENCY)})|(?<=[0-9])(?:{_alternatives(_UNITS)})"
+        rf"|(?<=[0-9{lo}%²\-+|(?:){_chars_class(_PUNCT)}{quotes}])\."
+        rf"|(?<=[{up}][{up}])\.)$")
+    infix = re.compile(
+        rf"\.\.+|…|[{sym}]|(?<=[0-9])[+\-*^](?=[0-9-])|(?<=[{lo}{quotes}])\.(?=[{up}{quotes}])"
+        rf"|(?<=[{al}]),(?=[{al}])|(?<=[{al}0-9])(?:{_alternatives(_HYPHENS)})(?=[{al}])"
+        rf"|(?<=[{al}0-9])[:<>=/](?=[{al}])")
+    host_char = "A-Za-z0-9\u00a1-\uffff"
+    url = re.compile(
+        r"(?:[\w+\-.]{2,}://)?"                                   # a scheme
+        r"(?:\S+(?::\S*)?@)?"                                     # user[:password]@
+        r"(?:"
+        r"(?!(?:10|127)(?:\.\d{1,3}){3})(?!(?:169\.254|192\.168)(?:\.\d{1,3}){2})"   # not a private IPv4
+        r"(?!172\.(?:1[6-9]|2\d|3[0-1])(?:\.\d{1,3}){2})"
+        r"(?:[1-9]\d?|1\d\d|2[01]\d|22[0-3])(?:\.(?:1?\d{1,2}|2[0-4]\d|25[0-5])){2}"   # a public IPv4
+        r"(?:\.(?:[1-9]\d?|1\d\d|2[0-4]\d|25[0-4]))"
+        rf"|(?:(?:[{host_char}][{host_char}_-]{{0,62}})?[{host_char}]\.)+"        # host names, then a
+        rf"(?:[{lo}]{{2,63}})"                                                      # lowercase top level
+        r")"
+        r"(?::\d{2,5})?"                                          # a port
+        r"(?:[/?#]\S*)?$")                                        # a path
+    return prefix.match, suffix.search, infix.finditer, url.match
+
+
+# ---------------------------------------------------------------------------------------------
+# Special cases: chunks (or, step 5, runs of tokens) that become the tokens given
+
+def _special_cases() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+
+    def add(*tokens: str) -> None:
+        out["".join(tokens)] = tokens
+
+    for token in (" ", "\t", "\\t", "\n", "\\n", "\u2014", "\u00a0", "'", '\\")', "<space>", "''", "C++",
+                  *(f"{c}." for c in "abcdefghijklmnopqrstuvwxyzäöü"), *_EMOTICONS):
+        add(token)
+    for unit in "cfkCFK":
+        add("°", unit, ".")
+
+    def cased(word: str) -> tuple[str, str]:
+        return word, word.title()
+
+    def both(*tokens: str) -> None:
+        """The contraction with its apostrophes, and written without them."""
+        add(*tokens)
+        add(*(t.replace("'", "") for t in tokens))
+
+    for i in cased("i"):
+        both(i, "'m")
+        both(i, "'m", "a")
+    for pron in ("i", "you", "he", "she", "it", "we", "they"):
+        for p in cased(pron):
+            both(p, "'ll")
+            both(p, "'ll", "'ve")
+            both(p, "'d")
+            both(p, "'d", "'ve")
+    for pron in ("i", "you", "we", "they"):
+        for p in cased(pron):
+            both(p, "'ve")
+    for pron in ("you", "we", "they"):
+        for p in cased(pron):
+            both(p, "'re")
+    for pron in ("he", "she", "it"):
+        for p in cased(pron):
+            both(p, "'s")
+    for word, number in (("who", ""), ("what", ""), ("when", ""), ("where", ""), ("why", ""), ("how", ""),
+                         ("there", ""), ("that", "sing"), ("this", "sing"), ("these", "plur"),
+                         ("those", "plur")):
+        for w in cased(word):
+            if number != "plur":
+                both(w, "'s")
+            both(w, "'ll")
+            both(w, "'ll", "'ve")
+            if number != "sing":
+                both(w, "'re")
+                both(w, "'ve")
+            both(w, "'d")
+            both(w, "'d", "'ve")
+    for verb in ("ca", "could", "do", "does", "did", "had", "may", "might", "must", "need", "ought", "sha",
+                 "should", "wo", "would"):
+        for v in cased(verb):
+            both(v, "n't")
+            both(v, "n't", "'ve")
+    for verb in ("could", "might", "must", "should", "would"):
+        for v in cased(verb):
+            both(v, "'ve")
+    for verb in ("ai", "are", "is", "was", "were", "have", "has", "dare"):
+        for v in cased(verb):
+            both(v, "n't")
+    for word in ("doin", "goin", "nothin", "nuthin", "ol", "somethin"):
+        for w in cased(word):
+            add(w)
+            add(w + "'")
+    for word in ("em", "ll", "nuff"):
+        add(word)
+        add("'" + word)
+    for hour in range(1, 13):
+        for period in ("a.m.", "am", "p.m.", "pm"):
+            add(str(hour), period)
+    for tokens in (("y'", "all"), ("y", "all"), ("how", "'d", "'y"), ("How", "'d", "'y"), ("not", "'ve"),
+                   ("not", "ve"), ("Not", "'ve"), ("Not", "ve"), ("can", "not"), ("Can", "not"),
+                   ("gon", "na"), ("Gon", "na"), ("got", "ta"), ("Got", "ta"), ("let", "'s"), ("Let", "'s"),
+                   ("c'm", "on"), ("C'm", "on")):
+        add(*tokens)
+    for word in _WHOLE_WORDS:
+        add(word)
+    for word in ("Ill", "ill", "Its", "its", "Hell", "hell", "Shell", "shell", "Shed", "shed", "were",
+                 "Were", "Well", "well", "Whore", "whore"):      # words, not contractions
+        out.pop(word, None)
+    for key, tokens in list(out.items()):                       # each with a curly apostrophe too
+        if "'" in key:
+            out[key.replace("'", "’")] = tuple(t.replace("'", "’") for t in tokens)
+    return out
+
+
+_EMOTICONS = r"""
+:) :-) :)) :-)) :))) :-))) (: (-: =) (= :] :-] [: [-: [= =] :o) (o: :} :-} 8) 8-) (-8 ;) ;-) (; (-; :( :-(
+:(( :-(( :((( :-((( ): )-: =( >:( :') :'-) :'( :'-( :/ :-/ =/ =| :| :-| ]= =[ :1 :P :-P :p :-p :O :-O :o :-o
+:0 :-0 :() >:o :* :-* :3 :-3 =3 :> :-> :X :-X :x :-x :D :-D ;D ;-D =D xD XD xDD XDD 8D 8-D ^_^ ^__^ ^___^ >.<
+>.> <.< ._. ;_; -_- -__- v.v V.V v_v V_V o_o o_O O_o O_O 0_o o_0 0_0 o.O O.o O.O o.o 0.0 o.0 0.o @_@ <3 <33
+<333 </3 (^_^) (-_-) (._.) (>_<) (*_*) (¬_¬) ಠ_ಠ ಠ︵ಠ (ಠ_ಠ) ¯\(ツ)/¯ (╯°□°）╯︵┻━┻ ><(((*>
+""".split()
+# Abbreviations and other words that stay one token with their periods or apostrophes.
+_WHOLE_WORDS = """
+'S 's ‘S ‘s and/or w/o 're 'Cause 'cause 'cos 'Cos 'coz 'Coz 'cuz 'Cuz 'bout ma'am Ma'am o'clock O'clock
+lovin' Lovin' lovin Lovin havin' Havin' havin Havin doin' Doin' doin Doin goin' Goin' goin Goin
+Mt. Ak. Ala. Apr. Ariz. Ark. Aug. Calif. Colo. Conn. Dec. Del. Feb. Fla. Ga. Ia. Id. Ill. Ind. Jan. Jul. Jun.
+Kan. Kans. Ky. La. Mar. Mass. Mich. Minn. Miss. N.C. N.D. N.H. N.J. N.M. N.Y. Neb. Nebr. Nev. Nov. Oct. Okla.
+Ore. Pa. S.C. Sep. Sept. Tenn. Va. Wash. Wis.
+'d a.m. Adm. Bros. co. Co. Corp. D.C. Dr. e.g. E.g. E.G. Gen. Gov. i.e. I.e. I.E. Inc. Jr. Ltd. Md. Messrs.
+Mo. Mont. Mr. Mrs. Ms. p.m. Ph.D. Prof. Rep. Rev. Sen. St. vs. v.s.
+""".split()
+SPECIALS = _special_cases()
+
+
+@functools.cache
+def _joined_specials() -> dict[tuple[str, ...], tuple[str, ...]]:
+    """{the tokens the rules give a special case that holds a prefix, suffix or infix: its own tokens}:
+    spaCy joins such runs of tokens back into the special case after the rules (step 5)."""
+    prefix, suffix, infix, _ = _rules()
+    out = {}
+    for key, tokens in SPECIALS.items():
+        if prefix(key) or suffix(key) or next(infix(key), None) or " " in key:
+            out[_split(key, specials=False)] = tokens
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens and sentences
+
+_CACHE: dict[str, tuple[str, ...]] = {}      # chunk -> its tokens
+_JOINED: dict[str, tuple[str, ...]] = {}     # chunk whose tokens step 5 joined -> its tokens before that
+_CACHE_LIMIT = 300_000             # distinct chunks remembered (some 50 MB), then forgotten all at once
+
+
+def cache_clear() -> None:
+    """Forget every chunk's tokens (a benchmark's cold pass)."""
+    _CACHE.clear()
+    _JOINED.clear()
+
+
+def words(text: str) -> tuple[str, ...]:
+    """`text` split as datatrove 0.10.1 splits English with spaCy: the tokens, stripped, none empty."""
+    chunks = text.split()
+    cache = _CACHE
+    try:
+        out = tuple(chain.from_iterable(map(cache.__getitem__, chunks)))
+    except KeyError:
+        _learn(chunks)
+        out = tuple(chain.from_iterable(map(cache.__getitem__, chunks)))
+    if not _JOINED or _JOINED.keys().isdisjoint(chunks):
+        return out
+    return tuple(t for t in _doc_tokens(text) if not t.isspace())
+
+
+def tokens(chunk: str) -> tuple[str, ...]:
+    """The tokens spaCy's English tokenizer makes of `chunk`, a run of non-whitespace characters, on its
+    own (step 5 may join tokens otherwise when the chunk's neighbours hold a special case: `words`)."""
+    if chunk not in _CACHE:
+        _learn([chunk])
+    return _CACHE[chunk]
+
+
+def _learn(chunks) -> None:
+    cache = _CACHE
+    if len(cache) > _CACHE_LIMIT:
+        cache_clear()
+    for chunk in set(chunks).difference(cache):
+        if chunk.isalpha() and chunk not in SPECIALS:      # letters alone: no rule applies
+            cache[chunk] = (chunk,)
+            continue
+        split = _split(chunk, specials=True)
+        joined = _join_specials(split) if len(split) > 1 else split
+        if joined != split:
+            _JOINED[chunk] = split
+        cache[chunk] = joined
+
+
+def _split(chunk: str, specials: bool) -> tuple[str, ...]:
+    """Steps 2-4 of the module docstring (without special cases when `specials` is False)."""
+    known = SPECIALS if specials else {}
+    if chunk in known:
+        return known[chunk]
+    prefix, suffix, infix, url = _rules()
+    prefixes: list[str] = []
+    suffixes: list[str] = []
+    s, last = chunk, -1
+    while s and len(s) != last:
+        if s in known:
+            break
+        last = len(s)
+        m = prefix(s)
+        pre = m.end() if m else 0
+        if pre and s[pre:] in known:
+            prefixes.append(s[:pre])
+            s = s[pre:]
+            break
+        m = suffix(s[pre:])
+        suf = (len(s) - pre - m.start()) if m else 0
+        if suf and s[:-suf] in known:
+            suffixes.append(s[-suf:])
+            s = s[:-suf]
+            break
+        if pre:
+            prefixes.append(s[:pre])
+        if suf:
+            suffixes.append(s[-suf:])
+        s = s[pre:len(s) - suf]
+    out = prefixes
+    if s:
+        if s in known:
+            out.extend(known[s])
+        elif url(s):
+            out.append(s)
+        else:
+            start = 0
+            for m in infix(s):
+                a, b = m.span()
+                if a == 0:          # spaCy skips an infix at the very start
+                    continue
+                if a != start:
+                    out.append(s[start:a])
+                if a != b:
+                    out.append(s[a:b])
+                start = b
+            if s[start:]:
+                out.append(s[start:])
+    out.extend(reversed(suffixes))
+    return tuple(out)
+
+
+def _join_specials(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -> tuple[str, ...]:
+    """Step 5: runs of tokens that spell a special case become its tokens, longest first, then leftmost,
+    none overlapping one taken before. With `chunk_of` (each token's chunk), `tokens` are a whole text's and
+    a run across chunks, found as spaCy finds it, takes its place in that order but is never joined."""
+    joined = _joined_specials()
+    n = len(tokens)
+    longest = _longest_special()
+    found = [(i, j) for i in range(n) for j in range(i + 2, min(n, i + longest) + 1) if tokens[i:j] in joined]
+    if not found:
+        return tokens
+    found.sort(key=lambda span: (span[0] - span[1], span[0]))
+    taken: set[int] = set()
+    kept = []
+    for i, j in found:
+        if i not in taken and j - 1 not in taken and (chunk_of is None or chunk_of[i] == chunk_of[j - 1]):
+            kept.append((i, j))
+        taken.update(range(i, j))
+    out: list[str] = []
+    position = 0
+    for i, j in sorted(kept):
+        out += tokens[position:i]
+        out += joined[tokens[i:j]]
+        position = j
+    return tuple(out + list(tokens[position:]))
+
+
+@functools.cache
+def _longest_special() -> int:
+    return max(map(len, _joined_specials()))
+
+
+_PIECES = re.compile(r"\S+|\s+")
+
+
+def _doc_tokens(text: str) -> tuple[str, ...]:
+    """Every token of `text`, whitespace tokens included, as spaCy makes them: each run of whitespace is a
+    token but for the one space after a chunk; step 5 over the whole text."""
+    out: list[str] = []
+    chunk_of: list[int] = []
+    for k, piece in enumerate(_PIECES.findall(text)):
+        if piece[0].isspace():
+            piece = piece[1:] if out and piece[0] == " " else piece
+            if piece:
+                out.append(piece)
+                chunk_of.append(-1 - k)
+        else:
+            split = _JOINED.get(piece) or tokens(piece)
+            out += split
+            chunk_of += [k] * len(split)
+    return _join_specials(tuple(out), chunk_of)
+
+
+@functools.cache
+def _punctuation() -> re.Pattern:
+    """A token all of whose characters are punctuation (Unicode category P), or a sentence end."""
+    chars = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("P")]
+    return re.compile(f"(?:[{_chars_class(chars)}]+|[{_chars_class(SENTENCE_ENDS)}])")
+
+
+_OTHER_WHITESPACE = re.compile(r"[^\S ]|  ")
+
+
+def sentences(line: str) -> int:
+    """How many sentences spaCy's sentencizer finds in `line`, at least 1, as datatrove counts them (its
+    sentences stripped, the empty dropped: here the line is stripped)."""
+    line = line.strip()
+    toks = _doc_tokens(line) if _OTHER_WHITESPACE.search(line) else words(line)
+    if SENTENCE_ENDS.isdisjoint(toks):
+        return 1
+    punctuation = _punctuation().fullmatch
+    count, seen_end = 1, False
+    for token in toks:
+        if token in SENTENCE_ENDS:
+            seen_end = True
+        elif seen_end and not punctuation(token):
+            count += 1
+            seen_end = False
+    return count
