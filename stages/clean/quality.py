@@ -80,10 +80,11 @@ class _SplitsWords:
     def problem(self) -> str:
         """What would fail the first document, in one line, or "": the splitter's library missing (spaCy
         and NLTK are extras of the same names; "fast" needs none)."""
-        if self.splitter == "fast" or importlib.util.find_spec(self.splitter) is not None:
+        library = words_lib.LIBRARY.get(self.splitter)
+        if library is None or importlib.util.find_spec(library) is not None:
             return ""
-        return (f"clean.{type(self).__name__}.splitter={self.splitter!r} needs {self.splitter}, which is not "
-                f"installed: pip install -e '.[{self.splitter}]', or use the \"fast\" splitter")
+        return (f"clean.{type(self).__name__}.splitter={self.splitter!r} needs {library}, which is not "
+                f"installed: pip install -e '.[{library}]', or use the {words_lib.DEFAULT!r} splitter (no library)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,7 @@ class GopherRepetition(_SplitsWords):
     top_n_grams: tuple[tuple[int, float], ...] = ((2, 0.2), (3, 0.18), (4, 0.16))
     dup_n_grams: tuple[tuple[int, float], ...] = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11),
                                                   (10, 0.10))
-    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -158,7 +159,7 @@ class GopherQuality(_SplitsWords):
     max_ellipsis_lines_ratio: float = 0.3
     min_alpha_words_ratio: float = 0.8      # datatrove's max_non_alpha_words_ratio (a minimum, as it says)
     min_stop_words: int = 2
-    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -235,7 +236,7 @@ class C4Quality(_SplitsWords):
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
     filter_policy: bool = True
-    splitter: str = "fast"                  # counts the sentences (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # counts the sentences (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -301,7 +302,7 @@ class FineWebQuality(_SplitsWords):
     short_line_length: int = 30
     char_duplicates_ratio: float = 0.01
     new_line_ratio: float = 0.3
-    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)

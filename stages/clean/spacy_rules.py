@@ -63,7 +63,8 @@ _CASED_RANGES = (
     (0xA7FA, 0xA7FA), (0xAB30, 0xAB5A), (0xAB60, 0xAB64), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A),
     (0x386, 0x386), (0x388, 0x38A), (0x38C, 0x38C), (0x38E, 0x38F), (0x391, 0x3A9), (0x3AC, 0x3AF),  # Greek
     (0x3B1, 0x3C9), (0x3CC, 0x3CE),
-    (0x400, 0x401), (0x403, 0x40A), (0x40C, 0x40D), (0x410, 0x451), (0x453, 0x45A), (0x45C, 0x45D),  # Cyrillic
+    # Cyrillic
+    (0x400, 0x401), (0x403, 0x40A), (0x40C, 0x40D), (0x410, 0x451), (0x453, 0x45A), (0x45C, 0x45D),
     (0x490, 0x491), (0x496, 0x497), (0x4A2, 0x4A3), (0x4AE, 0x4AF), (0x4BA, 0x4BB), (0x4D8, 0x4D9),
     (0x4E8, 0x4E9),
 )
@@ -97,17 +98,21 @@ _NEWER_SYMBOLS = (
 )
 # Punctuation that spaCy splits off either end of a chunk, and quotes (which include `,`).
 _PUNCT = "…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪"
-_QUOTES = "'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉\u2329\u232a⟦⟧"   # \u2329 \u232a: the angle brackets that NFC makes 〈〉
+# (\u2329 \u232a are angle brackets that NFC would write as the two before them.)
+_QUOTES = "'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉\u2329\u232a⟦⟧"
 _HYPHENS = ("-", "–", "—", "--", "---", "——", "~")
-_CURRENCY = ("$", "£", "€", "¥", "฿", "US$", "C$", "A$", "₽", "﷼", "₴", "₠", "₡", "₢", "₣", "₤", "₥", "₦", "₧",
-             "₨", "₩", "₪", "₫", "₭", "₮", "₯", "₰", "₱", "₲", "₳", "₵", "₶", "₷", "₸", "₹", "₺", "₻", "₼", "₾",
-             "₿")
+_CURRENCY = ("$", "£", "€", "¥", "฿", "US$", "C$", "A$", "₽", "﷼", "₴", "₠", "₡", "₢", "₣", "₤", "₥", "₦",
+             "₧", "₨", "₩", "₪", "₫", "₭", "₮", "₯", "₰", "₱", "₲", "₳", "₵", "₶", "₷", "₸", "₹", "₺", "₻",
+             "₼", "₾", "₿")
 # Units split off a number (`10km` -> `10 km`). spaCy's list also joins `тб` to the next unit by a missing
 # space, so `тб` is not one.
-_UNITS = ("km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm nm yd in ft kg g mg µg t lb oz m/s km/h "
-          "kmh mph hPa Pa mbar mb MB kb KB gb GB tb TB T G M K % км км² км³ м м² м³ дм дм² дм³ см см² см³ "
-          "мм мм² мм³ нм кг г мг м/с км/ч кПа Па мбар Кб КБ кб Мб МБ мб Гб ГБ гб Тб ТБ кб كم² كم³ م م² م³ سم "
-          "سم² سم³ مم مم² مم³ كم غرام جرام جم كغ ملغ كوب اكواب").split()
+_UNITS_TEXT = """
+km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm nm yd in ft kg g mg µg t lb oz m/s km/h kmh mph
+hPa Pa mbar mb MB kb KB gb GB tb TB T G M K % км км² км³ м м² м³ дм дм² дм³ см см² см³ мм мм² мм³ нм кг г
+мг м/с км/ч кПа Па мбар Кб КБ кб Мб МБ мб Гб ГБ гб Тб ТБ كم² كم³ م م² م³ سم سم² سم³ مم مم² مم³ كم غرام
+جرام جم كغ ملغ كوب اكواب
+"""
+_UNITS = _UNITS_TEXT.split()
 # The sentencizer's sentence-ending characters (datatrove's TERMINAL_PUNCTUATION less the marks of scripts
 # spaCy's list predates).
 SENTENCE_ENDS = frozenset(
@@ -120,69 +125,136 @@ SENTENCE_ENDS = frozenset(
     "\U00011c42\U00016a6e\U00016a6f\U00016af5\U00016b37\U00016b38\U00016b44\U0001bc9f\U0001da88")
 
 
-def _ranges_class(ranges) -> str:
-    return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+def _ranges(chars) -> list[tuple[int, int]]:
+    """The code points of `chars` (characters, or (first, last) code point pairs) as sorted ranges."""
+    points = sorted({c for x in chars for c in ([ord(x)] if isinstance(x, str) else range(x[0], x[1] + 1))})
+    out: list[tuple[int, int]] = []
+    for c in points:
+        if out and out[-1][1] == c - 1:
+            out[-1] = (out[-1][0], c)
+        else:
+            out.append((c, c))
+    return out
 
 
-def _chars_class(chars) -> str:
-    return "".join(re.escape(c) for c in sorted(set(chars)))
+def _class(*sets) -> str:
+    """A regular expression for one character of any of `sets` (see `_ranges`). The characters beyond the
+    Basic Multilingual Plane go in a class of their own: with them, `re` would test a character against
+    every range in turn, without them it looks it up in a table."""
+    ranges = _ranges(x for chars in sets for x in chars)
+    bmp = [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
+    astral = [(max(a, 0x10000), b) for a, b in ranges if b > 0xFFFF]
+    parts = ["[" + "".join(re.escape(chr(a)) + (f"-{re.escape(chr(b))}" if b > a else "") for a, b in r) + "]"
+             for r in (bmp, astral) if r]
+    return parts[0] if len(parts) == 1 else f"(?:{'|'.join(parts)})"
 
 
-def _cased(test) -> str:
-    return _chars_class(chr(c) for a, b in _CASED_RANGES for c in range(a, b + 1) if test(chr(c)))
+def _cased(test) -> list[str]:
+    return [chr(c) for a, b in _CASED_RANGES for c in range(a, b + 1) if test(chr(c))]
 
 
 @functools.cache
-def _classes() -> dict[str, str]:
-    """The character classes, as the inside of a regular expression's [...] (built on first use)."""
-    uncased = _ranges_class(_UNCASED_RANGES)
+def _classes() -> dict[str, list]:
+    """The character classes (see `_ranges`), built on first use."""
     newer = {c for a, b in _NEWER_SYMBOLS for c in range(a, b + 1)}
-    symbols = [c for c in range(0xA0, 0x1FC00) if c not in newer and unicodedata.category(chr(c)) == "So"]
-    return {"alpha": _ranges_class(_CASED_RANGES) + uncased,
-            "lower": _cased(str.islower) + re.escape(_EXTRA_LOWER) + uncased,
-            "upper": _cased(str.isupper) + re.escape(_EXTRA_UPPER) + uncased,
-            "symbols": _chars_class(map(chr, symbols)),
-            "punct_quotes": _chars_class(_PUNCT + _QUOTES)}
+    symbols = [chr(c) for c in range(0xA0, 0x1FC00) if c not in newer and unicodedata.category(chr(c)) == "So"]
+    return {"alpha": [*_CASED_RANGES, *_UNCASED_RANGES],
+            "lower": [*_cased(str.islower), _EXTRA_LOWER, *_UNCASED_RANGES],
+            "upper": [*_cased(str.isupper), _EXTRA_UPPER, *_UNCASED_RANGES],
+            "symbols": symbols}
+
+
+class _Rules:
+    """Steps 3 and 4 of the module docstring, built on first use (`_rules()`): the prefix and suffix rules by
+    sets of characters and strings (a suffix is the longest end of the chunk that any suffix rule gives,
+    as spaCy's search for the leftmost match finds it), the infixes and the URL by regular expression."""
+
+    def __init__(self):
+        c = _classes()
+        al, lo, up = _class(c["alpha"]), _class(c["lower"]), _class(c["upper"])
+        al0 = _class(c["alpha"], "0123456789")
+        symbols = frozenset(c["symbols"])
+        self.prefix_chars = frozenset("§%=—–" + _PUNCT + _QUOTES) | {x for x in _CURRENCY if len(x) == 1} | symbols
+        self.suffix_chars = frozenset(_PUNCT + _QUOTES + "—–") | symbols
+        # A period is a suffix after a digit, a lowercase letter, one of `%²-+|(?:)`, punctuation or a quote,
+        # after two capitals, or after a degree sign and a scale (`°C.`).
+        self.before_period = re.compile(_class(c["lower"], "0123456789%²-+|(?:)", _PUNCT, _QUOTES)).match
+        self.upper = re.compile(up).match
+        self.hyphenated = re.compile(f"{al}+(?:-{al}+)+").fullmatch     # `well-known`: split at each hyphen
+        # After a digit: a unit, a currency sign or `+`.
+        self.after_digit = frozenset(_UNITS) | frozenset(_CURRENCY) | {"+"}
+        self.longest_after_digit = max(map(len, self.after_digit))
+        # Each alternative begins with the character it splits at (looking behind after it), so that the
+        # search skips to the next candidate in C.
+        lower_quote, upper_quote = _class(c["lower"], _QUOTES), _class(c["upper"], _QUOTES)
+        self.infix = re.compile(
+            rf"\.\.+|…|{_class(symbols)}|[+\-*^](?<=[0-9].)(?=[0-9-])"
+            rf"|\.(?<={lower_quote}\.)(?={upper_quote})|,(?<={al},)(?={al})"
+            + "".join(f"|{re.escape(h)}(?<={al0}{re.escape(h)})(?={al})" for h in _HYPHENS)
+            + rf"|[:<>=/](?<={al0}.)(?={al})").finditer
+        host_char = "A-Za-z0-9\u00a1-\uffff"
+        self.url = re.compile(
+            r"(?:[\w+\-.]{2,}://)?"                                   # a scheme
+            r"(?:\S+(?::\S*)?@)?"                                     # user[:password]@
+            r"(?:"
+            r"(?!(?:10|127)(?:\.\d{1,3}){3})(?!(?:169\.254|192\.168)(?:\.\d{1,3}){2})"   # not a private IPv4
+            r"(?!172\.(?:1[6-9]|2\d|3[0-1])(?:\.\d{1,3}){2})"
+            r"(?:[1-9]\d?|1\d\d|2[01]\d|22[0-3])(?:\.(?:1?\d{1,2}|2[0-4]\d|25[0-5])){2}"   # a public IPv4
+            r"(?:\.(?:[1-9]\d?|1\d\d|2[0-4]\d|25[0-4]))"
+            rf"|(?:(?:[{host_char}][{host_char}_-]{{0,62}})?[{host_char}]\.)+"        # host names, then a
+            rf"(?:{lo}{{2,63}})"                                                        # lowercase top level
+            r")"
+            r"(?::\d{2,5})?"                                          # a port
+            r"(?:[/?#]\S*)?$").match                                 # a path
+
+    def prefix(self, s: str) -> int:
+        """The length of the prefix spaCy splits off `s` (0: none)."""
+        c = s[0]
+        if c in self.prefix_chars:
+            return 1
+        if c == ".":
+            n = len(s) - len(s.lstrip("."))
+            return n if n > 1 else 0
+        if c == "+":
+            return 0 if s[1:2] in _DIGITS else 1
+        if s.startswith(("US$", "C$", "A$")):
+            return 3 if c == "U" else 2
+        return 0
+
+    def suffix(self, t: str) -> int:
+        """The length of the suffix spaCy splits off `t` (0: none)."""
+        c = t[-1]
+        if c == ".":
+            n = len(t) - len(t.rstrip("."))
+            if n > 1:
+                return n
+            if len(t) < 2:
+                return 0
+            if self.before_period(t[-2]) or (t[-3:-1] in _DEGREES) or (
+                    len(t) > 2 and self.upper(t[-2]) and self.upper(t[-3])):
+                return 1
+            return 0
+        if c in self.suffix_chars:
+            return 2 if c == "…" and t.endswith("……") else 1
+        if c in "sS" and t[-2:-1] in ("'", "’"):
+            return 2
+        for n in range(min(self.longest_after_digit, len(t) - 1), 0, -1):
+            if t[-n:] in self.after_digit and t[-n - 1] in _DIGITS:
+                return n
+        return 0
+
+
+_DIGITS = frozenset("0123456789")
+_DEGREES = frozenset(f"°{unit}" for unit in "FfCcKk")
+
+
+@functools.cache
+def _rules() -> _Rules:
+    return _Rules()
 
 
 def _alternatives(strings) -> str:
     return "|".join(map(re.escape, strings))
-
-
-@functools.cache
-def _rules() -> tuple:
-    """(prefix match, suffix search, infix finditer, URL match), compiled on first use."""
-    c = _classes()
-    al, lo, up, sym, pq = c["alpha"], c["lower"], c["upper"], c["symbols"], c["punct_quotes"]
-    quotes = _chars_class(_QUOTES)
-    # Prefixes: one character of these, or a run of periods, or a two- or three-character currency sign.
-    prefix = re.compile(rf"(?:[§%=—–{pq}£€¥฿₽﷼₠-₿$]|[{sym}]|\+(?![0-9])|\.\.+|US\$|C\$|A\$)")
-    # Suffixes: the longest end of the chunk that is one of these (a search: the leftmost start wins).
-    suffix = re.compile(
-        rf"(?:[{pq}—–]|[{sym}]|……|\.\.+|'s|'S|’s|’S"
-        rf"|(?<=[0-9])\+|(?<=°[FfCcKk])\."
-        rf"|(?<=[0-9])(?:{_alternatives(_CURRENCY)})|(?<=[0-9])(?:{_alternatives(_UNITS)})"
-        rf"|(?<=[0-9{lo}%²\-+|(?:){_chars_class(_PUNCT)}{quotes}])\."
-        rf"|(?<=[{up}][{up}])\.)$")
-    infix = re.compile(
-        rf"\.\.+|…|[{sym}]|(?<=[0-9])[+\-*^](?=[0-9-])|(?<=[{lo}{quotes}])\.(?=[{up}{quotes}])"
-        rf"|(?<=[{al}]),(?=[{al}])|(?<=[{al}0-9])(?:{_alternatives(_HYPHENS)})(?=[{al}])"
-        rf"|(?<=[{al}0-9])[:<>=/](?=[{al}])")
-    host_char = "A-Za-z0-9\u00a1-\uffff"
-    url = re.compile(
-        r"(?:[\w+\-.]{2,}://)?"                                   # a scheme
-        r"(?:\S+(?::\S*)?@)?"                                     # user[:password]@
-        r"(?:"
-        r"(?!(?:10|127)(?:\.\d{1,3}){3})(?!(?:169\.254|192\.168)(?:\.\d{1,3}){2})"   # not a private IPv4
-        r"(?!172\.(?:1[6-9]|2\d|3[0-1])(?:\.\d{1,3}){2})"
-        r"(?:[1-9]\d?|1\d\d|2[01]\d|22[0-3])(?:\.(?:1?\d{1,2}|2[0-4]\d|25[0-5])){2}"   # a public IPv4
-        r"(?:\.(?:[1-9]\d?|1\d\d|2[0-4]\d|25[0-4]))"
-        rf"|(?:(?:[{host_char}][{host_char}_-]{{0,62}})?[{host_char}]\.)+"        # host names, then a
-        rf"(?:[{lo}]{{2,63}})"                                                      # lowercase top level
-        r")"
-        r"(?::\d{2,5})?"                                          # a port
-        r"(?:[/?#]\S*)?$")                                        # a path
-    return prefix.match, suffix.search, infix.finditer, url.match
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,15 +348,16 @@ def _special_cases() -> dict[str, tuple[str, ...]]:
     return out
 
 
-_EMOTICONS = r"""
+_EMOTICONS_TEXT = r"""
 :) :-) :)) :-)) :))) :-))) (: (-: =) (= :] :-] [: [-: [= =] :o) (o: :} :-} 8) 8-) (-8 ;) ;-) (; (-; :( :-(
 :(( :-(( :((( :-((( ): )-: =( >:( :') :'-) :'( :'-( :/ :-/ =/ =| :| :-| ]= =[ :1 :P :-P :p :-p :O :-O :o :-o
 :0 :-0 :() >:o :* :-* :3 :-3 =3 :> :-> :X :-X :x :-x :D :-D ;D ;-D =D xD XD xDD XDD 8D 8-D ^_^ ^__^ ^___^ >.<
 >.> <.< ._. ;_; -_- -__- v.v V.V v_v V_V o_o o_O O_o O_O 0_o o_0 0_0 o.O O.o O.O o.o 0.0 o.0 0.o @_@ <3 <33
 <333 </3 (^_^) (-_-) (._.) (>_<) (*_*) (¬_¬) ಠ_ಠ ಠ︵ಠ (ಠ_ಠ) ¯\(ツ)/¯ (╯°□°）╯︵┻━┻ ><(((*>
-""".split()
+"""
+_EMOTICONS = _EMOTICONS_TEXT.split()
 # Abbreviations and other words that stay one token with their periods or apostrophes.
-_WHOLE_WORDS = """
+_WHOLE_WORDS_TEXT = """
 'S 's ‘S ‘s and/or w/o 're 'Cause 'cause 'cos 'Cos 'coz 'Coz 'cuz 'Cuz 'bout ma'am Ma'am o'clock O'clock
 lovin' Lovin' lovin Lovin havin' Havin' havin Havin doin' Doin' doin Doin goin' Goin' goin Goin
 Mt. Ak. Ala. Apr. Ariz. Ark. Aug. Calif. Colo. Conn. Dec. Del. Feb. Fla. Ga. Ia. Id. Ill. Ind. Jan. Jul. Jun.
@@ -292,7 +365,8 @@ Kan. Kans. Ky. La. Mar. Mass. Mich. Minn. Miss. N.C. N.D. N.H. N.J. N.M. N.Y. Ne
 Ore. Pa. S.C. Sep. Sept. Tenn. Va. Wash. Wis.
 'd a.m. Adm. Bros. co. Co. Corp. D.C. Dr. e.g. E.g. E.G. Gen. Gov. i.e. I.e. I.E. Inc. Jr. Ltd. Md. Messrs.
 Mo. Mont. Mr. Mrs. Ms. p.m. Ph.D. Prof. Rep. Rev. Sen. St. vs. v.s.
-""".split()
+"""
+_WHOLE_WORDS = _WHOLE_WORDS_TEXT.split()
 SPECIALS = _special_cases()
 
 
@@ -300,10 +374,10 @@ SPECIALS = _special_cases()
 def _joined_specials() -> dict[tuple[str, ...], tuple[str, ...]]:
     """{the tokens the rules give a special case that holds a prefix, suffix or infix: its own tokens}:
     spaCy joins such runs of tokens back into the special case after the rules (step 5)."""
-    prefix, suffix, infix, _ = _rules()
+    rules = _rules()
     out = {}
     for key, tokens in SPECIALS.items():
-        if prefix(key) or suffix(key) or next(infix(key), None) or " " in key:
+        if rules.prefix(key) or rules.suffix(key) or next(rules.infix(key), None) or " " in key:
             out[_split(key, specials=False)] = tokens
     return out
 
@@ -312,14 +386,19 @@ def _joined_specials() -> dict[tuple[str, ...], tuple[str, ...]]:
 # Tokens and sentences
 
 _CACHE: dict[str, tuple[str, ...]] = {}      # chunk -> its tokens
-_JOINED: dict[str, tuple[str, ...]] = {}     # chunk whose tokens step 5 joined -> its tokens before that
+# Chunks whose tokens step 5 joined and that a special case across chunks could reach -> their tokens before
+# step 5; and the chunks whose tokens (before step 5) may go on into a special case in the next chunk, or
+# may complete one begun in the chunk before.
+_JOINED: dict[str, tuple[str, ...]] = {}
+_OPEN_RIGHT: dict[str, str] = {}       # chunk -> its last token (before step 5)
+_OPEN_LEFT: dict[str, str] = {}        # chunk -> its first token (before step 5)
 _CACHE_LIMIT = 300_000             # distinct chunks remembered (some 50 MB), then forgotten all at once
 
 
 def cache_clear() -> None:
     """Forget every chunk's tokens (a benchmark's cold pass)."""
-    _CACHE.clear()
-    _JOINED.clear()
+    for remembered in (_CACHE, _JOINED, _OPEN_RIGHT, _OPEN_LEFT):
+        remembered.clear()
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -331,9 +410,21 @@ def words(text: str) -> tuple[str, ...]:
     except KeyError:
         _learn(chunks)
         out = tuple(chain.from_iterable(map(cache.__getitem__, chunks)))
-    if not _JOINED or _JOINED.keys().isdisjoint(chunks):
+    if _JOINED.keys().isdisjoint(chunks) or not _reached(chunks):
         return out
     return tuple(t for t in _doc_tokens(text) if not t.isspace())
+
+
+def _reached(chunks: list[str]) -> bool:
+    """Whether a chunk whose tokens step 5 joined has a neighbour with which a special case across the two
+    could form (then step 5 runs over the whole text, `_doc_tokens`)."""
+    last = len(chunks) - 1
+    pairs = _adjacent_tokens()
+    for k, chunk in enumerate(chunks):
+        if chunk in _JOINED and ((k > 0 and (_OPEN_RIGHT.get(chunks[k - 1]), _OPEN_LEFT.get(chunk)) in pairs)
+                                 or (k < last and (_OPEN_RIGHT.get(chunk), _OPEN_LEFT.get(chunks[k + 1])) in pairs)):
+            return True
+    return False
 
 
 def tokens(chunk: str) -> tuple[str, ...]:
@@ -345,18 +436,64 @@ def tokens(chunk: str) -> tuple[str, ...]:
 
 
 def _learn(chunks) -> None:
+    """Puts the tokens of each chunk not seen yet in the cache."""
     cache = _CACHE
     if len(cache) > _CACHE_LIMIT:
         cache_clear()
-    for chunk in set(chunks).difference(cache):
-        if chunk.isalpha() and chunk not in SPECIALS:      # letters alone: no rule applies
-            cache[chunk] = (chunk,)
-            continue
-        split = _split(chunk, specials=True)
-        joined = _join_specials(split) if len(split) > 1 else split
-        if joined != split:
-            _JOINED[chunk] = split
+    new = set(chunks).difference(cache)
+    heads, tails = _edge_tokens()
+    if len(new) > 8:
+        # Letters alone, or digits alone: no rule applies but a special case (`cannot`, `im`).
+        plain = (set(filter(str.isalpha, new)) | set(filter(str.isdecimal, new))).difference(SPECIALS)
+        cache.update(zip(plain, zip(plain)))
+        _OPEN_RIGHT.update((c, c) for c in plain.intersection(heads))
+        _OPEN_LEFT.update((c, c) for c in plain.intersection(tails))
+        new.difference_update(plain)
+    for chunk in new:
+        split = joined = _quick(chunk)
+        if split is None:
+            split = _split(chunk, specials=True)
+            joined = _join_specials(split) if len(split) > 1 else split
         cache[chunk] = joined
+        right, left = split[-1] in heads, split[0] in tails
+        if right:
+            _OPEN_RIGHT[chunk] = split[-1]
+        if left:
+            _OPEN_LEFT[chunk] = split[0]
+        if joined is not split and (left or right):
+            _JOINED[chunk] = split
+
+
+def _quick(chunk: str) -> tuple[str, ...] | None:
+    """The tokens of the commonest chunks, as the rules give them but without running them, or None: a word
+    (letters, or ASCII digits) alone or with one character split off either end (`word,` `(word` `2019.`),
+    and words joined by hyphens, where no special case is near. Two tokens are never joined by step 5 (that
+    would take a special case spelled like the whole chunk)."""
+    if chunk in SPECIALS:
+        return None
+    rules = _rules()
+    core = chunk[:-1]
+    if core and (core.isalpha() or (core.isascii() and core.isdigit())) and core not in SPECIALS:
+        last = chunk[-1]
+        if last in rules.suffix_chars:
+            return (core, last)
+        if last == ".":
+            if rules.before_period(core[-1]) or (len(core) > 1 and rules.upper(core[-1]) and rules.upper(core[-2])):
+                return (core, last)
+            return None
+        if core.isalpha() and (last.isalpha() or last.isdecimal()):
+            return (chunk,)
+    first, rest = chunk[0], chunk[1:]
+    if first in rules.prefix_chars and (rest.isalpha() or (rest.isascii() and rest.isdigit())) \
+            and rest not in SPECIALS:
+        return (first, rest)
+    if "-" in chunk and rules.hyphenated(chunk):
+        out = tuple(_HYPHEN.split(chunk))
+        return out if _first_tokens().isdisjoint(out) else None
+    return None
+
+
+_HYPHEN = re.compile("(-)")
 
 
 def _split(chunk: str, specials: bool) -> tuple[str, ...]:
@@ -364,7 +501,7 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
     known = SPECIALS if specials else {}
     if chunk in known:
         return known[chunk]
-    prefix, suffix, infix, url = _rules()
+    rules = _rules()
     prefixes: list[str] = []
     suffixes: list[str] = []
     s, last = chunk, -1
@@ -372,14 +509,12 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
         if s in known:
             break
         last = len(s)
-        m = prefix(s)
-        pre = m.end() if m else 0
+        pre = rules.prefix(s)
         if pre and s[pre:] in known:
             prefixes.append(s[:pre])
             s = s[pre:]
             break
-        m = suffix(s[pre:])
-        suf = (len(s) - pre - m.start()) if m else 0
+        suf = rules.suffix(s[pre:]) if len(s) > pre else 0
         if suf and s[:-suf] in known:
             suffixes.append(s[-suf:])
             s = s[:-suf]
@@ -393,11 +528,11 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
     if s:
         if s in known:
             out.extend(known[s])
-        elif url(s):
+        elif s.isalnum() or ("." in s and rules.url(s)):   # no infix is a letter or digit; a URL has a period
             out.append(s)
         else:
             start = 0
-            for m in infix(s):
+            for m in rules.infix(s):
                 a, b = m.span()
                 if a == 0:          # spaCy skips an infix at the very start
                     continue
@@ -419,7 +554,9 @@ def _join_specials(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -
     joined = _joined_specials()
     n = len(tokens)
     longest = _longest_special()
-    found = [(i, j) for i in range(n) for j in range(i + 2, min(n, i + longest) + 1) if tokens[i:j] in joined]
+    firsts = _first_tokens()
+    found = [(i, j) for i, token in enumerate(tokens) if token in firsts
+             for j in range(i + 2, min(n, i + longest) + 1) if tokens[i:j] in joined]
     if not found:
         return tokens
     found.sort(key=lambda span: (span[0] - span[1], span[0]))
@@ -439,8 +576,28 @@ def _join_specials(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -
 
 
 @functools.cache
+def _adjacent_tokens() -> frozenset[tuple[str, str]]:
+    """Every two tokens next to each other in a run that `_joined_specials` joins."""
+    return frozenset(pair for run in _joined_specials() for pair in zip(run, run[1:]))
+
+
+@functools.cache
+def _first_tokens() -> frozenset[str]:
+    return frozenset(run[0] for run in _joined_specials())
+
+
+@functools.cache
 def _longest_special() -> int:
     return max(map(len, _joined_specials()))
+
+
+@functools.cache
+def _edge_tokens() -> tuple[frozenset[str], frozenset[str]]:
+    """(the tokens that may end a chunk and begin a special case that goes on in the next chunk, the tokens
+    that may begin a chunk and end or continue one begun in the chunk before): every token of the runs
+    `_joined_specials` joins but their last, and but their first."""
+    runs = _joined_specials()
+    return frozenset(t for run in runs for t in run[:-1]), frozenset(t for run in runs for t in run[1:])
 
 
 _PIECES = re.compile(r"\S+|\s+")
@@ -461,14 +618,16 @@ def _doc_tokens(text: str) -> tuple[str, ...]:
             split = _JOINED.get(piece) or tokens(piece)
             out += split
             chunk_of += [k] * len(split)
-    return _join_specials(tuple(out), chunk_of)
+    return _join_specials(tuple(out), chunk_of) if not _JOINED.keys().isdisjoint(text.split()) else tuple(out)
 
 
 @functools.cache
-def _punctuation() -> re.Pattern:
-    """A token all of whose characters are punctuation (Unicode category P), or a sentence end."""
-    chars = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("P")]
-    return re.compile(f"(?:[{_chars_class(chars)}]+|[{_chars_class(SENTENCE_ENDS)}])")
+def _sentence_breaks():
+    """Finds, in a line's tokens each after a newline, each token that starts a sentence but the first: a
+    sentence end (`SENTENCE_ENDS`, all of them punctuation), tokens of punctuation only (Unicode category P),
+    then a token that is not."""
+    punct = _class([chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("P")])
+    return re.compile(rf"\n{_class(SENTENCE_ENDS)}(?:\n{punct}+)*\n(?=[^\n])(?!{punct}+\n)").findall
 
 
 _OTHER_WHITESPACE = re.compile(r"[^\S ]|  ")
@@ -478,15 +637,10 @@ def sentences(line: str) -> int:
     """How many sentences spaCy's sentencizer finds in `line`, at least 1, as datatrove counts them (its
     sentences stripped, the empty dropped: here the line is stripped)."""
     line = line.strip()
-    toks = _doc_tokens(line) if _OTHER_WHITESPACE.search(line) else words(line)
+    if _OTHER_WHITESPACE.search(line):      # whitespace other than one space is a token, never punctuation
+        toks = tuple("\0" if t.isspace() else t for t in _doc_tokens(line))
+    else:
+        toks = words(line)
     if SENTENCE_ENDS.isdisjoint(toks):
         return 1
-    punctuation = _punctuation().fullmatch
-    count, seen_end = 1, False
-    for token in toks:
-        if token in SENTENCE_ENDS:
-            seen_end = True
-        elif seen_end and not punctuation(token):
-            count += 1
-            seen_end = False
-    return count
+    return 1 + len(_sentence_breaks()("\n" + "\n".join(toks) + "\n"))

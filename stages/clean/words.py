@@ -68,9 +68,12 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-SPLITTERS = ("fast", "spacy", "nltk")
-# The extra that installs each splitter's library (setup.cfg).
-_EXTRA = {"spacy": "spacy", "nltk": "nltk"}
+from stages.clean import spacy_rules
+
+SPLITTERS = ("spacy_rules", "fast", "spacy", "nltk")
+DEFAULT = "spacy_rules"          # the filters' default and the recipe's (gin/data/fineweb_filters.gin)
+# The extra that installs each splitter's library (setup.cfg); the others need none.
+LIBRARY = {"spacy": "spacy", "nltk": "nltk"}
 PUNKT = "tokenizers/punkt_tab/english"      # punkt's trained English model, under an NLTK data directory
 PUNKT_DOWNLOAD = "python -m nltk.downloader punkt_tab"
 
@@ -147,7 +150,7 @@ def splitter(name: str) -> Callable[[str], Sequence[str]]:
     extra to install when they are missing)."""
     if name not in SPLITTERS:
         raise ValueError(f"unknown word splitter {name!r}: valid choices are {', '.join(SPLITTERS)}")
-    return {"fast": Fast, "spacy": Spacy, "nltk": Nltk}[name]()
+    return {"spacy_rules": SpacyRules, "fast": Fast, "spacy": Spacy, "nltk": Nltk}[name]()
 
 
 class _Splitter:
@@ -192,7 +195,7 @@ class _Splitter:
             try:
                 self._loaded = self._load()
             except ImportError as e:
-                extra = _EXTRA[self.name]
+                extra = LIBRARY[self.name]
                 raise ImportError(f"word splitter {self.name!r} needs {e.name}, which is not installed: "
                                   f"install the {extra!r} extra (pip install -e '.[{extra}]')") from None
         return self._loaded
@@ -211,6 +214,19 @@ class Fast(_Splitter):
 
     def sentences(self, line: str) -> int:
         return sentences(line)
+
+
+class SpacyRules(_Splitter):
+    """spaCy's English tokenizer and sentencizer as datatrove 0.10.1 runs them, by rules: no library
+    (stages/clean/spacy_rules.py)."""
+
+    name = "spacy_rules"
+
+    def _words(self, text: str) -> tuple[str, ...]:
+        return spacy_rules.words(text)
+
+    def sentences(self, line: str) -> int:
+        return spacy_rules.sentences(line)
 
 
 class Spacy(_Splitter):
@@ -308,10 +324,13 @@ def problem(name: str) -> str:
 
 def fingerprint(name: str) -> dict | None:
     """What decides the bytes the splitter `name` gives, beyond this file, for the clean stage's key: None
-    for "fast"; {library: version} for "spacy"; for "nltk" also {"punkt_tab": sha256 of the model's files
-    (names and bytes)}, or None where the model is not installed (the stage then refuses to start)."""
+    for "fast"; {"spacy_rules": the version of its rules} (spacy_rules.VERSION); {library: version} for
+    "spacy"; for "nltk" also {"punkt_tab": sha256 of the model's files (names and bytes)}, or None where the
+    model is not installed (the stage then refuses to start)."""
     if name == "fast":
         return None
+    if name == "spacy_rules":
+        return {"spacy_rules": spacy_rules.VERSION}
     from importlib import metadata
 
     try:
