@@ -84,7 +84,8 @@ class _SplitsWords:
         if library is None or importlib.util.find_spec(library) is not None:
             return ""
         return (f"clean.{type(self).__name__}.splitter={self.splitter!r} needs {library}, which is not "
-                f"installed: pip install -e '.[{library}]', or use the {words_lib.DEFAULT!r} splitter (no library)")
+                f"installed: pip install -e '.[{library}]', or use the {words_lib.DEFAULT!r} splitter "
+                "(no library)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,10 +134,10 @@ class GopherRepetition(_SplitsWords):
         if self.dup_line_char_frac and repeat_chars / chars > self.dup_line_char_frac:
             return "dup_line_char_frac"
         words = _splitter(self.splitter)(text)
+        grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
         for n, limit in self.top_n_grams:
-            if len(words) >= n and _top_n_gram_chars(words, n) / chars > limit:
+            if len(words) >= n and _top_n_gram_chars(words, n, grams) / chars > limit:
                 return f"top_{n}_gram"
-        grams = _NGrams(words) if self.dup_n_grams else None     # the n-gram hashes, once for every n
         for n, limit in self.dup_n_grams:
             if len(words) >= n and _repeated_chars(words, n, grams) / chars > limit:
                 return f"duplicated_{n}_n_grams"
@@ -366,9 +367,15 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
     return sum(r for r, _ in repeats), sum(r * n for r, n in repeats)
 
 
-def _top_n_gram_chars(words: tuple[str, ...], n: int) -> int:
+def _top_n_gram_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None) -> int:
     """Characters of the most frequent n-gram (joined by spaces) times its count; the first one seen
-    wins a tie, as in `Counter.most_common`."""
+    wins a tie, as in `Counter.most_common`. With `grams` (the words' `_NGrams`), the n-grams are counted
+    by hash in numpy and the winner's positions compared as words (a collision falls back to `Counter`)."""
+    if grams is not None and n > 1:
+        found = grams.top(n)
+        if found is not None:
+            i, top = found
+            return (grams.offsets[i + n] - grams.offsets[i] + n - 1) * top
     counts = Counter(zip(*(words[i:] for i in range(n))))
     values = list(counts.values())
     top = max(values)
@@ -428,6 +435,7 @@ class _NGrams:
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
     _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
+    _COMBINE = 0xA24BAED4963EE407                    # odd: combines the words' hashes into an n-gram's
 
     def __init__(self, words: tuple[str, ...]):
         import numpy as np
@@ -439,6 +447,41 @@ class _NGrams:
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
         np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
         self._inverse = _powers(pow(self._BASE, -1, 2**64), len(codes))
+        self.words = words
+        a, b = self._offsets[:-1], self._offsets[1:]
+        self._word_keys = [(self._sums[b] - self._sums[a]) * self._inverse[a]
+                           + (b - a).astype(np.uint64) * np.uint64(self._LENGTH)]    # each word's hash
+
+    def top(self, n: int) -> tuple[int, int] | None:
+        """(the first position of the commonest n-gram of words, its count), from a hash of each word
+        sequence (a polynomial in the words' hashes); None when the winner's positions do not all hold
+        the same words (a collision: the caller counts them itself)."""
+        import numpy as np
+
+        keys = self._gram_keys(n)
+        order = np.argsort(keys, kind="stable")    # equal keys keep their order: a group starts first seen
+        ordered = keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        sizes = np.diff(np.append(starts, len(ordered)))
+        top = int(sizes.max())
+        groups = np.flatnonzero(sizes == top)
+        group = groups[np.argmin(order[starts[groups]])]
+        members = order[starts[group]:starts[group] + top].tolist()
+        i = members[0]
+        gram = self.words[i:i + n]
+        if top > 1 and any(self.words[p:p + n] != gram for p in members[1:]):
+            return None
+        return i, top
+
+    def _gram_keys(self, n: int) -> np.ndarray:
+        """A hash of each n-gram of words, (m - n + 1,): sum over t of h(word i + t) * C^t mod 2^64."""
+        import numpy as np
+
+        while len(self._word_keys) < n:
+            k = len(self._word_keys)
+            step = np.uint64(pow(self._COMBINE, k, 2**64))
+            self._word_keys.append(self._word_keys[-1][:-1] + self._word_keys[0][k:] * step)
+        return self._word_keys[n - 1]
 
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""

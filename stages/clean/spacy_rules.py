@@ -43,6 +43,7 @@ against spaCy's own and the tokens against spaCy's on real pages, where spaCy is
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import sys
 import unicodedata
@@ -157,7 +158,8 @@ def _cased(test) -> list[str]:
 def _classes() -> dict[str, list]:
     """The character classes (see `_ranges`), built on first use."""
     newer = {c for a, b in _NEWER_SYMBOLS for c in range(a, b + 1)}
-    symbols = [chr(c) for c in range(0xA0, 0x1FC00) if c not in newer and unicodedata.category(chr(c)) == "So"]
+    symbols = [chr(c) for c in range(0xA0, 0x1FC00)
+               if c not in newer and unicodedata.category(chr(c)) == "So"]
     return {"alpha": [*_CASED_RANGES, *_UNCASED_RANGES],
             "lower": [*_cased(str.islower), _EXTRA_LOWER, *_UNCASED_RANGES],
             "upper": [*_cased(str.isupper), _EXTRA_UPPER, *_UNCASED_RANGES],
@@ -174,13 +176,24 @@ class _Rules:
         al, lo, up = _class(c["alpha"]), _class(c["lower"]), _class(c["upper"])
         al0 = _class(c["alpha"], "0123456789")
         symbols = frozenset(c["symbols"])
-        self.prefix_chars = frozenset("§%=—–" + _PUNCT + _QUOTES) | {x for x in _CURRENCY if len(x) == 1} | symbols
+        currency = {x for x in _CURRENCY if len(x) == 1}
+        self.prefix_chars = frozenset("§%=—–" + _PUNCT + _QUOTES) | currency | symbols
         self.suffix_chars = frozenset(_PUNCT + _QUOTES + "—–") | symbols
         # A period is a suffix after a digit, a lowercase letter, one of `%²-+|(?:)`, punctuation or a quote,
         # after two capitals, or after a degree sign and a scale (`°C.`).
         self.before_period = re.compile(_class(c["lower"], "0123456789%²-+|(?:)", _PUNCT, _QUOTES)).match
         self.upper = re.compile(up).match
+        # `word.` `2019.`: a period is split off after a lowercase letter, a digit or two capitals.
+        self.period_after = re.compile(rf".*(?:{lo}|[0-9]|{up}{up})", re.S).fullmatch
+        # A word and a character split off its end (`word,` `word.`; before `.`, a lowercase letter or two
+        # capitals), or off its start (`(word`), as `_learn` takes them in bulk.
+        word = r"[^\W\d_]+"
+        self.word_then_suffix = re.compile(
+            rf"{word}(?:{_class(self.suffix_chars)}|(?<={lo})\.|(?<={up}{up})\.)").fullmatch
+        self.prefix_then_word = re.compile(rf"{_class(self.prefix_chars)}{word}").fullmatch
         self.hyphenated = re.compile(f"{al}+(?:-{al}+)+").fullmatch     # `well-known`: split at each hyphen
+        self.number = re.compile(r"[0-9]+(?:[.,:/][0-9]+)*").fullmatch    # no rule splits `1,000.5` `12:30`
+        self.apostrophe = re.compile(r"[^\W\d_]+['’][^\W\d_]+").fullmatch   # `O'Brien`, `dog's`
         # After a digit: a unit, a currency sign or `+`.
         self.after_digit = frozenset(_UNITS) | frozenset(_CURRENCY) | {"+"}
         self.longest_after_digit = max(map(len, self.after_digit))
@@ -387,17 +400,16 @@ def _joined_specials() -> dict[tuple[str, ...], tuple[str, ...]]:
 
 _CACHE: dict[str, tuple[str, ...]] = {}      # chunk -> its tokens
 # Chunks whose tokens step 5 joined and that a special case across chunks could reach -> their tokens before
-# step 5; and the chunks whose tokens (before step 5) may go on into a special case in the next chunk, or
-# may complete one begun in the chunk before.
+# step 5; and each chunk's first and last token before step 5, where not the chunk itself.
 _JOINED: dict[str, tuple[str, ...]] = {}
-_OPEN_RIGHT: dict[str, str] = {}       # chunk -> its last token (before step 5)
-_OPEN_LEFT: dict[str, str] = {}        # chunk -> its first token (before step 5)
+_FIRST: dict[str, str] = {}
+_LAST: dict[str, str] = {}
 _CACHE_LIMIT = 300_000             # distinct chunks remembered (some 50 MB), then forgotten all at once
 
 
 def cache_clear() -> None:
     """Forget every chunk's tokens (a benchmark's cold pass)."""
-    for remembered in (_CACHE, _JOINED, _OPEN_RIGHT, _OPEN_LEFT):
+    for remembered in (_CACHE, _JOINED, _FIRST, _LAST):
         remembered.clear()
 
 
@@ -420,9 +432,11 @@ def _reached(chunks: list[str]) -> bool:
     could form (then step 5 runs over the whole text, `_doc_tokens`)."""
     last = len(chunks) - 1
     pairs = _adjacent_tokens()
+    first_of, last_of = _FIRST.get, _LAST.get
     for k, chunk in enumerate(chunks):
-        if chunk in _JOINED and ((k > 0 and (_OPEN_RIGHT.get(chunks[k - 1]), _OPEN_LEFT.get(chunk)) in pairs)
-                                 or (k < last and (_OPEN_RIGHT.get(chunk), _OPEN_LEFT.get(chunks[k + 1])) in pairs)):
+        if chunk in _JOINED and (
+                (k > 0 and (last_of(chunks[k - 1], chunks[k - 1]), first_of(chunk)) in pairs)
+                or (k < last and (last_of(chunk), first_of(chunks[k + 1], chunks[k + 1])) in pairs)):
             return True
     return False
 
@@ -435,62 +449,94 @@ def tokens(chunk: str) -> tuple[str, ...]:
     return _CACHE[chunk]
 
 
+_CORE = operator.itemgetter(slice(None, -1))
+_REST = operator.itemgetter(slice(1, None))
+_FIRST_CHAR = operator.itemgetter(0)
+_LAST_CHAR = operator.itemgetter(-1)
+
+
 def _learn(chunks) -> None:
-    """Puts the tokens of each chunk not seen yet in the cache."""
+    """Puts the tokens of each chunk not seen yet in the cache. The commonest chunks are done in bulk, by
+    set operations and `map` (in C): letters or digits alone, a word and a character split off its end
+    (`word,` `word.`), or off its start (`(word`); special cases are left to the rules."""
     cache = _CACHE
     if len(cache) > _CACHE_LIMIT:
         cache_clear()
     new = set(chunks).difference(cache)
-    heads, tails = _edge_tokens()
     if len(new) > 8:
-        # Letters alone, or digits alone: no rule applies but a special case (`cannot`, `im`).
+        rules = _rules()
         plain = (set(filter(str.isalpha, new)) | set(filter(str.isdecimal, new))).difference(SPECIALS)
         cache.update(zip(plain, zip(plain)))
-        _OPEN_RIGHT.update((c, c) for c in plain.intersection(heads))
-        _OPEN_LEFT.update((c, c) for c in plain.intersection(tails))
         new.difference_update(plain)
+        for shape, first_of, last_of in ((rules.word_then_suffix, _CORE, _LAST_CHAR),
+                                         (rules.prefix_then_word, _FIRST_CHAR, _REST)):
+            found = set(filter(shape, new)).difference(SPECIALS)
+            parts = (_CORE if first_of is _CORE else _REST)
+            if special := set(map(parts, found)).intersection(SPECIALS):
+                found = {c for c in found if parts(c) not in special}
+            found_list = list(found)
+            firsts, lasts = list(map(first_of, found_list)), list(map(last_of, found_list))
+            cache.update(zip(found_list, zip(firsts, lasts)))
+            _FIRST.update(zip(found_list, firsts))
+            _LAST.update(zip(found_list, lasts))
+            new.difference_update(found)
+    firsts = _first_tokens()
     for chunk in new:
+        if chunk.isalpha() and chunk not in SPECIALS:
+            cache[chunk] = (chunk,)
+            continue
         split = joined = _quick(chunk)
         if split is None:
             split = _split(chunk, specials=True)
-            joined = _join_specials(split) if len(split) > 1 else split
+            joined = split if len(split) == 1 or firsts.isdisjoint(split) else _join_specials(split)
         cache[chunk] = joined
-        right, left = split[-1] in heads, split[0] in tails
-        if right:
-            _OPEN_RIGHT[chunk] = split[-1]
-        if left:
-            _OPEN_LEFT[chunk] = split[0]
-        if joined is not split and (left or right):
+        if split[0] != chunk:
+            _FIRST[chunk] = split[0]
+            _LAST[chunk] = split[-1]
+        if joined is not split:
             _JOINED[chunk] = split
 
 
 def _quick(chunk: str) -> tuple[str, ...] | None:
-    """The tokens of the commonest chunks, as the rules give them but without running them, or None: a word
-    (letters, or ASCII digits) alone or with one character split off either end (`word,` `(word` `2019.`),
-    and words joined by hyphens, where no special case is near. Two tokens are never joined by step 5 (that
-    would take a special case spelled like the whole chunk)."""
+    """The tokens of the commonest chunks, as the rules give them but without running them, or None (then
+    the rules run): letters and digits (`a9`, but not `10km`), numbers (`3.5`, `1,000`, `12:30`), a word
+    with an apostrophe (`O'Brien`, `dog's`), a word (letters, or ASCII digits) with a character split off
+    its start and one or two off its end (`word,` `(word` `2019.` `(word)` `word).`), words joined by
+    hyphens; none a special case or holding one where the rules look one up. Two tokens are never joined by
+    step 5 (that would take a special case spelled like the whole chunk); three are checked."""
     if chunk in SPECIALS:
         return None
     rules = _rules()
-    core = chunk[:-1]
-    if core and (core.isalpha() or (core.isascii() and core.isdigit())) and core not in SPECIALS:
-        last = chunk[-1]
-        if last in rules.suffix_chars:
-            return (core, last)
-        if last == ".":
-            if rules.before_period(core[-1]) or (len(core) > 1 and rules.upper(core[-1]) and rules.upper(core[-2])):
-                return (core, last)
-            return None
-        if core.isalpha() and (last.isalpha() or last.isdecimal()):
-            return (chunk,)
-    first, rest = chunk[0], chunk[1:]
-    if first in rules.prefix_chars and (rest.isalpha() or (rest.isascii() and rest.isdigit())) \
-            and rest not in SPECIALS:
-        return (first, rest)
+    core, last = chunk[:-1], chunk[-1]
+    if core.isalpha() and core not in SPECIALS and (        # the commonest: `word,` `word.`
+            last in rules.suffix_chars or (last == "." and rules.period_after(core))):
+        return (core, last)
+    if chunk.isalnum():
+        return None if rules.suffix(chunk) else (chunk,)
+    if rules.number(chunk):
+        return (chunk,)
+    if rules.apostrophe(chunk):
+        if chunk[-1] in "sS" and chunk[-2] in "'’":
+            return None if chunk[:-2] in SPECIALS else (chunk[:-2], chunk[-2:])
+        return (chunk,)
     if "-" in chunk and rules.hyphenated(chunk):
         out = tuple(_HYPHEN.split(chunk))
         return out if _first_tokens().isdisjoint(out) else None
-    return None
+    start = 1 if chunk[0] in rules.prefix_chars else 0
+    end = len(chunk)
+    if len(chunk) > start and rules.suffix(chunk[start:]) == 1:
+        end -= 1
+        if start == 0 and end and rules.suffix(chunk[:end]) == 1:
+            end -= 1        # `word).`
+    core = chunk[start:end]
+    if not core or not (core.isalpha() or (core.isascii() and core.isdigit())):
+        return None
+    # What is left after each split, where the rules look up a special case; and two tokens that step 5
+    # might join.
+    out = (*chunk[:start], core, *chunk[end:])
+    looked_up = (core, chunk[start:], chunk[:end], chunk[start:-1], chunk[:-1],
+                 *map("".join, zip(out, out[1:])))
+    return None if any(rest in SPECIALS for rest in looked_up) else out
 
 
 _HYPHEN = re.compile("(-)")
@@ -591,15 +637,6 @@ def _longest_special() -> int:
     return max(map(len, _joined_specials()))
 
 
-@functools.cache
-def _edge_tokens() -> tuple[frozenset[str], frozenset[str]]:
-    """(the tokens that may end a chunk and begin a special case that goes on in the next chunk, the tokens
-    that may begin a chunk and end or continue one begun in the chunk before): every token of the runs
-    `_joined_specials` joins but their last, and but their first."""
-    runs = _joined_specials()
-    return frozenset(t for run in runs for t in run[:-1]), frozenset(t for run in runs for t in run[1:])
-
-
 _PIECES = re.compile(r"\S+|\s+")
 
 
@@ -626,7 +663,8 @@ def _sentence_breaks():
     """Finds, in a line's tokens each after a newline, each token that starts a sentence but the first: a
     sentence end (`SENTENCE_ENDS`, all of them punctuation), tokens of punctuation only (Unicode category P),
     then a token that is not."""
-    punct = _class([chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)).startswith("P")])
+    punct = _class([chr(c) for c in range(sys.maxunicode + 1)
+                    if unicodedata.category(chr(c)).startswith("P")])
     return re.compile(rf"\n{_class(SENTENCE_ENDS)}(?:\n{punct}+)*\n(?=[^\n])(?!{punct}+\n)").findall
 
 
