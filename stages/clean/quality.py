@@ -12,8 +12,9 @@ on in `clean.Config` and bound on its class in gin (`clean.GopherQuality.min_doc
 runs them after the cheap filters, in FineWeb's order (`config.RECIPE`).
 
 Words and sentences come from the word splitter each filter names (`splitter`, one of
-`words.SPLITTERS`): "fast" (the default: NLTK's English rules as regular expressions, words.py), "nltk"
-(`nltk.word_tokenize`, what FineWeb ran) or "spacy" (what datatrove 0.10.1 runs); the library loads once
+`words.SPLITTERS`): "spacy_rules" (the default: what datatrove 0.10.1 runs, spaCy's English rules without
+spaCy, spacy_rules.py), "spacy" (the same by spaCy), "nltk" (`nltk.word_tokenize`, what FineWeb ran) or
+"fast" (NLTK's English rules as regular expressions, words.py); a library loads once
 per process, on the first document (`_splitter`), never into the dataclass. FineWeb itself ran datatrove
 0.2.0, whose rules differ slightly from 0.10.1's: Gopher quality counted stop-word occurrences
 (0.10.1 counts distinct stop words), Gopher repetition split lines with `splitlines` (0.10.1 on
@@ -79,7 +80,7 @@ class _SplitsWords:
 
     def problem(self) -> str:
         """What would fail the first document, in one line, or "": the splitter's library missing (spaCy
-        and NLTK are extras of the same names; "fast" needs none)."""
+        and NLTK are extras of the same names; "spacy_rules" and "fast" need none)."""
         library = words_lib.LIBRARY.get(self.splitter)
         if library is None or importlib.util.find_spec(library) is not None:
             return ""

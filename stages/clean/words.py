@@ -1,5 +1,7 @@
-"""English words and sentences for the quality filters: NLTK's rules by regular expression (`words`,
-`sentences`: no library), and the reference splitters by name (`splitter`: spaCy, NLTK, loaded lazily).
+"""English words and sentences for the quality filters, by splitter name (`splitter`): "spacy_rules", the
+default (spaCy's English rules written out, no library: spacy_rules.py), "fast" (NLTK's rules by regular
+expression, `words` and `sentences` below, no library), and the reference splitters (spaCy, NLTK, loaded
+lazily).
 
     words("Don't stop, Mr. Smith.") == ("Do", "n't", "stop", ",", "Mr.", "Smith", ".")
     sentences("It works. Does it? Yes!") == 3
@@ -35,12 +37,17 @@ These change a word count by about one token in a thousand, far below the filter
 
 The splitter each reference used, by name (`splitter(name)`, picklable, so Beam can ship it):
 
-    split = splitter("spacy")       # or "fast" (`words`, above), or "nltk"
+    split = splitter("spacy_rules")   # or "spacy", "fast" (`words`, above), "nltk"
     split("Don't stop.")            # -> the words, as that reference splits them
     split.sentences("It works. Yes!")   # -> 2, sentences in a line as that reference counts them
 
-- "fast": `words` and `sentences` above (no library; 4-40x faster per filter than the two below,
-  benchmarks/RESULTS.md).
+- "spacy_rules" (`DEFAULT`, the quality filters' and gin/data/fineweb_filters.gin's): "spacy"'s tokens and
+  sentence counts without spaCy (stages/clean/spacy_rules.py: spaCy 3.8's English prefix, suffix and
+  infix rules, special cases, URL match and sentencizer; each chunk's tokens cached per process). Every
+  filter agrees with datatrove + spaCy on every page of the benchmark's three real sets, at 4.9-30x its
+  speed per filter with every pass cold (8.3-63x once the chunks are known; benchmarks/RESULTS.md).
+- "fast": `words` and `sentences` above (no library; NLTK's rules, 9.8-75x faster per filter than
+  datatrove, and 93-100% of its decisions with spaCy).
 - "spacy": what datatrove 0.10.1 does for English (`datatrove/utils/word_tokenizers.py`,
   `SpaCyTokenizer("en")`): `spacy.blank("en")` plus its rule-based `sentencizer`, every token's text
   stripped, empty ones dropped. Needs spaCy: `pip install -e '.[spacy]'`.
@@ -53,9 +60,10 @@ The splitter each reference used, by name (`splitter(name)`, picklable, so Beam 
   machine without the download.
 
 Which bytes a splitter gives depends on its library and, for NLTK, on punkt's model files:
-`fingerprint(name)` (the library's version; for "nltk" also the model's directory listing hashed) is in
-the clean stage's key (`clean.key_inputs`) and stats.json, so another spaCy, NLTK or punkt model is another
-cache entry, never a silent mix. "fast" is this file, whose changes bump the clean stage's VERSION.
+`fingerprint(name)` (the library's version; for "nltk" also the model's directory listing hashed; for
+"spacy_rules" its rules' `spacy_rules.VERSION`) is in the clean stage's key (`clean.key_inputs`) and
+stats.json, so another spaCy, NLTK or punkt model, or other rules, is another cache entry, never a silent
+mix. "fast" is this file, whose changes bump the clean stage's VERSION.
 """
 
 from __future__ import annotations
