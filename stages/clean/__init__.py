@@ -96,7 +96,10 @@ log = logging.getLogger(__name__)
 # 7: an item shorter than 13 words (n) is found when a document holds it whole (it could never be before),
 # and contamination.json counts them (short_items); the "nltk" splitter refuses to run without punkt's
 # trained model (it fell back to an untrained punkt), and stats.json names the splitters' fingerprints
-VERSION = "7"
+# 8: the quality filters' default word splitter is "spacy_rules" (spaCy's English rules without spaCy:
+# datatrove 0.10.1's words and sentences), no longer "fast" (NLTK's rules); GopherRepetition counts its top
+# n-grams by hash (the same counts)
+VERSION = "8"
 # The URL filter's list files (`blocked_domain_files`, ...): what the stage reads from outside the cache
 LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(urls.URLFilter) if f.name.endswith("_files"))
 
@@ -140,7 +143,8 @@ def follow(config: Config, configs: Mapping) -> Config:
 
 def splitter_fingerprints(config: Config) -> dict:
     """{word splitter name: `words.fingerprint(name)`} of the splitters the switched-on filters name, other
-    than "fast" (whose rules are this package's code, versioned by VERSION)."""
+    than "fast" (whose rules are this package's code, versioned by VERSION; "spacy_rules" gives its rules'
+    version)."""
     names = {getattr(f, "splitter", "fast") for f in build_filters(config)} - {"fast"}
     return {name: words.fingerprint(name) for name in sorted(names)}
 

@@ -12,8 +12,9 @@ on in `clean.Config` and bound on its class in gin (`clean.GopherQuality.min_doc
 runs them after the cheap filters, in FineWeb's order (`config.RECIPE`).
 
 Words and sentences come from the word splitter each filter names (`splitter`, one of
-`words.SPLITTERS`): "fast" (the default: NLTK's English rules as regular expressions, words.py), "nltk"
-(`nltk.word_tokenize`, what FineWeb ran) or "spacy" (what datatrove 0.10.1 runs); the library loads once
+`words.SPLITTERS`): "spacy_rules" (the default: what datatrove 0.10.1 runs, spaCy's English rules without
+spaCy, spacy_rules.py), "spacy" (the same by spaCy), "nltk" (`nltk.word_tokenize`, what FineWeb ran) or
+"fast" (NLTK's English rules as regular expressions, words.py); a library loads once
 per process, on the first document (`_splitter`), never into the dataclass. FineWeb itself ran datatrove
 0.2.0, whose rules differ slightly from 0.10.1's: Gopher quality counted stop-word occurrences
 (0.10.1 counts distinct stop words), Gopher repetition split lines with `splitlines` (0.10.1 on
@@ -79,11 +80,13 @@ class _SplitsWords:
 
     def problem(self) -> str:
         """What would fail the first document, in one line, or "": the splitter's library missing (spaCy
-        and NLTK are extras of the same names; "fast" needs none)."""
-        if self.splitter == "fast" or importlib.util.find_spec(self.splitter) is not None:
+        and NLTK are extras of the same names; "spacy_rules" and "fast" need none)."""
+        library = words_lib.LIBRARY.get(self.splitter)
+        if library is None or importlib.util.find_spec(library) is not None:
             return ""
-        return (f"clean.{type(self).__name__}.splitter={self.splitter!r} needs {self.splitter}, which is not "
-                f"installed: pip install -e '.[{self.splitter}]', or use the \"fast\" splitter")
+        return (f"clean.{type(self).__name__}.splitter={self.splitter!r} needs {library}, which is not "
+                f"installed: pip install -e '.[{library}]', or use the {words_lib.DEFAULT!r} splitter "
+                "(no library)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +102,7 @@ class GopherRepetition(_SplitsWords):
     top_n_grams: tuple[tuple[int, float], ...] = ((2, 0.2), (3, 0.18), (4, 0.16))
     dup_n_grams: tuple[tuple[int, float], ...] = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11),
                                                   (10, 0.10))
-    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -132,10 +135,10 @@ class GopherRepetition(_SplitsWords):
         if self.dup_line_char_frac and repeat_chars / chars > self.dup_line_char_frac:
             return "dup_line_char_frac"
         words = _splitter(self.splitter)(text)
+        grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
         for n, limit in self.top_n_grams:
-            if len(words) >= n and _top_n_gram_chars(words, n) / chars > limit:
+            if len(words) >= n and _top_n_gram_chars(words, n, grams) / chars > limit:
                 return f"top_{n}_gram"
-        grams = _NGrams(words) if self.dup_n_grams else None     # the n-gram hashes, once for every n
         for n, limit in self.dup_n_grams:
             if len(words) >= n and _repeated_chars(words, n, grams) / chars > limit:
                 return f"duplicated_{n}_n_grams"
@@ -158,7 +161,7 @@ class GopherQuality(_SplitsWords):
     max_ellipsis_lines_ratio: float = 0.3
     min_alpha_words_ratio: float = 0.8      # datatrove's max_non_alpha_words_ratio (a minimum, as it says)
     min_stop_words: int = 2
-    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -235,7 +238,7 @@ class C4Quality(_SplitsWords):
     filter_javascript: bool = True
     filter_curly_bracket: bool = True
     filter_policy: bool = True
-    splitter: str = "fast"                  # counts the sentences (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # counts the sentences (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -301,7 +304,7 @@ class FineWebQuality(_SplitsWords):
     short_line_length: int = 30
     char_duplicates_ratio: float = 0.01
     new_line_ratio: float = 0.3
-    splitter: str = "fast"                  # the word splitter (words.SPLITTERS)
+    splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
     def __post_init__(self):
         _check_splitter(self)
@@ -365,9 +368,15 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
     return sum(r for r, _ in repeats), sum(r * n for r, n in repeats)
 
 
-def _top_n_gram_chars(words: tuple[str, ...], n: int) -> int:
+def _top_n_gram_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None) -> int:
     """Characters of the most frequent n-gram (joined by spaces) times its count; the first one seen
-    wins a tie, as in `Counter.most_common`."""
+    wins a tie, as in `Counter.most_common`. With `grams` (the words' `_NGrams`), the n-grams are counted
+    by hash in numpy and the winner's positions compared as words (a collision falls back to `Counter`)."""
+    if grams is not None and n > 1:
+        found = grams.top(n)
+        if found is not None:
+            i, top = found
+            return (grams.offsets[i + n] - grams.offsets[i] + n - 1) * top
     counts = Counter(zip(*(words[i:] for i in range(n))))
     values = list(counts.values())
     top = max(values)
@@ -427,6 +436,7 @@ class _NGrams:
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
     _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
+    _COMBINE = 0xA24BAED4963EE407                    # odd: combines the words' hashes into an n-gram's
 
     def __init__(self, words: tuple[str, ...]):
         import numpy as np
@@ -438,6 +448,41 @@ class _NGrams:
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
         np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
         self._inverse = _powers(pow(self._BASE, -1, 2**64), len(codes))
+        self.words = words
+        a, b = self._offsets[:-1], self._offsets[1:]
+        self._word_keys = [(self._sums[b] - self._sums[a]) * self._inverse[a]
+                           + (b - a).astype(np.uint64) * np.uint64(self._LENGTH)]    # each word's hash
+
+    def top(self, n: int) -> tuple[int, int] | None:
+        """(the first position of the commonest n-gram of words, its count), from a hash of each word
+        sequence (a polynomial in the words' hashes); None when the winner's positions do not all hold
+        the same words (a collision: the caller counts them itself)."""
+        import numpy as np
+
+        keys = self._gram_keys(n)
+        order = np.argsort(keys, kind="stable")    # equal keys keep their order: a group starts first seen
+        ordered = keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        sizes = np.diff(np.append(starts, len(ordered)))
+        top = int(sizes.max())
+        groups = np.flatnonzero(sizes == top)
+        group = groups[np.argmin(order[starts[groups]])]
+        members = order[starts[group]:starts[group] + top].tolist()
+        i = members[0]
+        gram = self.words[i:i + n]
+        if top > 1 and any(self.words[p:p + n] != gram for p in members[1:]):
+            return None
+        return i, top
+
+    def _gram_keys(self, n: int) -> np.ndarray:
+        """A hash of each n-gram of words, (m - n + 1,): sum over t of h(word i + t) * C^t mod 2^64."""
+        import numpy as np
+
+        while len(self._word_keys) < n:
+            k = len(self._word_keys)
+            step = np.uint64(pow(self._COMBINE, k, 2**64))
+            self._word_keys.append(self._word_keys[-1][:-1] + self._word_keys[0][k:] * step)
+        return self._word_keys[n - 1]
 
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""

@@ -1,5 +1,7 @@
-"""English words and sentences for the quality filters: NLTK's rules by regular expression (`words`,
-`sentences`: no library), and the reference splitters by name (`splitter`: spaCy, NLTK, loaded lazily).
+"""English words and sentences for the quality filters, by splitter name (`splitter`): "spacy_rules", the
+default (spaCy's English rules written out, no library: spacy_rules.py), "fast" (NLTK's rules by regular
+expression, `words` and `sentences` below, no library), and the reference splitters (spaCy, NLTK, loaded
+lazily).
 
     words("Don't stop, Mr. Smith.") == ("Do", "n't", "stop", ",", "Mr.", "Smith", ".")
     sentences("It works. Does it? Yes!") == 3
@@ -35,12 +37,17 @@ These change a word count by about one token in a thousand, far below the filter
 
 The splitter each reference used, by name (`splitter(name)`, picklable, so Beam can ship it):
 
-    split = splitter("spacy")       # or "fast" (`words`, above), or "nltk"
+    split = splitter("spacy_rules")   # or "spacy", "fast" (`words`, above), "nltk"
     split("Don't stop.")            # -> the words, as that reference splits them
     split.sentences("It works. Yes!")   # -> 2, sentences in a line as that reference counts them
 
-- "fast": `words` and `sentences` above (no library; 4-40x faster per filter than the two below,
-  benchmarks/RESULTS.md).
+- "spacy_rules" (`DEFAULT`, the quality filters' and gin/data/fineweb_filters.gin's): "spacy"'s tokens and
+  sentence counts without spaCy (stages/clean/spacy_rules.py: spaCy 3.8's English prefix, suffix and
+  infix rules, special cases, URL match and sentencizer; each chunk's tokens cached per process). Every
+  filter agrees with datatrove + spaCy on every page of the benchmark's three real sets, at 4.9-30x its
+  speed per filter with every pass cold (8.3-63x once the chunks are known; benchmarks/RESULTS.md).
+- "fast": `words` and `sentences` above (no library; NLTK's rules, 9.8-75x faster per filter than
+  datatrove, and 93-100% of its decisions with spaCy).
 - "spacy": what datatrove 0.10.1 does for English (`datatrove/utils/word_tokenizers.py`,
   `SpaCyTokenizer("en")`): `spacy.blank("en")` plus its rule-based `sentencizer`, every token's text
   stripped, empty ones dropped. Needs spaCy: `pip install -e '.[spacy]'`.
@@ -53,9 +60,10 @@ The splitter each reference used, by name (`splitter(name)`, picklable, so Beam 
   machine without the download.
 
 Which bytes a splitter gives depends on its library and, for NLTK, on punkt's model files:
-`fingerprint(name)` (the library's version; for "nltk" also the model's directory listing hashed) is in
-the clean stage's key (`clean.key_inputs`) and stats.json, so another spaCy, NLTK or punkt model is another
-cache entry, never a silent mix. "fast" is this file, whose changes bump the clean stage's VERSION.
+`fingerprint(name)` (the library's version; for "nltk" also the model's directory listing hashed; for
+"spacy_rules" its rules' `spacy_rules.VERSION`) is in the clean stage's key (`clean.key_inputs`) and
+stats.json, so another spaCy, NLTK or punkt model, or other rules, is another cache entry, never a silent
+mix. "fast" is this file, whose changes bump the clean stage's VERSION.
 """
 
 from __future__ import annotations
@@ -68,9 +76,12 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-SPLITTERS = ("fast", "spacy", "nltk")
-# The extra that installs each splitter's library (setup.cfg).
-_EXTRA = {"spacy": "spacy", "nltk": "nltk"}
+from stages.clean import spacy_rules
+
+SPLITTERS = ("spacy_rules", "fast", "spacy", "nltk")
+DEFAULT = "spacy_rules"          # the filters' default and the recipe's (gin/data/fineweb_filters.gin)
+# The extra that installs each splitter's library (setup.cfg); the others need none.
+LIBRARY = {"spacy": "spacy", "nltk": "nltk"}
 PUNKT = "tokenizers/punkt_tab/english"      # punkt's trained English model, under an NLTK data directory
 PUNKT_DOWNLOAD = "python -m nltk.downloader punkt_tab"
 
@@ -147,7 +158,7 @@ def splitter(name: str) -> Callable[[str], Sequence[str]]:
     extra to install when they are missing)."""
     if name not in SPLITTERS:
         raise ValueError(f"unknown word splitter {name!r}: valid choices are {', '.join(SPLITTERS)}")
-    return {"fast": Fast, "spacy": Spacy, "nltk": Nltk}[name]()
+    return {"spacy_rules": SpacyRules, "fast": Fast, "spacy": Spacy, "nltk": Nltk}[name]()
 
 
 class _Splitter:
@@ -192,7 +203,7 @@ class _Splitter:
             try:
                 self._loaded = self._load()
             except ImportError as e:
-                extra = _EXTRA[self.name]
+                extra = LIBRARY[self.name]
                 raise ImportError(f"word splitter {self.name!r} needs {e.name}, which is not installed: "
                                   f"install the {extra!r} extra (pip install -e '.[{extra}]')") from None
         return self._loaded
@@ -211,6 +222,19 @@ class Fast(_Splitter):
 
     def sentences(self, line: str) -> int:
         return sentences(line)
+
+
+class SpacyRules(_Splitter):
+    """spaCy's English tokenizer and sentencizer as datatrove 0.10.1 runs them, by rules: no library
+    (stages/clean/spacy_rules.py)."""
+
+    name = "spacy_rules"
+
+    def _words(self, text: str) -> tuple[str, ...]:
+        return spacy_rules.words(text)
+
+    def sentences(self, line: str) -> int:
+        return spacy_rules.sentences(line)
 
 
 class Spacy(_Splitter):
@@ -308,10 +332,13 @@ def problem(name: str) -> str:
 
 def fingerprint(name: str) -> dict | None:
     """What decides the bytes the splitter `name` gives, beyond this file, for the clean stage's key: None
-    for "fast"; {library: version} for "spacy"; for "nltk" also {"punkt_tab": sha256 of the model's files
-    (names and bytes)}, or None where the model is not installed (the stage then refuses to start)."""
+    for "fast"; {"spacy_rules": the version of its rules} (spacy_rules.VERSION); {library: version} for
+    "spacy"; for "nltk" also {"punkt_tab": sha256 of the model's files (names and bytes)}, or None where the
+    model is not installed (the stage then refuses to start)."""
     if name == "fast":
         return None
+    if name == "spacy_rules":
+        return {"spacy_rules": spacy_rules.VERSION}
     from importlib import metadata
 
     try:

@@ -318,7 +318,7 @@ def test_the_quality_filters_are_off_by_default():
      r"^min_num_sentences=-2 must be >= -1 \(-1 turns the rule off\)"),
     (quality.FineWebQuality, {"short_line_thr": 2}, r"^short_line_thr=2 must be in \[0, 1\]"),
     (quality.GopherQuality, {"splitter": "spcy"},
-     "^splitter='spcy' is not a word splitter; valid: 'fast', 'spacy', 'nltk'"),
+     "^splitter='spcy' is not a word splitter; valid: 'spacy_rules', 'fast', 'spacy', 'nltk'"),
 ])
 def test_a_quality_filter_rejects_bad_values_naming_the_field(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -328,7 +328,8 @@ def test_a_quality_filter_rejects_bad_values_naming_the_field(cls, kwargs, messa
 @pytest.mark.parametrize("binding, message", [
     ("clean.GopherQuality.min_doc_words = -1", "clean.GopherQuality: min_doc_words=-1 must be >= 0"),
     ('clean.FineWebQuality.splitter = "spcy"',
-     "clean.FineWebQuality: splitter='spcy' is not a word splitter; valid: 'fast', 'spacy', 'nltk'"),
+     "clean.FineWebQuality: splitter='spcy' is not a word splitter; valid: 'spacy_rules', 'fast', 'spacy', "
+     "'nltk'"),
     ("clean.Config.gopher_quality = True", "clean.Config.gopher_quality = True has type bool"),
 ])
 def test_gin_errors_name_the_binding(binding, message):
@@ -377,7 +378,7 @@ def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite(
 def test_clean_stage_counts_quality_reasons_in_stats(tmp_path, splitter):
     """With each word splitter (the filters travel to Beam's workers by pickle, naming theirs), which
     agree on these plain English texts."""
-    if splitter != "fast":
+    if splitter in words.LIBRARY:
         pytest.importorskip(splitter)       # an extra: pip install -e '.[spacy]' / '.[nltk]'
     if words.problem(splitter):             # nltk without punkt's trained model refuses to run
         pytest.skip(words.problem(splitter))

@@ -1,0 +1,170 @@
+"""The "spacy_rules" word splitter (stages/clean/spacy_rules.py): spaCy's English tokenizer and sentencizer
+as datatrove 0.10.1 runs them, written out as rules, without spaCy.
+
+    .venv/bin/python -m pytest -q tests/stages/test_words_spacy.py
+
+The hand-written cases pin what spaCy 3.8 gives (each expected list is spaCy's output) and run everywhere;
+the tests marked by `pytest.importorskip("spacy")` compare with spaCy itself (its tables, and its tokens on
+real pages and on generated strings), and skip where spaCy is not installed (`make test`).
+"""
+
+import gzip
+import json
+import os
+import pickle
+import random
+
+import pytest
+
+from stages import clean
+from stages.clean import quality, spacy_rules, words
+
+# (text, spaCy's tokens joined by single spaces)
+CASES = [
+    ("Don't stop, Mr. Smith. It's 5pm and we can't wait!",
+     "Do n't stop , Mr. Smith . It 's 5 pm and we ca n't wait !"),
+    ("I’m sure they’ll say y'all cannot, gonna gotta.",
+     "I ’m sure they ’ll say y' all can not , gon na got ta ."),
+    ('Plant-based food, well-known e-mail; 1-2 and 10-20km.',
+     'Plant - based food , well - known e - mail ; 1 - 2 and 10 - 20 km .'),
+    ('See http://example.com/a?b=c, www.example.org and example.com/page.',
+     'See http://example.com/a?b=c , www.example.org and example.com/page .'),
+    ('Prices: $5, US$10, 3.5%, 1,000.50 and 10km/h or 5kg.',
+     'Prices : $ 5 , US$ 10 , 3.5 % , 1,000.50 and 10 km/h or 5 kg .'),
+    ('The U.S. and Ph.D. e.g. i.e. Jan. 5 at 5 p.m. in Calif.',
+     'The U.S. and Ph.D. e.g. i.e. Jan. 5 at 5 p.m. in Calif.'),
+    ('Wait... what?! Hello....World (really).',
+     'Wait ... what ? ! Hello .... World ( really ) .'),
+    ("''Galactica'' (TOS)|Galactica]] and Русский[править",
+     "'' Galactica '' ( TOS)|Galactica ] ] and Русский[править"),
+    ('Nice :) and sad :( and word:) and (see below): done <3',
+     'Nice :) and sad :( and word :) and ( see below ): done <3'),
+    ('中文。句子 and emoji 😀 glued😀 and #hashtag @user',
+     '中文。句子 and emoji 😀 glued 😀 and # hashtag @user'),
+    ('F(x) = \\frac{a}{b}; path/to/file.txt C:\\dir',
+     'F(x ) = \\frac{a}{b } ; path / to / file.txt C:\\dir'),
+    ('It was 70°F. Then 20°C. Then more.',
+     'It was 70 ° F . Then 20 ° C . Then more .'),
+    ("Rock'n'roll O'Brien's dog's bone; doin' somethin'",
+     "Rock'n'roll O'Brien 's dog 's bone ; doin' somethin'"),
+    ('[ :) ( : ) 8) a.m. 10a.m. 12:30 9/11/2001',
+     '[ :) ( : ) 8) a.m. 10 a.m. 12:30 9/11/2001'),
+    ("«Bonjour» „Hallo“ “quoted” ‘single’ 'plain'",
+     "« Bonjour » „ Hallo “ “ quoted ” ‘ single ’ ' plain '"),
+    ('  spaces\t\tand\nlines  \xa0 vanish  ',
+     'spaces and lines vanish'),
+]
+SENTENCES = [("It works. Does it? Yes!", 3), ("One... two... three.", 1),
+             ("Dr. Smith went home. He slept.", 2), ("Hi!! How are you?!", 2), ("end.  . Word", 3),
+             ("A sentence 。another", 2), ("no end", 1), ("“Quoted.” Next one.", 2),
+             ("e.g. this. And U.S. that.", 2), ("", 1)]
+PYPI_PAGES = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "data", "pypi_pages.jsonl.gz")
+
+
+@pytest.mark.parametrize(("text", "expected"), CASES)
+def test_tokens_are_spacys(text, expected):
+    spacy_rules.cache_clear()
+    assert spacy_rules.words(text) == tuple(expected.split(" "))
+    assert spacy_rules.words(text) == tuple(expected.split(" "))      # again, from the cache
+
+
+@pytest.mark.parametrize(("line", "expected"), SENTENCES)
+def test_sentences_are_the_sentencizers(line, expected):
+    assert spacy_rules.sentences(line) == expected
+
+
+def test_a_special_case_across_chunks_stops_a_join_in_one():
+    """spaCy finds `[ :` (an emoticon's tokens across a space) and, though it never joins across chunks,
+    that match keeps `:)` in the next chunk from being joined: the whole text decides, not each chunk."""
+    spacy_rules.cache_clear()
+    assert spacy_rules.words("x :)´pm") == ("x", ":)", "´", "pm")
+    assert spacy_rules.words("[ :)´pm") == ("[", ":", ")", "´", "pm")
+    assert spacy_rules.words("can:){?: ):‘z’a") == ("can", ":)", "{", "?", ":", ")", ":", "‘", "z’a")
+
+
+def test_the_splitter_by_name_is_the_default_and_needs_no_library():
+    split = words.splitter("spacy_rules")
+    assert words.DEFAULT == "spacy_rules" and quality.GopherQuality().splitter == "spacy_rules"
+    assert split(CASES[0][0]) == tuple(CASES[0][1].split(" ")) and split.sentences("It works. Yes!") == 2
+    again = pickle.loads(pickle.dumps(split))
+    assert again == split and again(CASES[1][0]) == tuple(CASES[1][1].split(" "))
+    assert quality.GopherQuality().problem() == "" and words.problem("spacy_rules") == ""
+
+
+def test_the_clean_key_names_the_rules_version(monkeypatch):
+    config = clean.Config(gopher_quality=quality.GopherQuality(splitter="spacy_rules"))
+    assert clean.key_inputs(config)["splitters"] == {"spacy_rules": {"spacy_rules": spacy_rules.VERSION}}
+    before = clean.key_inputs(config)
+    monkeypatch.setattr(spacy_rules, "VERSION", "2: other rules")
+    assert clean.key_inputs(config) != before
+
+
+def test_top_n_grams_by_hash_count_as_counter_does():
+    """GopherRepetition's most frequent n-gram, by hash in numpy (`_NGrams.top`), equals `Counter`'s,
+    ties (the first seen wins) included."""
+    rng = random.Random(0)
+    for _ in range(300):
+        vocabulary = ["a", "b", "ab", "c", "bc", "the", "of"][:rng.randint(1, 7)]
+        tokens = tuple(rng.choice(vocabulary) for _ in range(rng.randint(2, 60)))
+        grams = quality._NGrams(tokens)
+        for n in (2, 3, 4):
+            if len(tokens) >= n:
+                assert quality._top_n_gram_chars(tokens, n, grams) == quality._top_n_gram_chars(tokens, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Against spaCy itself, where it is installed
+
+@pytest.fixture(scope="module")
+def spacy_split():
+    pytest.importorskip("spacy")
+    return words.splitter("spacy")
+
+
+def test_special_cases_are_spacys_table(spacy_split):
+    from spacy.symbols import ORTH
+
+    rules = spacy_split._library().tokenizer.rules
+    assert {key: tuple(t[ORTH] for t in tokens) for key, tokens in rules.items()} == spacy_rules.SPECIALS
+
+
+def test_prefix_suffix_infix_and_url_rules_are_spacys_on_every_character(spacy_split):
+    """Each character of the Basic Multilingual Plane and the emoji planes, in contexts that exercise every
+    rule (before and after letters of either case and digits, before a period, doubled)."""
+    tokenizer = spacy_split._library().tokenizer
+    rules = spacy_rules._rules()
+    contexts = ("{c}a", "a{c}", "1{c}", "AB{c}.", "{c}.", "a{c}b", "1{c}2", "a{c}B", "{c}{c}", "x{c}.")
+    code_points = [*range(0x21, 0x3000, 1), *range(0x3000, 0x10000, 7), *range(0x1F000, 0x1FC00)]
+    for c in map(chr, code_points):
+        if c.isspace():
+            continue
+        for context in contexts:
+            s = context.format(c=c)
+            ours = (rules.prefix(s), rules.suffix(s), [m.span() for m in rules.infix(s)], bool(rules.url(s)))
+            assert ours == (tokenizer.find_prefix(s), tokenizer.find_suffix(s),
+                            [m.span() for m in tokenizer.find_infix(s)], bool(tokenizer.url_match(s))), s
+
+
+def test_tokens_and_sentences_are_spacys_on_real_pages(spacy_split):
+    """The pypi pages shipped with the benchmarks: project pages with prose, code, paths and URLs."""
+    with gzip.open(PYPI_PAGES, "rt", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    spacy_rules.cache_clear()
+    for text in texts:
+        assert spacy_rules.words(text) == spacy_split(text)
+        for line in text.splitlines():
+            if line.strip():
+                assert spacy_rules.sentences(line) == spacy_split.sentences(line.strip()), line
+
+
+def test_tokens_and_sentences_are_spacys_on_generated_strings(spacy_split):
+    pieces = [*"aAzZéдα中ʔ19", *".,:;!?'\"()[]{}<>-–—~/=+*^%$€°#@&_…’‘“”«»|\\`´", "km", "US$", "n't", "'s",
+              "http://", ".com", "www.", "e.g.", ":)", "):", "°C", "😀", "🥱", "♥", "\xa0", "  ", "\t", "\n",
+              " ", " ", " ", "can", "not", "Dr", "pm", "10", "''", "8", "D", "3"]
+    rng = random.Random(1)
+    spacy_rules.cache_clear()
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
+        assert spacy_rules.words(text) == spacy_split(text), text
+        if text.strip():
+            assert spacy_rules.sentences(text) == spacy_split.sentences(text.strip()), text
