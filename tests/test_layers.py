@@ -212,7 +212,8 @@ def test_a_broken_contract_fails(tmp_path, path, code, contract, chains):
 
 STORAGE = os.path.join("stages", "io", "storage.py")
 # Modules that parse the web URLs inside documents (data, not storage paths), and may name a scheme.
-WEB_URL_PARSERS = {"stages/clean/urls.py"}
+WEB_URL_PARSERS = {"stages/clean/urls.py",
+                   "stages/clean/spacy_rules.py"}    # spaCy's URL match: a URL in the text is one token
 # A scheme as RFC 3986 spells it ("gs://", "hf://", "s3://"), or a bare "://" (an f-string's literal
 # part such as f"{scheme}://{bucket}", or `"://" in path`: the test for "is this a URL").
 SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
