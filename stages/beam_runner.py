@@ -31,8 +31,10 @@ multi-output ParDo to every output).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import tempfile
 
 from stages.io import storage
 
@@ -88,6 +90,18 @@ class Runner:
         if self.local_workers:
             out += [f"--direct_num_workers={self.local_workers}", "--direct_running_mode=multi_processing"]
         return out + list(self.options)
+
+
+@contextlib.contextmanager
+def spill_dir(runner: Runner, stage: str):
+    """A local scratch directory for what a stage's groups would otherwise hold in memory (Beam's local
+    runners keep a GroupByKey's whole input until the next step runs), deleted when the block ends; None on
+    Dataflow, whose shuffle keeps the groups on its own disks."""
+    if runner.name == DATAFLOW:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix=f"refinery-{stage}-spill-") as directory:
+        yield directory
 
 
 def pipeline(runner: Runner):

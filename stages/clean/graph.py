@@ -45,7 +45,6 @@ group's files. The outputs are the same bytes either way (tests/stages/test_clea
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pickle
@@ -75,9 +74,7 @@ def run(config: Config, paths: list[str], out_dir: str) -> None:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
     if problem := config.contamination.problem():
         raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
-    with contextlib.ExitStack() as stack:
-        spill_dir = None if config.runner.name == beam_runner.DATAFLOW else stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="refinery-clean-spill-"))
+    with beam_runner.spill_dir(config.runner, "clean") as spill_dir:
         _build_and_run(config, paths, out_dir, spill_dir)
 
 

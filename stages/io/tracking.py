@@ -22,6 +22,7 @@ Tracking says how a run is watched, never what it computes: `Tracking` is out of
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import secrets
@@ -68,10 +69,9 @@ class Tracking:
 
 
 def missing() -> str:
-    """"" when W&B can be imported, else the one line that says how to install it."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
+    """"" when W&B is installed, else the one line that says how to install it. Looks, never imports: the
+    pre-run check calls it, and importing wandb takes ~0.4 s."""
+    if importlib.util.find_spec("wandb") is None:
         return ("train.Tracking.tracker='wandb' needs the wandb package, which the default install leaves "
                 "out: pip install -e '.[wandb]' (or set train.Tracking.tracker='none')")
     return ""

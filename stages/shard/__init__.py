@@ -32,10 +32,8 @@ Two guards (`Config` and its SPLITS are in config.py):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import tempfile
 
 from stages import beam_runner
 from stages.io import documents, split_rule, storage
@@ -86,12 +84,9 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     }
     log.info("tokenizing %d clean shards into %s shards of %d tokens", len(doc_shards), manifest["dtype"],
              config.tokens_per_shard)
-    with contextlib.ExitStack() as stack:
-        # Locally the token chunks wait in files, not in Beam's in-memory groups (beam_graph.Spilled)
-        spill_dir = None if config.runner.name == beam_runner.DATAFLOW else stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="refinery-shard-spill-"))
-        with beam_runner.pipeline(config.runner) as p:
-            beam_graph.build(p, config, doc_shards, model, out_dir, manifest, work_dir, spill_dir)
+    # Locally the token chunks wait in files, not in Beam's in-memory groups (beam_graph.Spilled)
+    with beam_runner.spill_dir(config.runner, "shard") as spill_dir, beam_runner.pipeline(config.runner) as p:
+        beam_graph.build(p, config, doc_shards, model, out_dir, manifest, work_dir, spill_dir)
 
     # The pipeline wrote the manifest from its token counts; check the files agree with it.
     written = storage.sizes(out_dir)
