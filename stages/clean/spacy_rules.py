@@ -26,10 +26,9 @@ works on each run of non-whitespace characters (a "chunk") on its own, so here:
 
 Speed: each chunk's tokens depend on the chunk alone (but for step 5 across chunks, `_reached`), so they
 are cached in a dict (`_CACHE`): web text repeats its chunks, and a text whose chunks are known costs
-`str.split` and one dict look-up per chunk in C (`map`, `chain`). New chunks are learned in bulk where
-their shape decides their tokens (letters alone, `word,`, `(word`: set operations, `filter`, `map`), then
-by shape in Python (`_quick`), and only the rest (about one distinct chunk in ten on web pages) by the
-rules themselves (`_split`).
+`str.split` and one dict look-up per chunk in C (`map`, `chain`). A chunk not known yet is learned inside
+that look-up (`_Tokens.__missing__`): a word by `str.isalpha`, the commonest other shapes by `_quick`
+(`word,` `(word)` `1,000` `dog's` `well-known`), only the rest by the rules themselves (`_split`).
 
 Sentences (C4's count) follow spaCy's `sentencizer`: a token that is one of `SENTENCE_ENDS` (`. ! ?`
 and their kin in other scripts; `...` is not one) starts a new sentence at the next token that is
@@ -51,11 +50,10 @@ spaCy where it is installed, and hand-written cases of spaCy's output everywhere
 from __future__ import annotations
 
 import functools
-import operator
 import re
 import sys
 import unicodedata
-from itertools import chain
+from itertools import chain, compress
 
 # The version of these rules, for the clean stage's key (words.fingerprint): bump on any change that can
 # change a token.
@@ -193,12 +191,6 @@ class _Rules:
         self.upper = re.compile(up).match
         # `word.` `2019.`: a period is split off after a lowercase letter, a digit or two capitals.
         self.period_after = re.compile(rf".*(?:{lo}|[0-9]|{up}{up})", re.S).fullmatch
-        # A word and a character split off its end (`word,` `word.`; before `.`, a lowercase letter or two
-        # capitals), or off its start (`(word`), as `_learn` takes them in bulk.
-        word = r"[^\W\d_]+"
-        self.word_then_suffix = re.compile(
-            rf"{word}(?:{_class(self.suffix_chars)}|(?<={lo})\.|(?<={up}{up})\.)").fullmatch
-        self.prefix_then_word = re.compile(rf"{_class(self.prefix_chars)}{word}").fullmatch
         self.hyphenated = re.compile(f"{al}+(?:-{al}+)+").fullmatch     # `well-known`: split at each hyphen
         self.number = re.compile(r"[0-9]+(?:[.,:/][0-9]+)*").fullmatch    # no rule splits `1,000.5` `12:30`
         self.apostrophe = re.compile(r"[^\W\d_]+['’][^\W\d_]+").fullmatch   # `O'Brien`, `dog's`
@@ -406,8 +398,22 @@ def _joined_specials() -> dict[tuple[str, ...], tuple[str, ...]]:
 # ---------------------------------------------------------------------------------------------
 # Tokens and sentences
 
-_CACHE: dict[str, tuple[str, ...]] = {}      # chunk -> its tokens
-# Chunks whose tokens step 5 joined and that a special case across chunks could reach -> their tokens before
+class _Tokens(dict):
+    """chunk -> its tokens (after step 5 within the chunk). A chunk not seen yet is learned when it is
+    looked up (`__missing__`), so that `words` looks each chunk up once, in C, and pays Python only for
+    the new ones."""
+
+    def __missing__(self, chunk: str) -> tuple[str, ...]:
+        if len(self) > _CACHE_LIMIT:
+            cache_clear()
+        if chunk.isalpha() and chunk not in SPECIALS:       # the commonest new chunk: a word
+            out = self[chunk] = (chunk,)
+            return out
+        return _learn(chunk)
+
+
+_CACHE = _Tokens()
+# Chunks whose tokens step 5 changed and that a special case across chunks could reach -> their tokens before
 # step 5; and each chunk's first and last token before step 5, where not the chunk itself.
 _JOINED: dict[str, tuple[str, ...]] = {}
 _FIRST: dict[str, str] = {}
@@ -424,26 +430,21 @@ def cache_clear() -> None:
 def words(text: str) -> tuple[str, ...]:
     """`text` split as datatrove 0.10.1 splits English with spaCy: the tokens, stripped, none empty."""
     chunks = text.split()
-    cache = _CACHE
-    try:
-        out = tuple(chain.from_iterable(map(cache.__getitem__, chunks)))
-    except KeyError:
-        _learn(chunks)
-        out = tuple(chain.from_iterable(map(cache.__getitem__, chunks)))
+    out = tuple(chain.from_iterable(map(_CACHE.__getitem__, chunks)))
     if _JOINED.keys().isdisjoint(chunks) or not _reached(chunks):
         return out
     return tuple(t for t in _doc_tokens(text) if not t.isspace())
 
 
 def _reached(chunks: list[str]) -> bool:
-    """Whether a chunk whose tokens step 5 joined has a neighbour with which a special case across the two
-    could form (then step 5 runs over the whole text, `_doc_tokens`)."""
+    """Whether a chunk whose tokens step 5 changed has a neighbour with which a special case across the
+    two could form (then step 5 runs over the whole text, `_doc_tokens`)."""
     last = len(chunks) - 1
     pairs = _adjacent_tokens()
     first_of, last_of = _FIRST.get, _LAST.get
-    for k, chunk in enumerate(chunks):
-        if chunk in _JOINED and (
-                (k > 0 and (last_of(chunks[k - 1], chunks[k - 1]), first_of(chunk)) in pairs)
+    for k in compress(range(len(chunks)), map(_JOINED.__contains__, chunks)):
+        chunk = chunks[k]
+        if ((k > 0 and (last_of(chunks[k - 1], chunks[k - 1]), first_of(chunk)) in pairs)
                 or (k < last and (last_of(chunk), first_of(chunks[k + 1], chunks[k + 1])) in pairs)):
             return True
     return False
@@ -452,57 +453,23 @@ def _reached(chunks: list[str]) -> bool:
 def tokens(chunk: str) -> tuple[str, ...]:
     """The tokens spaCy's English tokenizer makes of `chunk`, a run of non-whitespace characters, on its
     own (step 5 may join tokens otherwise when the chunk's neighbours hold a special case: `words`)."""
-    if chunk not in _CACHE:
-        _learn([chunk])
     return _CACHE[chunk]
 
 
-_CORE = operator.itemgetter(slice(None, -1))
-_REST = operator.itemgetter(slice(1, None))
-_FIRST_CHAR = operator.itemgetter(0)
-_LAST_CHAR = operator.itemgetter(-1)
-
-
-def _learn(chunks) -> None:
-    """Puts the tokens of each chunk not seen yet in the cache. The commonest chunks are done in bulk, by
-    set operations and `map` (in C): letters or digits alone, a word and a character split off its end
-    (`word,` `word.`), or off its start (`(word`); special cases are left to the rules."""
-    cache = _CACHE
-    if len(cache) > _CACHE_LIMIT:
-        cache_clear()
-    new = set(chunks).difference(cache)
-    if len(new) > 8:
-        rules = _rules()
-        plain = (set(filter(str.isalpha, new)) | set(filter(str.isdecimal, new))).difference(SPECIALS)
-        cache.update(zip(plain, zip(plain)))
-        new.difference_update(plain)
-        for shape, first_of, last_of in ((rules.word_then_suffix, _CORE, _LAST_CHAR),
-                                         (rules.prefix_then_word, _FIRST_CHAR, _REST)):
-            found = set(filter(shape, new)).difference(SPECIALS)
-            parts = (_CORE if first_of is _CORE else _REST)
-            if special := set(map(parts, found)).intersection(SPECIALS):
-                found = {c for c in found if parts(c) not in special}
-            found_list = list(found)
-            firsts, lasts = list(map(first_of, found_list)), list(map(last_of, found_list))
-            cache.update(zip(found_list, zip(firsts, lasts)))
-            _FIRST.update(zip(found_list, firsts))
-            _LAST.update(zip(found_list, lasts))
-            new.difference_update(found)
-    firsts = _first_tokens()
-    for chunk in new:
-        if chunk.isalpha() and chunk not in SPECIALS:
-            cache[chunk] = (chunk,)
-            continue
-        split = joined = _quick(chunk)
-        if split is None:
-            split = _split(chunk, specials=True)
-            joined = split if len(split) == 1 or firsts.isdisjoint(split) else _join_specials(split)
-        cache[chunk] = joined
-        if split[0] != chunk:
-            _FIRST[chunk] = split[0]
-            _LAST[chunk] = split[-1]
-        if joined is not split:
-            _JOINED[chunk] = split
+def _learn(chunk: str) -> tuple[str, ...]:
+    """Puts the tokens of a chunk not seen yet in the cache, and returns them: the commonest shapes by
+    `_quick`, the rest by the rules."""
+    split = joined = _quick(chunk)
+    if split is None:
+        split = _split(chunk, specials=True)
+        joined = split if len(split) == 1 or _first_tokens().isdisjoint(split) else _join_specials(split)
+    _CACHE[chunk] = joined
+    if split[0] != chunk:
+        _FIRST[chunk] = split[0]
+        _LAST[chunk] = split[-1]
+    if joined != split:
+        _JOINED[chunk] = split
+    return joined
 
 
 def _quick(chunk: str) -> tuple[str, ...] | None:
