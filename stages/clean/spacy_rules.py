@@ -431,23 +431,28 @@ def words(text: str) -> tuple[str, ...]:
     """`text` split as datatrove 0.10.1 splits English with spaCy: the tokens, stripped, none empty."""
     chunks = text.split()
     out = tuple(chain.from_iterable(map(_CACHE.__getitem__, chunks)))
-    if _JOINED.keys().isdisjoint(chunks) or not _reached(chunks):
+    if _JOINED.keys().isdisjoint(chunks):
         return out
-    return tuple(t for t in _doc_tokens(text) if not t.isspace())
+    reached = _reached(chunks)
+    if not reached:
+        return out
+    parts = list(map(_CACHE.__getitem__, chunks))
+    pieces = _PIECES.findall(text)
+    first = 1 if pieces[0][0].isspace() else 0      # pieces alternate: chunk k is pieces[first + 2 * k]
+    for k in reached:
+        parts[k] = _in_context(pieces, first + 2 * k, first)
+    return tuple(chain.from_iterable(parts))
 
 
-def _reached(chunks: list[str]) -> bool:
-    """Whether a chunk whose tokens step 5 changed has a neighbour with which a special case across the
-    two could form (then step 5 runs over the whole text, `_doc_tokens`)."""
+def _reached(chunks: list[str]) -> list[int]:
+    """The chunks whose tokens step 5 changed and that have a neighbour with which a special case across
+    the two could form (their tokens then depend on their neighbours: `_in_context`)."""
     last = len(chunks) - 1
     pairs = _adjacent_tokens()
     first_of, last_of = _FIRST.get, _LAST.get
-    for k in compress(range(len(chunks)), map(_JOINED.__contains__, chunks)):
-        chunk = chunks[k]
-        if ((k > 0 and (last_of(chunks[k - 1], chunks[k - 1]), first_of(chunk)) in pairs)
-                or (k < last and (last_of(chunk), first_of(chunks[k + 1], chunks[k + 1])) in pairs)):
-            return True
-    return False
+    return [k for k in compress(range(len(chunks)), map(_JOINED.__contains__, chunks))
+            if (k > 0 and (last_of(chunks[k - 1], chunks[k - 1]), first_of(chunks[k])) in pairs)
+            or (k < last and (last_of(chunks[k]), first_of(chunks[k + 1], chunks[k + 1])) in pairs)]
 
 
 def tokens(chunk: str) -> tuple[str, ...]:
@@ -568,10 +573,15 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _join_specials(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -> tuple[str, ...]:
-    """Step 5: runs of tokens that spell a special case become its tokens, longest first, then leftmost,
-    none overlapping one taken before. With `chunk_of` (each token's chunk), `tokens` are a whole text's and
-    a run across chunks, found as spaCy finds it, takes its place in that order but is never joined."""
+def _join_specials(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """Step 5 within one chunk: runs of its tokens that spell a special case become its tokens."""
+    return _joined(tokens, _kept_runs(tokens))
+
+
+def _kept_runs(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -> list[tuple[int, int]]:
+    """Step 5's runs to join, (start, end) ascending: runs of tokens that spell a special case, longest
+    first, then leftmost, none overlapping one taken before. With `chunk_of` (each token's chunk), a run
+    across chunks, found as spaCy finds it, takes its place in that order but is never joined."""
     joined = _joined_specials()
     n = len(tokens)
     longest = _longest_special()
@@ -579,7 +589,7 @@ def _join_specials(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -
     found = [(i, j) for i, token in enumerate(tokens) if token in firsts
              for j in range(i + 2, min(n, i + longest) + 1) if tokens[i:j] in joined]
     if not found:
-        return tokens
+        return []
     found.sort(key=lambda span: (span[0] - span[1], span[0]))
     taken: set[int] = set()
     kept = []
@@ -587,9 +597,17 @@ def _join_specials(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -
         if i not in taken and j - 1 not in taken and (chunk_of is None or chunk_of[i] == chunk_of[j - 1]):
             kept.append((i, j))
         taken.update(range(i, j))
+    return sorted(kept)
+
+
+def _joined(tokens: tuple[str, ...], runs: list[tuple[int, int]]) -> tuple[str, ...]:
+    """`tokens` with each of `runs` (ascending, not overlapping) replaced by its special case's tokens."""
+    if not runs:
+        return tokens
+    joined = _joined_specials()
     out: list[str] = []
     position = 0
-    for i, j in sorted(kept):
+    for i, j in runs:
         out += tokens[position:i]
         out += joined[tokens[i:j]]
         position = j
@@ -618,19 +636,42 @@ _PIECES = re.compile(r"\S+|\s+")
 def _doc_tokens(text: str) -> tuple[str, ...]:
     """Every token of `text`, whitespace tokens included, as spaCy makes them: each run of whitespace is a
     token but for the one space after a chunk; step 5 over the whole text."""
+    pieces = _PIECES.findall(text)
+    tokens, piece_of = _piece_tokens(pieces)
+    return tokens if _JOINED.keys().isdisjoint(pieces) else _joined(tokens, _kept_runs(tokens, piece_of))
+
+
+def _in_context(pieces: list[str], p: int, first: int) -> tuple[str, ...]:
+    """The tokens of the chunk `pieces[p]` after step 5 over the whole text (`pieces`: `_PIECES` of it, the
+    first chunk at `first`). A run of step 5 that reaches the chunk's tokens holds at most
+    `_longest_special()` tokens, and every chunk at least one, so the chunks as far away on either side
+    decide them, as they would in `_doc_tokens` of the whole text."""
+    reach = 2 * (_longest_special() - 1)              # pieces: a chunk and the whitespace after it
+    start = max(p - reach, first)                      # a chunk: whitespace before it is no token
+    tokens, piece_of = _piece_tokens(pieces[start:p + reach + 1])
+    a = piece_of.index(p - start)
+    b = a + piece_of.count(p - start)
+    runs = [(i - a, j - a) for i, j in _kept_runs(tokens, piece_of) if a <= i and j <= b]
+    return _joined(tokens[a:b], runs)
+
+
+def _piece_tokens(pieces: list[str]) -> tuple[tuple[str, ...], list[int]]:
+    """The tokens of `pieces` (runs of whitespace and chunks, in the text's order, beginning with the
+    text's first or with a chunk) before step 5 across chunks, and each token's piece: a chunk's index in
+    `pieces`, or for a whitespace token -1 less it (no run of step 5 holds one)."""
     out: list[str] = []
-    chunk_of: list[int] = []
-    for k, piece in enumerate(_PIECES.findall(text)):
+    piece_of: list[int] = []
+    for k, piece in enumerate(pieces):
         if piece[0].isspace():
             piece = piece[1:] if out and piece[0] == " " else piece
             if piece:
                 out.append(piece)
-                chunk_of.append(-1 - k)
+                piece_of.append(-1 - k)
         else:
-            split = _JOINED.get(piece) or tokens(piece)
+            split = _JOINED.get(piece) or _CACHE[piece]
             out += split
-            chunk_of += [k] * len(split)
-    return _join_specials(tuple(out), chunk_of) if not _JOINED.keys().isdisjoint(text.split()) else tuple(out)
+            piece_of += [k] * len(split)
+    return tuple(out), piece_of
 
 
 @functools.cache
