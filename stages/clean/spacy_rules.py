@@ -251,6 +251,8 @@ class _Rules:
             return 2 if c == "…" and t.endswith("……") else 1
         if c in "sS" and t[-2:-1] in ("'", "’"):
             return 2
+        if _DIGITS.isdisjoint(t[-self.longest_after_digit - 1:-1]):     # no digit for a unit to follow
+            return 0
         for n in range(min(self.longest_after_digit, len(t) - 1), 0, -1):
             if t[-n:] in self.after_digit and t[-n - 1] in _DIGITS:
                 return n
@@ -401,30 +403,36 @@ def _joined_specials() -> dict[tuple[str, ...], tuple[str, ...]]:
 class _Tokens(dict):
     """chunk -> its tokens (after step 5 within the chunk). A chunk not seen yet is learned when it is
     looked up (`__missing__`), so that `words` looks each chunk up once, in C, and pays Python only for
-    the new ones."""
+    the new ones: a word by `str.isalpha`, the commonest other shapes by `_quick`, the rest by the rules."""
 
     def __missing__(self, chunk: str) -> tuple[str, ...]:
         if len(self) > _CACHE_LIMIT:
             cache_clear()
-        if chunk.isalpha() and chunk not in SPECIALS:       # the commonest new chunk: a word
+        if chunk.isalpha() and chunk not in SPECIALS:
             out = self[chunk] = (chunk,)
             return out
-        return _learn(chunk)
+        joined = _quick(chunk)
+        if joined is None:
+            joined = split = _split(chunk, specials=True)
+            if not _adjacent_tokens().isdisjoint(zip(split, split[1:])):
+                joined = _join_specials(split)
+                if joined != split:
+                    _JOINED[chunk] = split
+        self[chunk] = joined
+        return joined
 
 
 _CACHE = _Tokens()
-# Chunks whose tokens step 5 changed and that a special case across chunks could reach -> their tokens before
-# step 5; and each chunk's first and last token before step 5, where not the chunk itself.
+# Chunks whose tokens step 5 changed -> their tokens before step 5 (a special case across chunks may keep
+# step 5 from changing them: `_reached`).
 _JOINED: dict[str, tuple[str, ...]] = {}
-_FIRST: dict[str, str] = {}
-_LAST: dict[str, str] = {}
 _CACHE_LIMIT = 300_000             # distinct chunks remembered (some 50 MB), then forgotten all at once
 
 
 def cache_clear() -> None:
     """Forget every chunk's tokens (a benchmark's cold pass)."""
-    for remembered in (_CACHE, _JOINED, _FIRST, _LAST):
-        remembered.clear()
+    _CACHE.clear()
+    _JOINED.clear()
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -449,32 +457,20 @@ def _reached(chunks: list[str]) -> list[int]:
     the two could form (their tokens then depend on their neighbours: `_in_context`)."""
     last = len(chunks) - 1
     pairs = _adjacent_tokens()
-    first_of, last_of = _FIRST.get, _LAST.get
     return [k for k in compress(range(len(chunks)), map(_JOINED.__contains__, chunks))
-            if (k > 0 and (last_of(chunks[k - 1], chunks[k - 1]), first_of(chunks[k])) in pairs)
-            or (k < last and (last_of(chunks[k]), first_of(chunks[k + 1], chunks[k + 1])) in pairs)]
+            if (k > 0 and (_before_step5(chunks[k - 1])[-1], _JOINED[chunks[k]][0]) in pairs)
+            or (k < last and (_JOINED[chunks[k]][-1], _before_step5(chunks[k + 1])[0]) in pairs)]
+
+
+def _before_step5(chunk: str) -> tuple[str, ...]:
+    """A known chunk's tokens before step 5 (the same as after it, unless step 5 changed them)."""
+    return _JOINED.get(chunk) or _CACHE[chunk]
 
 
 def tokens(chunk: str) -> tuple[str, ...]:
     """The tokens spaCy's English tokenizer makes of `chunk`, a run of non-whitespace characters, on its
     own (step 5 may join tokens otherwise when the chunk's neighbours hold a special case: `words`)."""
     return _CACHE[chunk]
-
-
-def _learn(chunk: str) -> tuple[str, ...]:
-    """Puts the tokens of a chunk not seen yet in the cache, and returns them: the commonest shapes by
-    `_quick`, the rest by the rules."""
-    split = joined = _quick(chunk)
-    if split is None:
-        split = _split(chunk, specials=True)
-        joined = split if len(split) == 1 or _first_tokens().isdisjoint(split) else _join_specials(split)
-    _CACHE[chunk] = joined
-    if split[0] != chunk:
-        _FIRST[chunk] = split[0]
-        _LAST[chunk] = split[-1]
-    if joined != split:
-        _JOINED[chunk] = split
-    return joined
 
 
 def _quick(chunk: str) -> tuple[str, ...] | None:
@@ -668,7 +664,7 @@ def _piece_tokens(pieces: list[str]) -> tuple[tuple[str, ...], list[int]]:
                 out.append(piece)
                 piece_of.append(-1 - k)
         else:
-            split = _JOINED.get(piece) or _CACHE[piece]
+            split = _before_step5(piece)
             out += split
             piece_of += [k] * len(split)
     return tuple(out), piece_of
