@@ -197,18 +197,29 @@ class _Rules:
         # After a digit: a unit, a currency sign or `+`.
         self.after_digit = frozenset(_UNITS) | frozenset(_CURRENCY) | {"+"}
         self.longest_after_digit = max(map(len, self.after_digit))
-        # Each alternative begins with the character it splits at (looking behind after it), so that the
-        # search skips to the next candidate in C.
+        # Each alternative begins with the character it splits at (looking behind after it).
         lower_quote, upper_quote = _class(c["lower"], _QUOTES), _class(c["upper"], _QUOTES)
-        self.infix = re.compile(
+        hyphens = [(re.escape(h[0]), re.escape(h[1:])) for h in _HYPHENS]
+        self._infix_any = re.compile(
             rf"\.\.+|…|{_class(symbols)}|[+\-*^](?<=[0-9].)(?=[0-9-])"
             rf"|\.(?<={lower_quote}\.)(?={upper_quote})|,(?<={al},)(?={al})"
-            + "".join(f"|{re.escape(h)}(?<={al0}{re.escape(h)})(?={al})" for h in _HYPHENS)
+            + "".join(f"|{h}{rest}(?<={al0}{h}{rest})(?={al})" for h, rest in hyphens)
             + rf"|[:<>=/](?<={al0}.)(?={al})").finditer
+        # The same for text without characters beyond the Basic Multilingual Plane (nearly all): one class of
+        # every character an infix starts with, first, then each alternative looking behind at it, so that
+        # `re` skips to the next such character in C (it does so only for a pattern that begins with one
+        # class or character).
+        bmp_symbols = [x for x in symbols if x <= "\uffff"]
+        starts = _class(bmp_symbols, ".…+-*^,:<>=/", [h[0] for h in _HYPHENS])
+        self._infix_bmp = re.compile(
+            rf"{starts}(?:(?<=\.)\.+|(?<=…)|(?<={_class(bmp_symbols)})|(?<=[0-9][+\-*^])(?=[0-9-])"
+            rf"|(?<={lower_quote}\.)(?={upper_quote})|(?<={al},)(?={al})"
+            + "".join(f"|(?<={al0}{h}){rest}(?={al})" for h, rest in hyphens)
+            + rf"|(?<={al0}[:<>=/])(?={al}))").finditer
         host_char = "A-Za-z0-9\u00a1-\uffff"
-        self.url = re.compile(
+        url = (
             r"(?:[\w+\-.]{2,}://)?"                                   # a scheme
-            r"(?:\S+(?::\S*)?@)?"                                     # user[:password]@
+            r"{user}"                                                 # user[:password]@, below
             r"(?:"
             r"(?!(?:10|127)(?:\.\d{1,3}){3})(?!(?:169\.254|192\.168)(?:\.\d{1,3}){2})"   # not a private IPv4
             r"(?!172\.(?:1[6-9]|2\d|3[0-1])(?:\.\d{1,3}){2})"
@@ -218,7 +229,18 @@ class _Rules:
             rf"(?:{lo}{{2,63}})"                                                        # lowercase top level
             r")"
             r"(?::\d{2,5})?"                                          # a port
-            r"(?:[/?#]\S*)?$").match                                 # a path
+            r"(?:[/?#]\S*)?$")                                       # a path
+        # A user needs an `@`: without one the URL's match skips its search (quadratic in the chunk).
+        self._url_user = re.compile(url.replace("{user}", r"(?:\S+(?::\S*)?@)?")).match
+        self._url = re.compile(url.replace("{user}", "")).match
+
+    def url(self, s: str):
+        """Whether `s` looks like a URL or domain (spaCy's URL_MATCH), as a `re` match or None."""
+        return (self._url_user if "@" in s else self._url)(s)
+
+    def infix(self, s: str):
+        """The infixes of `s`, as `re.finditer` matches."""
+        return (self._infix_bmp if s.isascii() or max(s) <= "\uffff" else self._infix_any)(s)
 
     def prefix(self, s: str) -> int:
         """The length of the prefix spaCy splits off `s` (0: none)."""
