@@ -542,17 +542,14 @@ _HYPHEN = re.compile("(-)")
 
 def _split(chunk: str, specials: bool) -> tuple[str, ...]:
     """Steps 2-4 of the module docstring (without special cases when `specials` is False)."""
-    known = SPECIALS if specials else {}
+    known = SPECIALS if specials else _NO_SPECIALS
     if chunk in known:
         return known[chunk]
     rules = _rules()
     prefixes: list[str] = []
     suffixes: list[str] = []
-    s, last = chunk, -1
-    while s and len(s) != last:
-        if s in known:
-            break
-        last = len(s)
+    s = chunk
+    while True:          # a prefix and a suffix split off in turn, until neither is or a special case is left
         pre = rules.prefix(s)
         if pre and s[pre:] in known:
             prefixes.append(s[:pre])
@@ -563,11 +560,15 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
             suffixes.append(s[-suf:])
             s = s[:-suf]
             break
+        if not (pre or suf):
+            break
         if pre:
             prefixes.append(s[:pre])
         if suf:
             suffixes.append(s[-suf:])
         s = s[pre:len(s) - suf]
+        if not s or s in known:
+            break
     out = prefixes
     if s:
         if s in known:
@@ -589,6 +590,9 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
                 out.append(s[start:])
     out.extend(reversed(suffixes))
     return tuple(out)
+
+
+_NO_SPECIALS: dict[str, tuple[str, ...]] = {}
 
 
 def _join_specials(tokens: tuple[str, ...]) -> tuple[str, ...]:
