@@ -230,6 +230,20 @@ def test_gopher_quality_counts_punctuation_as_words_but_not_as_long_words():
     assert quality.GopherQuality(min_alpha_words_ratio=0).check(_doc(text)) is None
 
 
+def test_letterless_and_symbol_words_are_found_among_the_distinct_words():
+    """GopherQuality looks for words without a letter and words of punctuation only among a text's distinct
+    words (`_letterless`); they are the words its two patterns match, one word a line, in every text."""
+    rng = random.Random(6)
+    alphabet = [*"aZé1٣_²½#.,!?…—-•$%\x01\x85\x0b", "’", "「", "％", "１", "\u0f0d", "\U00011047", "ab", "12"]
+    for _ in range(2000):
+        ws = tuple("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
+                   for _ in range(rng.randint(0, 30)))
+        no_letter, symbolic = quality._letterless(ws)
+        joined = "\n".join(ws)
+        assert sum(w in no_letter for w in ws) == len(quality._NO_LETTER_WORD.findall(joined)), ws
+        assert [w for w in ws if w in symbolic] == quality._SYMBOL_WORD.findall(joined), ws
+
+
 # ---------------------------------------------------------------------------------------------
 # C4
 

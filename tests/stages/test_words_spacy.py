@@ -82,6 +82,49 @@ def test_a_special_case_across_chunks_stops_a_join_in_one():
     assert spacy_rules.words("can:){?: ):‘z’a") == ("can", ":)", "{", "?", ":", ")", ":", "‘", "z’a")
 
 
+def test_step_5_around_a_chunk_is_step_5_over_the_whole_text():
+    """`words` runs step 5 across chunks only in a window around each chunk it can change (`_in_context`);
+    on texts made of step 5's special cases, their pieces and varied whitespace, the tokens are those of
+    step 5 over the whole text (`_doc_tokens`, stripped), cold and from the cache."""
+    long_runs = [" ".join(run) for run in spacy_rules._joined_specials() if len(run) > 6]   # a chunk a token
+    pieces = ["url):", "f(x):", "(:", ":)", "):", "(", ")", ":", "x", "It's", "'s", "e.g.", ":-)", ";)",
+              ">:(", "<3", "o_O", "a.", "'ll", "'ve", "don't", "ca", "n't", "1", "pm", "(psycopg):", "b'',",
+              "''", "'", *long_runs]
+    gaps = ["", " ", " ", "  ", "\n", " \n "]
+    rng = random.Random(4)
+    windows = 0
+    for cold in (True, False):
+        if cold:
+            spacy_rules.cache_clear()
+        for _ in range(1500):
+            text = "".join(rng.choice(pieces) * rng.randint(1, 2) + rng.choice(gaps)
+                           for _ in range(rng.randint(1, 20)))
+            chunks = text.split()
+            for chunk in chunks:
+                spacy_rules.tokens(chunk)
+            windows += len(spacy_rules._reached(chunks))
+            whole = tuple(t for t in spacy_rules._doc_tokens(text) if not t.isspace())
+            assert spacy_rules.words(text) == whole, text
+    assert windows > 1000        # the texts do reach step 5 across chunks
+
+
+def test_infixes_found_by_their_first_character_are_the_full_patterns():
+    """The infix pattern that begins with one class of first characters (texts within the Basic Multilingual
+    Plane) finds the same infixes as the pattern of alternatives, on every character of the plane in
+    contexts that exercise each alternative; and the URL match without a user part equals the full one
+    on chunks without `@`."""
+    rules = spacy_rules._rules()
+    contexts = ("a{c}b", "A{c}B", "1{c}2", "a{c}B", "1{c}a", "{c}", "a{c}{c}b", "a-{c}-b", "é{c}Ж", "'{c}'",
+                '"{c}A')
+    for c in map(chr, [*range(0x21, 0xD800), *range(0xE000, 0x10000)]):
+        for context in contexts:
+            s = context.format(c=c)
+            assert [m.span() for m in rules._infix_bmp(s)] == [m.span() for m in rules._infix_any(s)], s
+    for s in ("example.com", "http://a.b/c", "a.b.c(d)", "jax.jit(f)", "1.2.3.4", "8.8.8.8:80/x", "a.co:99",
+              "x" * 40 + ".org", "ftp://x.y", "a:b.cd", "model.encode(x)", "www.a-b.io/?q=1#f"):
+        assert bool(rules._url(s)) == bool(rules._url_user(s)), s
+
+
 def test_the_splitter_by_name_is_the_default_and_needs_no_library():
     split = words.splitter("spacy_rules")
     assert words.DEFAULT == "spacy_rules" and quality.GopherQuality().splitter == "spacy_rules"
