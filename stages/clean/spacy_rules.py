@@ -502,7 +502,7 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
     its start and one or two off its end (`word,` `(word` `2019.` `(word)` `word).`), words joined by
     hyphens; none a special case or holding one where the rules look one up. Two tokens are never joined by
     step 5 (that would take a special case spelled like the whole chunk); three are checked."""
-    if chunk in SPECIALS:
+    if chunk in SPECIALS or not _NEVER_QUICK.isdisjoint(chunk[1:-2]):
         return None
     rules = _rules()
     core, last = chunk[:-1], chunk[-1]
@@ -538,6 +538,9 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
 
 
 _HYPHEN = re.compile("(-)")
+# Characters of none of `_quick`'s shapes but at their ends (code: `snake_case`, `a=b`, `f(x)`): a chunk
+# with one inside goes to the rules at once.
+_NEVER_QUICK = frozenset("_=(){}[]<>\"*&#@$%^|\\;!?~`+")
 
 
 def _split(chunk: str, specials: bool) -> tuple[str, ...]:
