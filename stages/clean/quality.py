@@ -35,6 +35,7 @@ import importlib.util
 import itertools
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from stages.clean import words as words_lib
@@ -138,8 +139,11 @@ class GopherRepetition(_SplitsWords):
         for n, limit in self.top_n_grams:
             if len(words) >= n and _top_n_gram_chars(words, n, grams) / chars > limit:
                 return f"top_{n}_gram"
+        # the walk (Python) runs only where an upper bound of its count (numpy, every n at once) trips
+        bounds = grams.repeated_chars_bounds(n for n, _ in self.dup_n_grams) if grams is not None else {}
         for n, limit in self.dup_n_grams:
-            if len(words) >= n and _repeated_chars(words, n, grams) / chars > limit:
+            if len(words) >= n and bounds.get(n, 0) / chars > limit and \
+                    _repeated_chars(words, n, grams) / chars > limit:
                 return f"duplicated_{n}_n_grams"
         return None
 
@@ -393,7 +397,7 @@ def _top_n_gram_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = No
         found = grams.top(n)
         if found is not None:
             i, top = found
-            return (grams.offsets[i + n] - grams.offsets[i] + n - 1) * top
+            return (int(grams.offsets[i + n] - grams.offsets[i]) + n - 1) * top
     counts = Counter(zip(*(words[i:] for i in range(n))))
     values = list(counts.values())
     top = max(values)
@@ -417,7 +421,7 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
     starts = grams.repeat_candidates(n)           # every position whose n-gram may repeat, ascending
     if not starts:
         return 0
-    text, offsets = grams.text, grams.offsets
+    text, offsets = grams.text, grams.offsets.tolist()
     gram_at = {i: text[offsets[i]:offsets[i + n]] for i in starts}
     first: dict[str, int] = {}
     for i in starts:
@@ -448,46 +452,57 @@ class _NGrams:
     characters in O(1): h(text[a:b]) = sum_t text[a+t] * B^t = (S[b] - S[a]) * B^-a mod 2^64, with
     S[k] = sum_{j<k} text[j] * B^j (B odd, so B^-1 exists mod 2^64; numpy uint64 arithmetic wraps
     modulo 2^64 by definition, the arithmetic meant here). Equal strings have equal hashes; unequal
-    ones rarely do, and the caller compares strings.
+    ones rarely do, and the caller compares strings. The powers of B and B^-1 are tables shared by
+    every document (`_powers`).
+
+    Most documents have a few hundred words, where numpy's cost per call, not per element, dominates:
+    hence few calls per n, and one set of calls for every n of `repeated_chars_bounds`.
     """
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
     _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
     _COMBINE = 0xA24BAED4963EE407                    # odd: combines the words' hashes into an n-gram's
+    _MIX = 0xBF58476D1CE4E5B9                        # odd: carries a hash's low bits up (`_position_sort`)
 
     def __init__(self, words: tuple[str, ...]):
         import numpy as np
 
+        self.words = words
         self.text = "".join(words)
-        self.offsets = [0, *itertools.accumulate(map(len, words))]   # word i: text[offsets[i]:offsets[i+1]]
-        self._offsets = np.array(self.offsets, dtype=np.int64)
-        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+        self.offsets = np.zeros(len(words) + 1, dtype=np.int64)   # word i: text[offsets[i]:offsets[i+1]]
+        np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)), out=self.offsets[1:])
+        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
         np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
-        self._inverse = _powers(pow(self._BASE, -1, 2**64), len(codes))
-        self.words = words
-        a, b = self._offsets[:-1], self._offsets[1:]
-        self._word_keys = [(self._sums[b] - self._sums[a]) * self._inverse[a]
-                           + (b - a).astype(np.uint64) * np.uint64(self._LENGTH)]    # each word's hash
+        self._inverse = _powers(_inverse(self._BASE), len(codes))
+        self._word_keys = [self._keys(self.offsets[:-1], self.offsets[1:])]    # each word's hash
+
+    def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
+        shapes that broadcast, to theirs)."""
+        import numpy as np
+
+        return (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * np.uint64(self._LENGTH)
 
     def top(self, n: int) -> tuple[int, int] | None:
         """(the first position of the commonest n-gram of words, its count), from a hash of each word
         sequence (a polynomial in the words' hashes); None when the winner's positions do not all hold
-        the same words (a collision: the caller counts them itself)."""
+        the same words (a collision: the caller counts them itself). Of the hashes with the top count,
+        the one at the first position wins, as the first seen wins `Counter.most_common`'s ties."""
         import numpy as np
 
-        keys = self._gram_keys(n)
-        order = np.argsort(keys, kind="stable")    # equal keys keep their order: a group starts first seen
-        ordered = keys[order]
-        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        sizes = np.diff(np.append(starts, len(ordered)))
+        ordered, mask = _position_sort(self._gram_keys(n))
+        bounds = np.flatnonzero(np.concatenate(([True], (ordered[1:] ^ ordered[:-1]) > mask, [True])))
+        sizes = np.diff(bounds)                          # each hash's count, by hash
         top = int(sizes.max())
-        groups = np.flatnonzero(sizes == top)
-        group = groups[np.argmin(order[starts[groups]])]
-        members = order[starts[group]:starts[group] + top].tolist()
+        if top == 1:
+            return 0, 1                                  # every n-gram once: the first wins
+        starts = bounds[:-1][sizes == top]               # where the top hashes' runs start
+        first = starts[np.argmin(ordered[starts] & mask)]
+        members = (ordered[first:first + top] & mask).tolist()     # ascending
         i = members[0]
         gram = self.words[i:i + n]
-        if top > 1 and any(self.words[p:p + n] != gram for p in members[1:]):
+        if any(self.words[p:p + n] != gram for p in members[1:]):
             return None
         return i, top
 
@@ -508,9 +523,7 @@ class _NGrams:
         m = len(self.offsets) - n               # positions of an n-gram
         if m < 2:
             return []
-        a, b = self._offsets[:m], self._offsets[n:]
-        length = np.uint64(self._LENGTH)
-        keys = (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * length
+        keys = self._keys(self.offsets[:m], self.offsets[n:])
         ordered = np.sort(keys)
         if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
             return []
@@ -521,12 +534,80 @@ class _NGrams:
         repeated[:-1] |= same
         return np.sort(order[repeated]).tolist()
 
+    def repeated_chars_bounds(self, ns: Iterable[int]) -> dict[int, int]:
+        """For each n of `ns` with two n-grams or more, an upper bound of `_repeated_chars(words, n)`: the
+        characters of the union of the n-grams whose hash equals an earlier position's. The walk counts
+        n-grams equal to an earlier one (so are their hashes) and never two that overlap, so at most the
+        union's characters; a hash collision only widens the union. Every n at once, a row each, in one
+        sort: most documents hold no hash twice in any row, and cost no more."""
+        import numpy as np
 
-def _powers(base: int, count: int) -> np.ndarray:
-    """base^0 .. base^(count-1) mod 2^64."""
+        m = len(self.words)
+        ns = sorted({n for n in ns if m - n >= 1})
+        if not ns:
+            return {}
+        rows = np.array(ns)[:, None]                     # (k, 1)
+        position = np.arange(m - ns[0] + 1)              # (width,): the shortest n's positions
+        # (k, width): row n's n-grams, then (past its last position, m - n) the text's suffixes
+        keys = self._keys(self.offsets[:len(position)], self.offsets[np.minimum(position + rows, m)])
+        ordered, mask = _position_sort(keys)
+        row, later = np.nonzero((ordered[:, 1:] ^ ordered[:, :-1]) <= mask)   # repeats an earlier hash
+        start = (ordered[row, later + 1] & mask).astype(np.int64)
+        real = start <= m - rows[row, 0]                 # not a suffix
+        order = np.lexsort((start[real], row[real]))     # by row, then position
+        return dict(zip(ns, self._union_chars(row[real][order], start[real][order], rows[:, 0]).tolist()))
+
+    def _union_chars(self, row: np.ndarray, start: np.ndarray, ns: np.ndarray) -> np.ndarray:
+        """(k,): for each row, the characters of the union of its n-grams at `start` (by `row`, then
+        position); `ns`, (k,): each row's n."""
+        import numpy as np
+
+        unions = np.zeros(len(ns), dtype=np.int64)
+        if len(row):
+            begin, end = self.offsets[start], self.offsets[start + ns[row]]    # ends ascend within a row
+            previous = np.zeros_like(end)                # the end of the row's previous n-gram, or 0
+            previous[1:] = np.where(row[1:] == row[:-1], end[:-1], 0)
+            np.add.at(unions, row, end - np.maximum(begin, previous))
+        return unions
+
+
+def _position_sort(keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """(`keys` mixed, with their low bits replaced by their position along the last axis, sorted along
+    it; the mask of those bits). Equal keys come out together in position order, as by a stable
+    argsort, at the cost of a plain sort (several times less), and the mask reads their positions
+    (`ordered & mask`). Keys whose mixed high bits are equal come together too, like a hash collision:
+    equal high bits (`ordered[1:] ^ ordered[:-1] <= mask`) say two n-grams may be equal, never that
+    they are. The mixing is a multiplication by an odd constant (a bijection, Fibonacci hashing): a
+    polynomial hash's low bits hold its first character, which the multiplication carries up."""
     import numpy as np
 
-    out = np.full(count, base, dtype=np.uint64)
-    if count:
-        out[0] = 1
-    return np.cumprod(out, out=out)
+    mask = (1 << max(keys.shape[-1] - 1, 1).bit_length()) - 1
+    mixed = keys * np.uint64(_NGrams._MIX) & np.uint64(2**64 - 1 - mask)
+    return np.sort(mixed | np.arange(keys.shape[-1], dtype=np.uint64), axis=-1), mask
+
+
+_POWERS: dict[int, np.ndarray] = {}       # base: base^0 .. base^(2^k - 1) mod 2^64
+_POWERS_KEPT = 1 << 20                    # the longest table kept (8 MiB); a longer text computes its own
+
+
+def _powers(base: int, count: int) -> np.ndarray:
+    """base^0 .. base^(count-1) mod 2^64, (count,): a read-only slice of a table per base and process,
+    grown to the next power of two when a longer text comes, so that a document costs a slice rather
+    than a cumprod of its own."""
+    import numpy as np
+
+    table = _POWERS.get(base)
+    if table is None or len(table) < count:
+        table = np.full(max(1024, 1 << (count - 1).bit_length()), base, dtype=np.uint64)
+        table[0] = 1
+        np.cumprod(table, out=table)
+        table.flags.writeable = False
+        if len(table) <= _POWERS_KEPT:
+            _POWERS[base] = table
+    return table[:count]
+
+
+@functools.cache
+def _inverse(base: int) -> int:
+    """base^-1 mod 2^64 (base odd)."""
+    return pow(base, -1, 2**64)
