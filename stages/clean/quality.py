@@ -136,11 +136,13 @@ class GopherRepetition(_SplitsWords):
             return "dup_line_char_frac"
         words = _splitter(self.splitter)(text)
         grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
+        # every n of both rules in one numpy pass: the top n-grams, and an upper bound of each walk's count
+        # (the walk, in Python, runs only where its bound trips the rule)
+        bounds = {} if grams is None else grams.scan([n for n, _ in self.top_n_grams],
+                                                     [n for n, _ in self.dup_n_grams])
         for n, limit in self.top_n_grams:
             if len(words) >= n and _top_n_gram_chars(words, n, grams) / chars > limit:
                 return f"top_{n}_gram"
-        # the walk (Python) runs only where an upper bound of its count (numpy, every n at once) trips
-        bounds = grams.repeated_chars_bounds(n for n, _ in self.dup_n_grams) if grams is not None else {}
         for n, limit in self.dup_n_grams:
             if len(words) >= n and bounds.get(n, 0) / chars > limit and \
                     _repeated_chars(words, n, grams) / chars > limit:
@@ -456,7 +458,7 @@ class _NGrams:
     every document (`_powers`).
 
     Most documents have a few hundred words, where numpy's cost per call, not per element, dominates:
-    hence few calls per n, and one set of calls for every n of `repeated_chars_bounds`.
+    hence `scan`, one set of calls for every n of both rules.
     """
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
@@ -475,7 +477,12 @@ class _NGrams:
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
         np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
         self._inverse = _powers(_inverse(self._BASE), len(codes))
-        self._word_keys = [self._keys(self.offsets[:-1], self.offsets[1:])]    # each word's hash
+        # `scan`'s hashes of runs of whole words, times M (`_MIX`): text[offsets[i]:offsets[j]] hashes
+        # to (_at[j] - _at[i]) * _unit[i]
+        self._at = self._sums[self.offsets]                                    # (m + 1,)
+        self._unit = self._inverse[self.offsets[:-1]] * np.uint64(self._MIX)   # (m,)
+        self._word_keys = (self._at[1:] - self._at[:-1]) * self._unit         # (m,): each word's
+        self._tops: dict[int, tuple[int, int] | None] = {}                     # n: `top(n)`
 
     def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
@@ -488,33 +495,89 @@ class _NGrams:
         """(the first position of the commonest n-gram of words, its count), from a hash of each word
         sequence (a polynomial in the words' hashes); None when the winner's positions do not all hold
         the same words (a collision: the caller counts them itself). Of the hashes with the top count,
-        the one at the first position wins, as the first seen wins `Counter.most_common`'s ties."""
+        the one at the first position wins, as the first seen wins `Counter.most_common`'s ties.
+        Counted by `scan`, for this n alone unless a scan counted it already."""
+        if n not in self._tops:
+            self.scan((n,), ())
+        return self._tops[n]
+
+    def scan(self, top_ns: Iterable[int], repeat_ns: Iterable[int]) -> dict[int, int]:
+        """Count the n-grams of words for `top(n)`, each n of `top_ns` (2 <= n), and return the bounds of
+        `_repeat_bounds` for `repeat_ns`, in one sort of a row of hashes per n (k rows): hashes with
+        their positions (`_position_sort`), so that equal ones lie together in position order. A row
+        holds (width,) hashes, the shortest n's count of positions; past its own last position, the
+        hashes of shorter runs (the text's suffixes), which `top` and `_repeat_bounds` leave out."""
         import numpy as np
 
-        ordered, mask = _position_sort(self._gram_keys(n))
-        bounds = np.flatnonzero(np.concatenate(([True], (ordered[1:] ^ ordered[:-1]) > mask, [True])))
-        sizes = np.diff(bounds)                          # each hash's count, by hash
-        top = int(sizes.max())
-        if top == 1:
-            return 0, 1                                  # every n-gram once: the first wins
-        starts = bounds[:-1][sizes == top]               # where the top hashes' runs start
-        first = starts[np.argmin(ordered[starts] & mask)]
-        members = (ordered[first:first + top] & mask).tolist()     # ascending
-        i = members[0]
-        gram = self.words[i:i + n]
-        if any(self.words[p:p + n] != gram for p in members[1:]):
-            return None
-        return i, top
+        m = len(self.words)
+        top_ns = sorted({n for n in top_ns if 2 <= n <= m} - self._tops.keys())
+        repeat_ns = sorted({n for n in repeat_ns if n < m})            # two positions or more
+        if not top_ns and not repeat_ns:
+            return {}
+        rows = np.array(top_ns + repeat_ns)[:, None]                    # (k, 1)
+        width = m - int(rows.min()) + 1
+        keys = np.empty((len(rows), width), dtype=np.uint64)            # (k, width)
+        if top_ns:
+            keys[:len(top_ns)] = self._word_gram_keys(top_ns, width)
+        if repeat_ns:     # the n-grams of characters: their words joined without spaces
+            ends = np.minimum(np.arange(width) + rows[len(top_ns):], m)
+            keys[len(top_ns):] = (self._at[ends] - self._at[:width]) * self._unit[:width]
+        ordered, mask = _position_sort(keys)
+        same = (ordered[:, 1:] ^ ordered[:, :-1]) <= mask              # (k, width - 1): as the one before
+        self._count_tops(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask)
+        return self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
 
-    def _gram_keys(self, n: int) -> np.ndarray:
-        """A hash of each n-gram of words, (m - n + 1,): sum over t of h(word i + t) * C^t mod 2^64."""
+    def _word_gram_keys(self, ns: list[int], width: int) -> np.ndarray:
+        """(len(ns), width): a hash of each n-gram of words, sum over t of h(word i + t) * C^t mod 2^64,
+        for each n of `ns` (ascending); past a row's last n-gram, its shorter suffixes."""
         import numpy as np
 
-        while len(self._word_keys) < n:
-            k = len(self._word_keys)
-            step = np.uint64(pow(self._COMBINE, k, 2**64))
-            self._word_keys.append(self._word_keys[-1][:-1] + self._word_keys[0][k:] * step)
-        return self._word_keys[n - 1]
+        hashes = np.zeros(width + ns[-1] - 1, dtype=np.uint64)         # the words', then 0s
+        hashes[:len(self._word_keys)] = self._word_keys
+        keys = np.empty((len(ns), width), dtype=np.uint64)
+        gram = hashes[:width]
+        for t in range(1, ns[-1]):
+            gram = gram + hashes[t:t + width] * np.uint64(pow(self._COMBINE, t, 2**64))
+            if t + 1 in ns:
+                keys[ns.index(t + 1)] = gram
+        return keys
+
+    def _count_tops(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int) -> None:
+        """`_tops[n]` for each n of `ns` (a row each), from its row of `scan`: the longest run of equal
+        hashes, of those the one whose first position is least; its positions are then compared as words,
+        and so is any suffix of the row that came in (a collision: None)."""
+        import numpy as np
+
+        if not ns:
+            return
+        k, width = ordered.shape
+        position = np.arange(width)
+        start = np.zeros((k, width), dtype=np.int64)                   # where its run starts
+        start[:, 1:] = np.where(same, 0, position[1:])
+        np.maximum.accumulate(start, axis=1, out=start)
+        first = (ordered.take(start + width * np.arange(k)[:, None]) & mask).view(np.int64)  # run's position
+        best = (((position - start) << mask.bit_length()) | (mask - first)).argmax(axis=1)   # (k,)
+        for r, (n, j) in enumerate(zip(ns, best.tolist())):
+            members = (ordered[r, start[r, j]:j + 1] & mask).tolist()   # ascending
+            i = members[0]
+            gram = self.words[i:i + n]
+            self._tops[n] = None if any(self.words[p:p + n] != gram for p in members[1:]) else (i, len(members))
+
+    def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int) -> dict[int, int]:
+        """For each n of `ns` (a row each of `scan`), an upper bound of `_repeated_chars(words, n)`: the
+        characters of the union of the n-grams whose hash equals an earlier position's. The walk counts
+        n-grams equal to an earlier one (so are their hashes) and never two that overlap, so at most the
+        union's characters; a hash collision only widens the union."""
+        import numpy as np
+
+        if not same.any():                               # most documents: no n-gram twice
+            return dict.fromkeys(ns, 0)
+        rows = np.array(ns)
+        position = (ordered & mask).view(np.int64)      # (k, width)
+        row, later = np.nonzero(same & (position[:, 1:] <= len(self.words) - rows[:, None]))   # not a suffix
+        start = position[row, later + 1]
+        order = np.lexsort((start, row))                 # by row, then position
+        return dict(zip(ns, self._union_chars(row[order], start[order], rows).tolist()))
 
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""
@@ -534,29 +597,6 @@ class _NGrams:
         repeated[:-1] |= same
         return np.sort(order[repeated]).tolist()
 
-    def repeated_chars_bounds(self, ns: Iterable[int]) -> dict[int, int]:
-        """For each n of `ns` with two n-grams or more, an upper bound of `_repeated_chars(words, n)`: the
-        characters of the union of the n-grams whose hash equals an earlier position's. The walk counts
-        n-grams equal to an earlier one (so are their hashes) and never two that overlap, so at most the
-        union's characters; a hash collision only widens the union. Every n at once, a row each, in one
-        sort: most documents hold no hash twice in any row, and cost no more."""
-        import numpy as np
-
-        m = len(self.words)
-        ns = sorted({n for n in ns if m - n >= 1})
-        if not ns:
-            return {}
-        rows = np.array(ns)[:, None]                     # (k, 1)
-        position = np.arange(m - ns[0] + 1)              # (width,): the shortest n's positions
-        # (k, width): row n's n-grams, then (past its last position, m - n) the text's suffixes
-        keys = self._keys(self.offsets[:len(position)], self.offsets[np.minimum(position + rows, m)])
-        ordered, mask = _position_sort(keys)
-        row, later = np.nonzero((ordered[:, 1:] ^ ordered[:, :-1]) <= mask)   # repeats an earlier hash
-        start = (ordered[row, later + 1] & mask).astype(np.int64)
-        real = start <= m - rows[row, 0]                 # not a suffix
-        order = np.lexsort((start[real], row[real]))     # by row, then position
-        return dict(zip(ns, self._union_chars(row[real][order], start[real][order], rows[:, 0]).tolist()))
-
     def _union_chars(self, row: np.ndarray, start: np.ndarray, ns: np.ndarray) -> np.ndarray:
         """(k,): for each row, the characters of the union of its n-grams at `start` (by `row`, then
         position); `ns`, (k,): each row's n."""
@@ -572,18 +612,19 @@ class _NGrams:
 
 
 def _position_sort(keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """(`keys` mixed, with their low bits replaced by their position along the last axis, sorted along
-    it; the mask of those bits). Equal keys come out together in position order, as by a stable
-    argsort, at the cost of a plain sort (several times less), and the mask reads their positions
-    (`ordered & mask`). Keys whose mixed high bits are equal come together too, like a hash collision:
-    equal high bits (`ordered[1:] ^ ordered[:-1] <= mask`) say two n-grams may be equal, never that
-    they are. The mixing is a multiplication by an odd constant (a bijection, Fibonacci hashing): a
-    polynomial hash's low bits hold its first character, which the multiplication carries up."""
+    """(`keys`, hashes times M (`_NGrams._MIX`), with their low bits replaced by their position along the
+    last axis, sorted along it; the mask of those bits), in place. Equal keys come out together in
+    position order, as by a stable argsort, at the cost of a plain sort (several times less), and the
+    mask reads their positions (`ordered & mask`). Keys whose high bits are equal come together too,
+    like a hash collision: equal high bits (`ordered[1:] ^ ordered[:-1] <= mask`) say two n-grams may be
+    equal, never that they are. M (odd, so a bijection: Fibonacci hashing) carries the low bits of a
+    polynomial hash, which hold its first character, up."""
     import numpy as np
 
     mask = (1 << max(keys.shape[-1] - 1, 1).bit_length()) - 1
-    mixed = keys * np.uint64(_NGrams._MIX) & np.uint64(2**64 - 1 - mask)
-    return np.sort(mixed | np.arange(keys.shape[-1], dtype=np.uint64), axis=-1), mask
+    keys &= np.uint64(2**64 - 1 - mask)
+    keys |= np.arange(keys.shape[-1], dtype=np.uint64)
+    return np.sort(keys, axis=-1), mask
 
 
 _POWERS: dict[int, np.ndarray] = {}       # base: base^0 .. base^(2^k - 1) mod 2^64
