@@ -33,6 +33,8 @@ import dataclasses
 import functools
 import importlib.util
 import itertools
+import math
+import operator
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -136,15 +138,17 @@ class GopherRepetition(_SplitsWords):
             return "dup_line_char_frac"
         words = _splitter(self.splitter)(text)
         grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
-        # every n of both rules in one numpy pass: the top n-grams, and an upper bound of each walk's count
-        # (the walk, in Python, runs only where its bound trips the rule)
-        bounds = {} if grams is None else grams.scan([n for n, _ in self.top_n_grams],
-                                                     [n for n, _ in self.dup_n_grams])
+        # upper bounds of every n's value of both rules, in one numpy pass (`_NGrams.scan`): the exact
+        # value is needed only where the bound trips the rule (a bound is at least the value, so
+        # `value / chars > limit` implies `bound / chars > limit`)
+        tops, repeats = ({}, {}) if grams is None else grams.scan([n for n, _ in self.top_n_grams],
+                                                                  [n for n, _ in self.dup_n_grams])
         for n, limit in self.top_n_grams:
-            if len(words) >= n and _top_n_gram_chars(words, n, grams) / chars > limit:
+            if len(words) >= n and tops.get(n, math.inf) / chars > limit and \
+                    _top_n_gram_chars(words, n, grams) / chars > limit:
                 return f"top_{n}_gram"
         for n, limit in self.dup_n_grams:
-            if len(words) >= n and bounds.get(n, 0) / chars > limit and \
+            if len(words) >= n and repeats.get(n, 0) / chars > limit and \
                     _repeated_chars(words, n, grams) / chars > limit:
                 return f"duplicated_{n}_n_grams"
         return None
@@ -420,24 +424,23 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
     `_NGrams`, built once per document for every n.
     """
     grams = grams or _NGrams(words)
-    starts = grams.repeat_candidates(n)           # every position whose n-gram may repeat, ascending
-    if not starts:
+    candidates = grams.candidates(n)              # every position whose n-gram may repeat, ascending
+    if not len(candidates):
         return 0
-    text, offsets = grams.text, grams.offsets.tolist()
-    gram_at = {i: text[offsets[i]:offsets[i + n]] for i in starts}
-    first: dict[str, int] = {}
-    for i in starts:
-        first.setdefault(gram_at[i], i)
+    starts, text = candidates.tolist(), grams.text
+    strings = [text[a:b] for a, b in zip(grams.offsets[candidates].tolist(), grams.offsets[candidates + n].tolist())]
+    first = dict(zip(reversed(strings), reversed(starts)))      # each string's first position
+    firsts = list(map(first.__getitem__, strings))
     # An n-gram is remembered when the walk has stood on any of its positions. Every position not
-    # jumped over is stood on; `jumped` holds the positions jumped over.
+    # jumped over is stood on; `jumped` holds the positions jumped over. A first occurrence (left out
+    # here) is stood on, or jumped over, and adds nothing.
     seen: set[str] = set()
     jumped: set[int] = set()
     position = total = 0
-    for i in starts:
-        gram = gram_at[i]
-        if i < position or first[gram] == i:      # jumped over, or the first occurrence (stood on)
+    for i, gram, first_i in itertools.compress(zip(starts, strings, firsts), map(operator.ne, starts, firsts)):
+        if i < position:                          # jumped over
             continue
-        if gram in seen or first[gram] not in jumped:
+        if gram in seen or first_i not in jumped:
             total += len(gram)
             jumped.update(range(i + 1, i + n))
             position = i + n
@@ -472,7 +475,8 @@ class _NGrams:
         self.words = words
         self.text = "".join(words)
         self.offsets = np.zeros(len(words) + 1, dtype=np.int64)   # word i: text[offsets[i]:offsets[i+1]]
-        np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)), out=self.offsets[1:])
+        self._lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        np.cumsum(self._lengths, out=self.offsets[1:])
         codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
         np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
@@ -482,7 +486,7 @@ class _NGrams:
         self._at = self._sums[self.offsets]                                    # (m + 1,)
         self._unit = self._inverse[self.offsets[:-1]] * np.uint64(self._MIX)   # (m,)
         self._word_keys = (self._at[1:] - self._at[:-1]) * self._unit         # (m,): each word's
-        self._tops: dict[int, tuple[int, int] | None] = {}                     # n: `top(n)`
+        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}       # n: `top(n)`'s row
 
     def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
@@ -495,73 +499,92 @@ class _NGrams:
         """(the first position of the commonest n-gram of words, its count), from a hash of each word
         sequence (a polynomial in the words' hashes); None when the winner's positions do not all hold
         the same words (a collision: the caller counts them itself). Of the hashes with the top count,
-        the one at the first position wins, as the first seen wins `Counter.most_common`'s ties.
-        Counted by `scan`, for this n alone unless a scan counted it already."""
-        if n not in self._tops:
-            self.scan((n,), ())
-        return self._tops[n]
+        the one at the first position wins, as the first seen wins `Counter.most_common`'s ties: the
+        longest run of equal hashes in position order (`_position_sort`), of those the first seen. From
+        the row `scan` sorted, if it did (its suffixes, in a run, fail the comparison), else a sort."""
+        import numpy as np
 
-    def scan(self, top_ns: Iterable[int], repeat_ns: Iterable[int]) -> dict[int, int]:
-        """Count the n-grams of words for `top(n)`, each n of `top_ns` (2 <= n), and return the bounds of
-        `_repeat_bounds` for `repeat_ns`, in one sort of a row of hashes per n (k rows): hashes with
-        their positions (`_position_sort`), so that equal ones lie together in position order. A row
-        holds (width,) hashes, the shortest n's count of positions; past its own last position, the
-        hashes of shorter runs (the text's suffixes), which `top` and `_repeat_bounds` leave out."""
+        if n not in self._sorted:
+            keys = np.empty((1, len(self.words) - n + 1), dtype=np.uint64)
+            self._word_gram_keys([n], keys)
+            ordered, mask = _position_sort(keys)
+            self._sorted[n] = ordered[0], _same_as_before(ordered, mask)[0], mask
+        ordered, same, mask = self._sorted[n]
+        position = np.arange(len(ordered))
+        start = np.maximum.accumulate(np.where(same, 0, position))          # where its run starts
+        first = (ordered[start] & mask).view(np.int64)                      # its run's first position
+        end = int((((position - start) << mask.bit_length()) | (mask - first)).argmax())   # its last
+        begin, i = int(start[end]), int(first[end])
+        gram = self.words[i:i + n]
+        if any(self.words[p:p + n] != gram for p in (ordered[begin + 1:end + 1] & mask).tolist()):
+            return None
+        return i, end - begin + 1
+
+    def scan(self, top_ns: Iterable[int], repeat_ns: Iterable[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """Upper bounds of `_top_n_gram_chars(words, n)` for each n of `top_ns`, and of
+        `_repeated_chars(words, n)` for each n of `repeat_ns` (`_repeat_bounds`), in one sort of a row of
+        hashes per n (k rows), with their positions (`_position_sort`), so that equal ones lie together
+        in position order: the exact counts, in Python or a sort of their own, are needed only where a
+        bound trips its rule. A row holds (width,) hashes, the shortest n's count of positions; past its
+        own last position, the hashes of shorter runs (the text's suffixes). A top n-gram's count is at
+        most the row's longest run of equal hashes (a collision only lengthens a run), and its characters
+        at most the row's longest span."""
         import numpy as np
 
         m = len(self.words)
-        top_ns = sorted({n for n in top_ns if 2 <= n <= m} - self._tops.keys())
+        top_ns = sorted({n for n in top_ns if n <= m})
         repeat_ns = sorted({n for n in repeat_ns if n < m})            # two positions or more
         if not top_ns and not repeat_ns:
-            return {}
+            return {}, {}
         rows = np.array(top_ns + repeat_ns)[:, None]                    # (k, 1)
         width = m - int(rows.min()) + 1
-        keys = np.empty((len(rows), width), dtype=np.uint64)            # (k, width)
+        position = np.arange(width)
+        ends = np.minimum(position + rows, m)                           # (k, width): each span's last word
+        keys = np.empty((len(rows), width), dtype=np.uint64)
         if top_ns:
-            keys[:len(top_ns)] = self._word_gram_keys(top_ns, width)
+            self._word_gram_keys(top_ns, keys[:len(top_ns)])
         if repeat_ns:     # the n-grams of characters: their words joined without spaces
-            ends = np.minimum(np.arange(width) + rows[len(top_ns):], m)
-            keys[len(top_ns):] = (self._at[ends] - self._at[:width]) * self._unit[:width]
+            keys[len(top_ns):] = (self._at[ends[len(top_ns):]] - self._at[:width]) * self._unit[:width]
         ordered, mask = _position_sort(keys)
-        same = (ordered[:, 1:] ^ ordered[:, :-1]) <= mask              # (k, width - 1): as the one before
-        self._count_tops(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask)
-        return self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
+        same = _same_as_before(ordered, mask)
+        self._sorted.update((n, (ordered[r], same[r], mask)) for r, n in enumerate(top_ns))
+        tops = self._top_bounds(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask, ends[:len(top_ns)])
+        return tops, self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
 
-    def _word_gram_keys(self, ns: list[int], width: int) -> np.ndarray:
-        """(len(ns), width): a hash of each n-gram of words, sum over t of h(word i + t) * C^t mod 2^64,
-        for each n of `ns` (ascending); past a row's last n-gram, its shorter suffixes."""
+    def _word_gram_keys(self, ns: list[int], keys: np.ndarray) -> None:
+        """Fill `keys` (len(ns), width) with a hash of each n-gram of words, sum over t of h(word i + t) *
+        C^t mod 2^64, for each n of `ns` (ascending); past a row's last n-gram, its shorter suffixes."""
         import numpy as np
 
+        width = keys.shape[1]
         hashes = np.zeros(width + ns[-1] - 1, dtype=np.uint64)         # the words', then 0s
         hashes[:len(self._word_keys)] = self._word_keys
-        keys = np.empty((len(ns), width), dtype=np.uint64)
         gram = hashes[:width]
-        for t in range(1, ns[-1]):
-            gram = gram + hashes[t:t + width] * np.uint64(pow(self._COMBINE, t, 2**64))
-            if t + 1 in ns:
-                keys[ns.index(t + 1)] = gram
-        return keys
+        if 1 in ns:
+            keys[0] = gram
+        for t, power in enumerate(_combine_powers(self._COMBINE, ns[-1])[1:], 1):
+            out = keys[ns.index(t + 1)] if t + 1 in ns else None
+            gram = np.add(gram, hashes[t:t + width] * power, out=out)
 
-    def _count_tops(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int) -> None:
-        """`_tops[n]` for each n of `ns` (a row each), from its row of `scan`: the longest run of equal
-        hashes, of those the one whose first position is least; its positions are then compared as words,
-        and so is any suffix of the row that came in (a collision: None)."""
+    def _top_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int,
+                    ends: np.ndarray) -> dict[int, int]:
+        """For each n of `ns` (a row each of `scan`; `ends`, (k, width): each position's end), an upper
+        bound of `_top_n_gram_chars(words, n)`: the row's longest run of equal hashes (the top count or
+        more) times the characters of the longest n-gram that repeats (a later one of a run; the top one
+        repeats, unless every count is 1, when the first n-gram, also counted, is the top one)."""
         import numpy as np
 
         if not ns:
-            return
+            return {}
         k, width = ordered.shape
         position = np.arange(width)
-        start = np.zeros((k, width), dtype=np.int64)                   # where its run starts
-        start[:, 1:] = np.where(same, 0, position[1:])
-        np.maximum.accumulate(start, axis=1, out=start)
-        first = (ordered.take(start + width * np.arange(k)[:, None]) & mask).view(np.int64)  # run's position
-        best = (((position - start) << mask.bit_length()) | (mask - first)).argmax(axis=1)   # (k,)
-        for r, (n, j) in enumerate(zip(ns, best.tolist())):
-            members = (ordered[r, start[r, j]:j + 1] & mask).tolist()   # ascending
-            i = members[0]
-            gram = self.words[i:i + n]
-            self._tops[n] = None if any(self.words[p:p + n] != gram for p in members[1:]) else (i, len(members))
+        runs = np.where(same, 0, position)
+        np.maximum.accumulate(runs, axis=1, out=runs)                  # where each one's run starts
+        counts = (position - runs).max(axis=1) + 1
+        spans = self.offsets[ends] - self.offsets[:width]               # (k, width): by position
+        by_hash = spans.take((ordered & mask).view(np.int64) + width * np.arange(k)[:, None])
+        longest = np.where(same, by_hash, spans[:, :1]).max(axis=1)
+        return {n: count * (span + n - 1) for n, count, span in zip(ns, counts.tolist(), longest.tolist())}
 
     def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int) -> dict[int, int]:
         """For each n of `ns` (a row each of `scan`), an upper bound of `_repeated_chars(words, n)`: the
@@ -572,43 +595,55 @@ class _NGrams:
 
         if not same.any():                               # most documents: no n-gram twice
             return dict.fromkeys(ns, 0)
-        rows = np.array(ns)
+        m = len(self.words)
+        rows = np.array(ns)[:, None]                     # (k, 1)
         position = (ordered & mask).view(np.int64)      # (k, width)
-        row, later = np.nonzero(same & (position[:, 1:] <= len(self.words) - rows[:, None]))   # not a suffix
-        start = position[row, later + 1]
-        order = np.lexsort((start, row))                 # by row, then position
-        return dict(zip(ns, self._union_chars(row[order], start[order], rows).tolist()))
+        later = np.flatnonzero(same & (position <= m - rows))      # flat; a suffix is no n-gram
+        row = later // ordered.shape[1]
+        # by row, then position; each row's characters shifted past the previous row's, so that the union
+        # of the spans, in order, adds each span less what the one before it covers
+        order = np.sort(position.ravel()[later] + row * (m + 1))
+        row, start = np.divmod(order, m + 1)
+        shift = row * (int(self.offsets[-1]) + 1)
+        begin, end = self.offsets[start] + shift, self.offsets[start + rows[row, 0]] + shift
+        spans = end - begin
+        spans[1:] = end[1:] - np.maximum(begin[1:], end[:-1])
+        return dict(zip(ns, np.bincount(row, weights=spans, minlength=len(ns)).astype(np.int64).tolist()))
 
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""
+        return self.candidates(n).tolist()
+
+    def candidates(self, n: int) -> np.ndarray:
+        """`repeat_candidates`, (count,)."""
         import numpy as np
 
         m = len(self.offsets) - n               # positions of an n-gram
         if m < 2:
-            return []
+            return np.zeros(0, dtype=np.int64)
         keys = self._keys(self.offsets[:m], self.offsets[n:])
         ordered = np.sort(keys)
         if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
-            return []
+            return np.zeros(0, dtype=np.int64)
         order = np.argsort(keys)
         same = np.diff(keys[order]) == 0
         repeated = np.zeros(m, dtype=bool)
         repeated[1:] |= same
         repeated[:-1] |= same
-        return np.sort(order[repeated]).tolist()
+        return np.sort(order[repeated])
 
-    def _union_chars(self, row: np.ndarray, start: np.ndarray, ns: np.ndarray) -> np.ndarray:
-        """(k,): for each row, the characters of the union of its n-grams at `start` (by `row`, then
-        position); `ns`, (k,): each row's n."""
-        import numpy as np
 
-        unions = np.zeros(len(ns), dtype=np.int64)
-        if len(row):
-            begin, end = self.offsets[start], self.offsets[start + ns[row]]    # ends ascend within a row
-            previous = np.zeros_like(end)                # the end of the row's previous n-gram, or 0
-            previous[1:] = np.where(row[1:] == row[:-1], end[:-1], 0)
-            np.add.at(unions, row, end - np.maximum(begin, previous))
-        return unions
+def _same_as_before(ordered: np.ndarray, mask: int) -> np.ndarray:
+    """(k, width): whether each of `_position_sort`'s keys (k, width) has the high bits of the one
+    before it in its row, in one pass over the flat array (faster than a 2-D one)."""
+    import numpy as np
+
+    flat = ordered.ravel()
+    same = np.empty(flat.shape, dtype=bool)
+    same[0] = False
+    np.less_equal(flat[1:] ^ flat[:-1], mask, out=same[1:])
+    same[::ordered.shape[1]] = False
+    return same.reshape(ordered.shape)
 
 
 def _position_sort(keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -646,6 +681,14 @@ def _powers(base: int, count: int) -> np.ndarray:
         if len(table) <= _POWERS_KEPT:
             _POWERS[base] = table
     return table[:count]
+
+
+@functools.cache
+def _combine_powers(combine: int, count: int) -> tuple[np.uint64, ...]:
+    """combine^0 .. combine^(count-1) mod 2^64, as numpy scalars."""
+    import numpy as np
+
+    return tuple(np.uint64(pow(combine, t, 2**64)) for t in range(count))
 
 
 @functools.cache
