@@ -524,11 +524,9 @@ class _NGrams:
         """Upper bounds of `_top_n_gram_chars(words, n)` for each n of `top_ns`, and of
         `_repeated_chars(words, n)` for each n of `repeat_ns` (`_repeat_bounds`), in one sort of a row of
         hashes per n (k rows), with their positions (`_position_sort`), so that equal ones lie together
-        in position order: the exact counts, in Python or a sort of their own, are needed only where a
+        in position order: the exact values, in Python or from these rows, are needed only where a
         bound trips its rule. A row holds (width,) hashes, the shortest n's count of positions; past its
-        own last position, the hashes of shorter runs (the text's suffixes). A top n-gram's count is at
-        most the row's longest run of equal hashes (a collision only lengthens a run), and its characters
-        at most the row's longest span."""
+        own last position, the hashes of shorter runs (the text's suffixes)."""
         import numpy as np
 
         m = len(self.words)
@@ -570,20 +568,17 @@ class _NGrams:
                     ends: np.ndarray) -> dict[int, int]:
         """For each n of `ns` (a row each of `scan`; `ends`, (k, width): each position's end), an upper
         bound of `_top_n_gram_chars(words, n)`: the row's longest run of equal hashes (the top count or
-        more) times the characters of the longest n-gram that repeats (a later one of a run; the top one
-        repeats, unless every count is 1, when the first n-gram, also counted, is the top one)."""
+        more: a collision only lengthens a run) times the characters of its longest n-gram (a suffix past
+        the last is shorter than it)."""
         import numpy as np
 
         if not ns:
             return {}
-        k, width = ordered.shape
-        position = np.arange(width)
+        position = np.arange(ordered.shape[1])
         runs = np.where(same, 0, position)
         np.maximum.accumulate(runs, axis=1, out=runs)                  # where each one's run starts
         counts = (position - runs).max(axis=1) + 1
-        spans = self.offsets[ends] - self.offsets[:width]               # (k, width): by position
-        by_hash = spans.take((ordered & mask).view(np.int64) + width * np.arange(k)[:, None])
-        longest = np.where(same, by_hash, spans[:, :1]).max(axis=1)
+        longest = (self.offsets[ends] - self.offsets[:ordered.shape[1]]).max(axis=1)
         return {n: count * (span + n - 1) for n, count, span in zip(ns, counts.tolist(), longest.tolist())}
 
     def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int) -> dict[int, int]:
@@ -598,11 +593,12 @@ class _NGrams:
         m = len(self.words)
         rows = np.array(ns)[:, None]                     # (k, 1)
         position = (ordered & mask).view(np.int64)      # (k, width)
-        later = np.flatnonzero(same & (position <= m - rows))      # flat; a suffix is no n-gram
+        later = (same & (position <= m - rows)).ravel().nonzero()[0]     # flat; a suffix is no n-gram
         row = later // ordered.shape[1]
         # by row, then position; each row's characters shifted past the previous row's, so that the union
         # of the spans, in order, adds each span less what the one before it covers
-        order = np.sort(position.ravel()[later] + row * (m + 1))
+        order = position.ravel()[later] + row * (m + 1)
+        order.sort()
         row, start = np.divmod(order, m + 1)
         shift = row * (int(self.offsets[-1]) + 1)
         begin, end = self.offsets[start] + shift, self.offsets[start + rows[row, 0]] + shift
@@ -659,7 +655,8 @@ def _position_sort(keys: np.ndarray) -> tuple[np.ndarray, int]:
     mask = (1 << max(keys.shape[-1] - 1, 1).bit_length()) - 1
     keys &= np.uint64(2**64 - 1 - mask)
     keys |= np.arange(keys.shape[-1], dtype=np.uint64)
-    return np.sort(keys, axis=-1), mask
+    keys.sort(axis=-1)
+    return keys, mask
 
 
 _POWERS: dict[int, np.ndarray] = {}       # base: base^0 .. base^(2^k - 1) mod 2^64
