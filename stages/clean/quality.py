@@ -486,7 +486,9 @@ class _NGrams:
         self._at = self._sums[self.offsets]                                    # (m + 1,)
         self._unit = self._inverse[self.offsets[:-1]] * np.uint64(self._MIX)   # (m,)
         self._word_keys = (self._at[1:] - self._at[:-1]) * self._unit         # (m,): each word's
-        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}       # n: `top(n)`'s row
+        # n: `scan`'s sorted row, its `_same_as_before` and mask, for `top(n)` and for `candidates(n)`
+        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+        self._char_sorted: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
 
     def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
@@ -546,6 +548,7 @@ class _NGrams:
         ordered, mask = _position_sort(keys)
         same = _same_as_before(ordered, mask)
         self._sorted.update((n, (ordered[r], same[r], mask)) for r, n in enumerate(top_ns))
+        self._char_sorted.update((n, (ordered[r], same[r], mask)) for r, n in enumerate(repeat_ns, len(top_ns)))
         tops = self._top_bounds(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask, ends[:len(top_ns)])
         return tops, self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
 
@@ -606,27 +609,38 @@ class _NGrams:
         spans[1:] = end[1:] - np.maximum(begin[1:], end[:-1])
         return dict(zip(ns, np.bincount(row, weights=spans, minlength=len(ns)).astype(np.int64).tolist()))
 
+    def candidates(self, n: int) -> np.ndarray:
+        """Every position whose n-gram may equal another's, ascending, (count,): from `scan`'s sorted row
+        for n where it made one (a run of two or more equal high bits), else `repeat_candidates`."""
+        import numpy as np
+
+        if n not in self._char_sorted:
+            return np.array(self.repeat_candidates(n), dtype=np.int64)
+        ordered, same, mask = self._char_sorted[n]
+        runs = same.copy()                               # in a run of two or more: as the one before or after
+        runs[:-1] |= same[1:]
+        starts = (ordered[runs] & mask).view(np.int64)
+        starts = starts[starts <= len(self.words) - n]   # not a suffix
+        starts.sort()
+        return starts
+
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""
-        return self.candidates(n).tolist()
-
-    def candidates(self, n: int) -> np.ndarray:
-        """`repeat_candidates`, (count,)."""
         import numpy as np
 
         m = len(self.offsets) - n               # positions of an n-gram
         if m < 2:
-            return np.zeros(0, dtype=np.int64)
+            return []
         keys = self._keys(self.offsets[:m], self.offsets[n:])
         ordered = np.sort(keys)
         if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
-            return np.zeros(0, dtype=np.int64)
+            return []
         order = np.argsort(keys)
         same = np.diff(keys[order]) == 0
         repeated = np.zeros(m, dtype=bool)
         repeated[1:] |= same
         repeated[:-1] |= same
-        return np.sort(order[repeated])
+        return np.sort(order[repeated]).tolist()
 
 
 def _same_as_before(ordered: np.ndarray, mask: int) -> np.ndarray:
