@@ -475,8 +475,7 @@ class _NGrams:
         self.words = words
         self.text = "".join(words)
         self.offsets = np.zeros(len(words) + 1, dtype=np.int64)   # word i: text[offsets[i]:offsets[i+1]]
-        self._lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        np.cumsum(self._lengths, out=self.offsets[1:])
+        np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)), out=self.offsets[1:])
         codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
         np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
@@ -544,7 +543,9 @@ class _NGrams:
         if top_ns:
             self._word_gram_keys(top_ns, keys[:len(top_ns)])
         if repeat_ns:     # the n-grams of characters: their words joined without spaces
-            keys[len(top_ns):] = (self._at[ends[len(top_ns):]] - self._at[:width]) * self._unit[:width]
+            chars = keys[len(top_ns):]
+            np.subtract(self._at[ends[len(top_ns):]], self._at[:width], out=chars)
+            chars *= self._unit[:width]
         ordered, mask = _position_sort(keys)
         same = _same_as_before(ordered, mask)
         self._sorted.update((n, (ordered[r], same[r], mask)) for r, n in enumerate(top_ns))
@@ -594,17 +595,16 @@ class _NGrams:
         if not same.any():                               # most documents: no n-gram twice
             return dict.fromkeys(ns, 0)
         m = len(self.words)
-        rows = np.array(ns)[:, None]                     # (k, 1)
-        position = (ordered & mask).view(np.int64)      # (k, width)
-        later = (same & (position <= m - rows)).ravel().nonzero()[0]     # flat; a suffix is no n-gram
-        row = later // ordered.shape[1]
-        # by row, then position; each row's characters shifted past the previous row's, so that the union
-        # of the spans, in order, adds each span less what the one before it covers
-        order = position.ravel()[later] + row * (m + 1)
+        later = same.ravel().nonzero()[0]                # flat
+        # by row, then position (one key), each row's characters then shifted past the previous row's, so
+        # that the union of the spans, in order, adds each span less what the one before it covers; a
+        # suffix's span (cut at the end) is text too, and only widens a union
+        order = later // ordered.shape[1] * (m + 1) + (ordered.ravel()[later] & mask).view(np.int64)
         order.sort()
         row, start = np.divmod(order, m + 1)
         shift = row * (int(self.offsets[-1]) + 1)
-        begin, end = self.offsets[start] + shift, self.offsets[start + rows[row, 0]] + shift
+        begin = self.offsets[start] + shift
+        end = self.offsets[np.minimum(start + np.array(ns)[row], m)] + shift
         spans = end - begin
         spans[1:] = end[1:] - np.maximum(begin[1:], end[:-1])
         return dict(zip(ns, np.bincount(row, weights=spans, minlength=len(ns)).astype(np.int64).tolist()))
