@@ -475,19 +475,26 @@ class _NGrams:
         self.words = words
         self.text = "".join(words)
         self.offsets = np.zeros(len(words) + 1, dtype=np.int64)   # word i: text[offsets[i]:offsets[i+1]]
-        np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)), out=self.offsets[1:])
+        np.fromiter(map(len, words), dtype=np.int64, count=len(words)).cumsum(out=self.offsets[1:])
         codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
         self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
-        np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
+        (codes * _powers(self._BASE, len(codes))).cumsum(out=self._sums[1:])
         self._inverse = _powers(_inverse(self._BASE), len(codes))
         # `scan`'s hashes of runs of whole words, times M (`_MIX`): text[offsets[i]:offsets[j]] hashes
         # to (_at[j] - _at[i]) * _unit[i]
         self._at = self._sums[self.offsets]                                    # (m + 1,)
         self._unit = self._inverse[self.offsets[:-1]] * np.uint64(self._MIX)   # (m,)
         self._word_keys = (self._at[1:] - self._at[:-1]) * self._unit         # (m,): each word's
-        # n: `scan`'s sorted row, its `_same_as_before` and mask, for `top(n)` and for `candidates(n)`
-        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
-        self._char_sorted: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+        self._scanned: tuple = ([], [], None, None, 0)   # `scan`'s ns (top, repeat), rows, `same`, mask
+
+    def _scanned_row(self, n: int, top: bool) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """`scan`'s sorted row for n (of the top n-grams, else of the repeated ones), its `same` and mask;
+        None if it made none."""
+        top_ns, repeat_ns, ordered, same, mask = self._scanned
+        if n not in (top_ns if top else repeat_ns):
+            return None
+        row = top_ns.index(n) if top else len(top_ns) + repeat_ns.index(n)
+        return ordered[row], same[row], mask
 
     def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
@@ -505,12 +512,13 @@ class _NGrams:
         the row `scan` sorted, if it did (its suffixes, in a run, fail the comparison), else a sort."""
         import numpy as np
 
-        if n not in self._sorted:
+        found = self._scanned_row(n, top=True)
+        if found is None:
             keys = np.empty((1, len(self.words) - n + 1), dtype=np.uint64)
             self._word_gram_keys([n], keys)
             ordered, mask = _position_sort(keys)
-            self._sorted[n] = ordered[0], _same_as_before(ordered, mask)[0], mask
-        ordered, same, mask = self._sorted[n]
+            found = ordered[0], _same_as_before(ordered, mask)[0], mask
+        ordered, same, mask = found
         position = np.arange(len(ordered))
         start = np.maximum.accumulate(np.where(same, 0, position))          # where its run starts
         first = (ordered[start] & mask).view(np.int64)                      # its run's first position
@@ -548,8 +556,7 @@ class _NGrams:
             chars *= self._unit[:width]
         ordered, mask = _position_sort(keys)
         same = _same_as_before(ordered, mask)
-        self._sorted.update((n, (ordered[r], same[r], mask)) for r, n in enumerate(top_ns))
-        self._char_sorted.update((n, (ordered[r], same[r], mask)) for r, n in enumerate(repeat_ns, len(top_ns)))
+        self._scanned = top_ns, repeat_ns, ordered, same, mask
         tops = self._top_bounds(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask, ends[:len(top_ns)])
         return tops, self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
 
@@ -614,9 +621,10 @@ class _NGrams:
         for n where it made one (a run of two or more equal high bits), else `repeat_candidates`."""
         import numpy as np
 
-        if n not in self._char_sorted:
+        found = self._scanned_row(n, top=False)
+        if found is None:
             return np.array(self.repeat_candidates(n), dtype=np.int64)
-        ordered, same, mask = self._char_sorted[n]
+        ordered, same, mask = found
         runs = same.copy()                               # in a run of two or more: as the one before or after
         runs[:-1] |= same[1:]
         starts = (ordered[runs] & mask).view(np.int64)
