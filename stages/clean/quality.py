@@ -419,9 +419,9 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
 
     The walk only has to stop at positions whose n-gram occurred earlier, so it visits those in
     Python and skips the rest: most documents have few or none. Which positions may repeat is found
-    in numpy from a hash of each n-gram's characters (`_NGrams.repeat_candidates`); their strings are
-    then compared, so a hash collision costs time, never a different count. `grams` is the words'
-    `_NGrams`, built once per document for every n.
+    in numpy from a hash of each n-gram's characters (`_NGrams.candidates`); their strings are then
+    compared, so a hash collision costs time, never a different count. `grams` is the words' `_NGrams`,
+    built once per document for every n.
     """
     grams = grams or _NGrams(words)
     candidates = grams.candidates(n)              # every position whose n-gram may repeat, ascending
