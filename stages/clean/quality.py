@@ -585,10 +585,9 @@ class _NGrams:
 
         if not ns:
             return {}
-        position = np.arange(ordered.shape[1])
-        runs = np.where(same, 0, position)
-        np.maximum.accumulate(runs, axis=1, out=runs)                  # where each one's run starts
-        counts = (position - runs).max(axis=1) + 1
+        index = np.arange(same.size)                                    # flat: numpy's 1-D loops are faster
+        runs = np.maximum.accumulate(np.where(same.ravel(), 0, index))   # where each one's run starts
+        counts = (index - runs).reshape(same.shape).max(axis=1) + 1
         longest = (self.offsets[ends] - self.offsets[:ordered.shape[1]]).max(axis=1)
         return {n: count * (span + n - 1) for n, count, span in zip(ns, counts.tolist(), longest.tolist())}
 
