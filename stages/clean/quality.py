@@ -22,9 +22,10 @@ per process, on the first document (`_splitter`), never into the dataclass. Fine
 counted blank lines in its line ratios (0.10.1: every terminal punctuation mark, `<`/`>`, blank
 lines dropped). This module follows 0.10.1, the datatrove a benchmark installs today.
 
-Speed: everything that walks characters or words runs in C (`str.count`, `re`, `Counter`, `set`,
-`map`) or numpy (the hashes of every 5- to 10-gram, `_NGrams`); the only Python loops are over lines,
-and over the n-grams that may repeat in `_repeated_chars`.
+Speed: everything that walks characters or words runs in C (`str.count`, `str.split`, `re`, `Counter`,
+`set`, `map`) or numpy (`_NGrams.scan`: one sort of the hashes of every n-gram Gopher repetition
+counts, which bounds each rule's value from above); the exact values (the top n-gram, the walk in
+Python over the n-grams that may repeat) are computed only where a bound trips its rule.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ _SYMBOL_WORD = re.compile(f"^[{re.escape(PUNCTUATION)}]+$", re.M)
 _NO_LETTER_WORD = re.compile(r"^(?:[^\w\s]|[\d_])+$", re.M)
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 _PARAGRAPHS = re.compile(r"\n{2,}")
-_LINES = re.compile(r"\n+")
 _CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
                   "use cookies")
@@ -383,9 +383,10 @@ def _paragraphs(text: str) -> list[str]:
 
 
 def _line_duplicates(text: str) -> tuple[int, int, int]:
-    """(lines, how many repeat an earlier one, their characters) of `_LINES.split(text)`, counted from
-    `text.split("\n")`, several times faster: its items are the lines and an empty string inside each run
-    of newlines, which is no line; an empty first or last item is one (the regular expression's too)."""
+    """(lines, how many repeat an earlier one, their characters) of the text split on runs of newlines
+    (datatrove's `re.split(r"\n+", text)`), counted from `text.split("\n")`, several times faster: its
+    items are the lines and an empty string inside each run of newlines, which is no line; an empty first
+    or last item is one (the regular expression's too)."""
     parts = text.split("\n")
     counts = Counter(parts)
     empty_lines = (parts[0] == "") + (len(parts) > 1 and parts[-1] == "")
