@@ -429,7 +429,8 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
     if not len(candidates):
         return 0
     starts, text = candidates.tolist(), grams.text
-    strings = [text[a:b] for a, b in zip(grams.offsets[candidates].tolist(), grams.offsets[candidates + n].tolist())]
+    begins, ends = grams.offsets[candidates].tolist(), grams.offsets[candidates + n].tolist()
+    strings = [text[a:b] for a, b in zip(begins, ends)]
     first = dict(zip(reversed(strings), reversed(starts)))      # each string's first position
     firsts = list(map(first.__getitem__, strings))
     # An n-gram is remembered when the walk has stood on any of its positions. Every position not
@@ -438,7 +439,8 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
     seen: set[str] = set()
     jumped: set[int] = set()
     position = total = 0
-    for i, gram, first_i in itertools.compress(zip(starts, strings, firsts), map(operator.ne, starts, firsts)):
+    later = map(operator.ne, starts, firsts)
+    for i, gram, first_i in itertools.compress(zip(starts, strings, firsts), later):
         if i < position:                          # jumped over
             continue
         if gram in seen or first_i not in jumped:
@@ -502,7 +504,8 @@ class _NGrams:
         shapes that broadcast, to theirs)."""
         import numpy as np
 
-        return (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * np.uint64(self._LENGTH)
+        length = (b - a).astype(np.uint64) * np.uint64(self._LENGTH)
+        return (self._sums[b] - self._sums[a]) * self._inverse[a] + length
 
     def top(self, n: int) -> tuple[int, int] | None:
         """(the first position of the commonest n-gram of words, its count), from a hash of each word
@@ -592,7 +595,8 @@ class _NGrams:
         longest = (self.offsets[ends] - self.offsets[:ordered.shape[1]]).max(axis=1)
         return {n: count * (span + n - 1) for n, count, span in zip(ns, counts.tolist(), longest.tolist())}
 
-    def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int) -> dict[int, int]:
+    def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray,
+                       mask: int) -> dict[int, int]:
         """For each n of `ns` (a row each of `scan`), an upper bound of `_repeated_chars(words, n)`: the
         characters of the union of the n-grams whose hash equals an earlier position's. The walk counts
         n-grams equal to an earlier one (so are their hashes) and never two that overlap, so at most the

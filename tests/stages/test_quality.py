@@ -194,18 +194,19 @@ def test_gopher_repetition_matches_a_plain_check(monkeypatch, base):
         values = _reference_values(text, ws, tops, dups)
         if len(ws) > 1:       # (a single word has no `_NGrams`)
             top_bounds, repeat_bounds = quality._NGrams(ws).scan(tops, dups)
-            for (kind, n), value in values.items():    # a missing repeat bound: one n-gram, which repeats none
+            for (kind, n), value in values.items():    # no repeat bound: one n-gram, which repeats none
                 bound = top_bounds[n] if kind == "top" else repeat_bounds.get(n, 0)
                 assert bound / len(text) >= value, (ws, kind, n)
         fractions = [rng.choice([0, 0.1, 0.3]) for _ in range(4)]
-        configs = [quality.GopherRepetition(*fractions, top_n_grams=tuple((n, rng.random() / 2) for n in tops),
+        configs = [quality.GopherRepetition(*fractions,
+                                            top_n_grams=tuple((n, rng.random() / 2) for n in tops),
                                             dup_n_grams=tuple((n, rng.random() / 4) for n in dups))]
         for (kind, n), value in values.items():     # one rule at its value (kept), then just below (dropped)
             for limit in (value, math.nextafter(value, 0)):
                 if 0 < limit <= 1:
-                    rule = {"top_n_grams": ((n, limit),)} if kind == "top" else {"dup_n_grams": ((n, limit),)}
-                    configs.append(quality.GopherRepetition(0, 0, 0, 0, **{"top_n_grams": (), "dup_n_grams": (),
-                                                                          **rule}))
+                    rules = {"top_n_grams": (), "dup_n_grams": ()}
+                    rules["top_n_grams" if kind == "top" else "dup_n_grams"] = ((n, limit),)
+                    configs.append(quality.GopherRepetition(0, 0, 0, 0, **rules))
         for f in configs:
             assert f.check({"text": text}) == _reference_check(f, text, ws), (ws, f)
 
