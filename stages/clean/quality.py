@@ -22,9 +22,10 @@ per process, on the first document (`_splitter`), never into the dataclass. Fine
 counted blank lines in its line ratios (0.10.1: every terminal punctuation mark, `<`/`>`, blank
 lines dropped). This module follows 0.10.1, the datatrove a benchmark installs today.
 
-Speed: everything that walks characters or words runs in C (`str.count`, `re`, `Counter`, `set`,
-`map`) or numpy (the hashes of every 5- to 10-gram, `_NGrams`); the only Python loops are over lines,
-and over the n-grams that may repeat in `_repeated_chars`.
+Speed: everything that walks characters or words runs in C (`str.count`, `str.split`, `re`, `Counter`,
+`set`, `map`) or numpy (`_NGrams.scan`: one sort of the hashes of every n-gram Gopher repetition
+counts, which bounds each rule's value from above); the exact values (the top n-gram, the walk in
+Python over the n-grams that may repeat) are computed only where a bound trips its rule.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ import dataclasses
 import functools
 import importlib.util
 import itertools
+import math
+import operator
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from stages.clean import words as words_lib
@@ -69,7 +73,6 @@ _NO_LETTER_WORD = re.compile(r"^(?:[^\w\s]|[\d_])+$", re.M)
 _MAYBE_NO_LETTER = re.compile(r"\n((?:[^\w\n]|[\d_])+)(?=\n)")
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 _PARAGRAPHS = re.compile(r"\n{2,}")
-_LINES = re.compile(r"\n+")
 _CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
                   "use cookies")
@@ -124,25 +127,31 @@ class GopherRepetition(_SplitsWords):
     def check(self, doc: dict) -> str | None:
         text = doc["text"]
         chars = len(text)
-        paragraphs = _PARAGRAPHS.split(text.strip())
+        paragraphs = _paragraphs(text)
         repeats, repeat_chars = _duplicates(paragraphs)
         if self.dup_para_frac and repeats / len(paragraphs) > self.dup_para_frac:
             return "dup_para_frac"
         if self.dup_para_char_frac and repeat_chars / chars > self.dup_para_char_frac:
             return "dup_para_char_frac"
-        lines = _LINES.split(text)
-        repeats, repeat_chars = _duplicates(lines)
-        if self.dup_line_frac and repeats / len(lines) > self.dup_line_frac:
+        lines, repeats, repeat_chars = _line_duplicates(text)
+        if self.dup_line_frac and repeats / lines > self.dup_line_frac:
             return "dup_line_frac"
         if self.dup_line_char_frac and repeat_chars / chars > self.dup_line_char_frac:
             return "dup_line_char_frac"
         words = _splitter(self.splitter)(text)
         grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
+        # upper bounds of every n's value of both rules, in one numpy pass (`_NGrams.scan`): the exact
+        # value is needed only where the bound trips the rule (a bound is at least the value, so
+        # `value / chars > limit` implies `bound / chars > limit`)
+        tops, repeats = ({}, {}) if grams is None else grams.scan([n for n, _ in self.top_n_grams],
+                                                                  [n for n, _ in self.dup_n_grams])
         for n, limit in self.top_n_grams:
-            if len(words) >= n and _top_n_gram_chars(words, n, grams) / chars > limit:
+            if len(words) >= n and tops.get(n, math.inf) / chars > limit and \
+                    _top_n_gram_chars(words, n, grams) / chars > limit:
                 return f"top_{n}_gram"
         for n, limit in self.dup_n_grams:
-            if len(words) >= n and _repeated_chars(words, n, grams) / chars > limit:
+            if len(words) >= n and repeats.get(n, 0) / chars > limit and \
+                    _repeated_chars(words, n, grams) / chars > limit:
                 return f"duplicated_{n}_n_grams"
         return None
 
@@ -370,12 +379,31 @@ def _letterless(words: tuple[str, ...]) -> tuple[set[str], set[str]]:
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
-    """(how many items repeat an earlier one, their characters)."""
+    """(how many items repeat an earlier one, their characters): every item less the distinct ones, summed
+    in C (`map`) rather than by a Python loop over the repeated ones."""
     counts = Counter(items)
-    if len(counts) == len(items):
-        return 0, 0
-    repeats = [(c - 1, len(item)) for item, c in counts.items() if c > 1]
-    return sum(r for r, _ in repeats), sum(r * n for r, n in repeats)
+    return len(items) - len(counts), sum(map(len, items)) - sum(map(len, counts))
+
+
+def _paragraphs(text: str) -> list[str]:
+    """`_PARAGRAPHS.split(text.strip())`, by `str.split` where no run of newlines is longer than two (then
+    each "\n\n" is a whole run), which is several times faster than the regular expression."""
+    text = text.strip()
+    return _PARAGRAPHS.split(text) if "\n\n\n" in text else text.split("\n\n")
+
+
+def _line_duplicates(text: str) -> tuple[int, int, int]:
+    """(lines, how many repeat an earlier one, their characters) of the text split on runs of newlines
+    (datatrove's `re.split(r"\n+", text)`), counted from `text.split("\n")`, several times faster: its
+    items are the lines and an empty string inside each run of newlines, which is no line; an empty first
+    or last item is one (the regular expression's too)."""
+    parts = text.split("\n")
+    counts = Counter(parts)
+    empty_lines = (parts[0] == "") + (len(parts) > 1 and parts[-1] == "")
+    lines = len(parts) - counts.pop("", 0) + empty_lines
+    distinct = len(counts) + (empty_lines > 0)
+    line_chars = len(text) - (len(parts) - 1)          # every character but the newlines
+    return lines, lines - distinct, line_chars - sum(map(len, counts))
 
 
 def _top_n_gram_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None) -> int:
@@ -386,7 +414,7 @@ def _top_n_gram_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = No
         found = grams.top(n)
         if found is not None:
             i, top = found
-            return (grams.offsets[i + n] - grams.offsets[i] + n - 1) * top
+            return (int(grams.offsets[i + n] - grams.offsets[i]) + n - 1) * top
     counts = Counter(zip(*(words[i:] for i in range(n))))
     values = list(counts.values())
     top = max(values)
@@ -402,29 +430,30 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
 
     The walk only has to stop at positions whose n-gram occurred earlier, so it visits those in
     Python and skips the rest: most documents have few or none. Which positions may repeat is found
-    in numpy from a hash of each n-gram's characters (`_NGrams.repeat_candidates`); their strings are
-    then compared, so a hash collision costs time, never a different count. `grams` is the words'
-    `_NGrams`, built once per document for every n.
+    in numpy from a hash of each n-gram's characters (`_NGrams.candidates`); their strings are then
+    compared, so a hash collision costs time, never a different count. `grams` is the words' `_NGrams`,
+    built once per document for every n.
     """
     grams = grams or _NGrams(words)
-    starts = grams.repeat_candidates(n)           # every position whose n-gram may repeat, ascending
-    if not starts:
+    candidates = grams.candidates(n)              # every position whose n-gram may repeat, ascending
+    if not len(candidates):
         return 0
-    text, offsets = grams.text, grams.offsets
-    gram_at = {i: text[offsets[i]:offsets[i + n]] for i in starts}
-    first: dict[str, int] = {}
-    for i in starts:
-        first.setdefault(gram_at[i], i)
+    starts, text = candidates.tolist(), grams.text
+    begins, ends = grams.offsets[candidates].tolist(), grams.offsets[candidates + n].tolist()
+    strings = [text[a:b] for a, b in zip(begins, ends)]
+    first = dict(zip(reversed(strings), reversed(starts)))      # each string's first position
+    firsts = list(map(first.__getitem__, strings))
     # An n-gram is remembered when the walk has stood on any of its positions. Every position not
-    # jumped over is stood on; `jumped` holds the positions jumped over.
+    # jumped over is stood on; `jumped` holds the positions jumped over. A first occurrence (left out
+    # here) is stood on, or jumped over, and adds nothing.
     seen: set[str] = set()
     jumped: set[int] = set()
     position = total = 0
-    for i in starts:
-        gram = gram_at[i]
-        if i < position or first[gram] == i:      # jumped over, or the first occurrence (stood on)
+    later = map(operator.ne, starts, firsts)
+    for i, gram, first_i in itertools.compress(zip(starts, strings, firsts), later):
+        if i < position:                          # jumped over
             continue
-        if gram in seen or first[gram] not in jumped:
+        if gram in seen or first_i not in jumped:
             total += len(gram)
             jumped.update(range(i + 1, i + n))
             position = i + n
@@ -441,58 +470,181 @@ class _NGrams:
     characters in O(1): h(text[a:b]) = sum_t text[a+t] * B^t = (S[b] - S[a]) * B^-a mod 2^64, with
     S[k] = sum_{j<k} text[j] * B^j (B odd, so B^-1 exists mod 2^64; numpy uint64 arithmetic wraps
     modulo 2^64 by definition, the arithmetic meant here). Equal strings have equal hashes; unequal
-    ones rarely do, and the caller compares strings.
+    ones rarely do, and the caller compares strings. The powers of B and B^-1 are tables shared by
+    every document (`_powers`).
+
+    Most documents have a few hundred words, where numpy's cost per call, not per element, dominates:
+    hence `scan`, one set of calls for every n of both rules.
     """
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
     _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
     _COMBINE = 0xA24BAED4963EE407                    # odd: combines the words' hashes into an n-gram's
+    _MIX = 0xBF58476D1CE4E5B9                        # odd: carries a hash's low bits up (`_position_sort`)
 
     def __init__(self, words: tuple[str, ...]):
         import numpy as np
 
-        self.text = "".join(words)
-        self.offsets = [0, *itertools.accumulate(map(len, words))]   # word i: text[offsets[i]:offsets[i+1]]
-        self._offsets = np.array(self.offsets, dtype=np.int64)
-        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
-        self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
-        np.cumsum(codes * _powers(self._BASE, len(codes)), out=self._sums[1:])
-        self._inverse = _powers(pow(self._BASE, -1, 2**64), len(codes))
         self.words = words
-        a, b = self._offsets[:-1], self._offsets[1:]
-        self._word_keys = [(self._sums[b] - self._sums[a]) * self._inverse[a]
-                           + (b - a).astype(np.uint64) * np.uint64(self._LENGTH)]    # each word's hash
+        self.text = "".join(words)
+        self.offsets = np.zeros(len(words) + 1, dtype=np.int64)   # word i: text[offsets[i]:offsets[i+1]]
+        np.fromiter(map(len, words), dtype=np.int64, count=len(words)).cumsum(out=self.offsets[1:])
+        codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
+        self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
+        (codes * _powers(self._BASE, len(codes))).cumsum(out=self._sums[1:])
+        self._inverse = _powers(_inverse(self._BASE), len(codes))
+        # `scan`'s hashes of runs of whole words, times M (`_MIX`): text[offsets[i]:offsets[j]] hashes
+        # to (_at[j] - _at[i]) * _unit[i]
+        self._at = self._sums[self.offsets]                                    # (m + 1,)
+        self._unit = self._inverse[self.offsets[:-1]] * np.uint64(self._MIX)   # (m,)
+        self._word_keys = (self._at[1:] - self._at[:-1]) * self._unit         # (m,): each word's
+        self._scanned: tuple = ([], [], None, None, 0)   # `scan`'s ns (top, repeat), rows, `same`, mask
+
+    def _scanned_row(self, n: int, top: bool) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """`scan`'s sorted row for n (of the top n-grams, else of the repeated ones), its `same` and mask;
+        None if it made none."""
+        top_ns, repeat_ns, ordered, same, mask = self._scanned
+        if n not in (top_ns if top else repeat_ns):
+            return None
+        row = top_ns.index(n) if top else len(top_ns) + repeat_ns.index(n)
+        return ordered[row], same[row], mask
+
+    def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
+        shapes that broadcast, to theirs)."""
+        import numpy as np
+
+        length = (b - a).astype(np.uint64) * np.uint64(self._LENGTH)
+        return (self._sums[b] - self._sums[a]) * self._inverse[a] + length
 
     def top(self, n: int) -> tuple[int, int] | None:
         """(the first position of the commonest n-gram of words, its count), from a hash of each word
         sequence (a polynomial in the words' hashes); None when the winner's positions do not all hold
-        the same words (a collision: the caller counts them itself)."""
+        the same words (a collision: the caller counts them itself). Of the hashes with the top count,
+        the one at the first position wins, as the first seen wins `Counter.most_common`'s ties: the
+        longest run of equal hashes in position order (`_position_sort`), of those the first seen. From
+        the row `scan` sorted, if it did (its suffixes, in a run, fail the comparison), else a sort."""
         import numpy as np
 
-        keys = self._gram_keys(n)
-        order = np.argsort(keys, kind="stable")    # equal keys keep their order: a group starts first seen
-        ordered = keys[order]
-        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        sizes = np.diff(np.append(starts, len(ordered)))
-        top = int(sizes.max())
-        groups = np.flatnonzero(sizes == top)
-        group = groups[np.argmin(order[starts[groups]])]
-        members = order[starts[group]:starts[group] + top].tolist()
-        i = members[0]
+        found = self._scanned_row(n, top=True)
+        if found is None:
+            keys = np.empty((1, len(self.words) - n + 1), dtype=np.uint64)
+            self._word_gram_keys([n], keys)
+            ordered, mask = _position_sort(keys)
+            found = ordered[0], _same_as_before(ordered, mask)[0], mask
+        ordered, same, mask = found
+        position = np.arange(len(ordered))
+        start = np.maximum.accumulate(np.where(same, 0, position))          # where its run starts
+        first = (ordered[start] & mask).view(np.int64)                      # its run's first position
+        end = int((((position - start) << mask.bit_length()) | (mask - first)).argmax())   # its last
+        begin, i = int(start[end]), int(first[end])
         gram = self.words[i:i + n]
-        if top > 1 and any(self.words[p:p + n] != gram for p in members[1:]):
+        if any(self.words[p:p + n] != gram for p in (ordered[begin + 1:end + 1] & mask).tolist()):
             return None
-        return i, top
+        return i, end - begin + 1
 
-    def _gram_keys(self, n: int) -> np.ndarray:
-        """A hash of each n-gram of words, (m - n + 1,): sum over t of h(word i + t) * C^t mod 2^64."""
+    def scan(self, top_ns: Iterable[int], repeat_ns: Iterable[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """Upper bounds of `_top_n_gram_chars(words, n)` for each n of `top_ns`, and of
+        `_repeated_chars(words, n)` for each n of `repeat_ns` (`_repeat_bounds`), in one sort of a row of
+        hashes per n (k rows), with their positions (`_position_sort`), so that equal ones lie together
+        in position order: the exact values, in Python or from these rows, are needed only where a
+        bound trips its rule. A row holds (width,) hashes, the shortest n's count of positions; past its
+        own last position, the hashes of shorter runs (the text's suffixes)."""
         import numpy as np
 
-        while len(self._word_keys) < n:
-            k = len(self._word_keys)
-            step = np.uint64(pow(self._COMBINE, k, 2**64))
-            self._word_keys.append(self._word_keys[-1][:-1] + self._word_keys[0][k:] * step)
-        return self._word_keys[n - 1]
+        m = len(self.words)
+        top_ns = sorted({n for n in top_ns if n <= m})
+        repeat_ns = sorted({n for n in repeat_ns if n < m})            # two positions or more
+        if not top_ns and not repeat_ns:
+            return {}, {}
+        rows = np.array(top_ns + repeat_ns)[:, None]                    # (k, 1)
+        width = m - int(rows.min()) + 1
+        position = np.arange(width)
+        ends = np.minimum(position + rows, m)                           # (k, width): each span's last word
+        keys = np.empty((len(rows), width), dtype=np.uint64)
+        if top_ns:
+            self._word_gram_keys(top_ns, keys[:len(top_ns)])
+        if repeat_ns:     # the n-grams of characters: their words joined without spaces
+            chars = keys[len(top_ns):]
+            np.subtract(self._at[ends[len(top_ns):]], self._at[:width], out=chars)
+            chars *= self._unit[:width]
+        ordered, mask = _position_sort(keys)
+        same = _same_as_before(ordered, mask)
+        self._scanned = top_ns, repeat_ns, ordered, same, mask
+        tops = self._top_bounds(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask, ends[:len(top_ns)])
+        return tops, self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
+
+    def _word_gram_keys(self, ns: list[int], keys: np.ndarray) -> None:
+        """Fill `keys` (len(ns), width) with a hash of each n-gram of words, sum over t of h(word i + t) *
+        C^t mod 2^64, for each n of `ns` (ascending); past a row's last n-gram, its shorter suffixes."""
+        import numpy as np
+
+        width = keys.shape[1]
+        hashes = np.zeros(width + ns[-1] - 1, dtype=np.uint64)         # the words', then 0s
+        hashes[:len(self._word_keys)] = self._word_keys
+        gram = hashes[:width]
+        if 1 in ns:
+            keys[0] = gram
+        for t, power in enumerate(_combine_powers(self._COMBINE, ns[-1])[1:], 1):
+            out = keys[ns.index(t + 1)] if t + 1 in ns else None
+            gram = np.add(gram, hashes[t:t + width] * power, out=out)
+
+    def _top_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int,
+                    ends: np.ndarray) -> dict[int, int]:
+        """For each n of `ns` (a row each of `scan`; `ends`, (k, width): each position's end), an upper
+        bound of `_top_n_gram_chars(words, n)`: the row's longest run of equal hashes (the top count or
+        more: a collision only lengthens a run) times the characters of its longest n-gram (a suffix past
+        the last is shorter than it)."""
+        import numpy as np
+
+        if not ns:
+            return {}
+        index = np.arange(same.size)                                    # flat: numpy's 1-D loops are faster
+        runs = np.maximum.accumulate(np.where(same.ravel(), 0, index))   # where each one's run starts
+        counts = (index - runs).reshape(same.shape).max(axis=1) + 1
+        longest = (self.offsets[ends] - self.offsets[:ordered.shape[1]]).max(axis=1)
+        return {n: count * (span + n - 1) for n, count, span in zip(ns, counts.tolist(), longest.tolist())}
+
+    def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray,
+                       mask: int) -> dict[int, int]:
+        """For each n of `ns` (a row each of `scan`), an upper bound of `_repeated_chars(words, n)`: the
+        characters of the union of the n-grams whose hash equals an earlier position's. The walk counts
+        n-grams equal to an earlier one (so are their hashes) and never two that overlap, so at most the
+        union's characters; a hash collision only widens the union."""
+        import numpy as np
+
+        if not same.any():                               # most documents: no n-gram twice
+            return dict.fromkeys(ns, 0)
+        m = len(self.words)
+        later = same.ravel().nonzero()[0]                # flat
+        # by row, then position (one key), each row's characters then shifted past the previous row's, so
+        # that the union of the spans, in order, adds each span less what the one before it covers; a
+        # suffix's span (cut at the end) is text too, and only widens a union
+        order = later // ordered.shape[1] * (m + 1) + (ordered.ravel()[later] & mask).view(np.int64)
+        order.sort()
+        row, start = np.divmod(order, m + 1)
+        shift = row * (int(self.offsets[-1]) + 1)
+        begin = self.offsets[start] + shift
+        end = self.offsets[np.minimum(start + np.array(ns)[row], m)] + shift
+        spans = end - begin
+        spans[1:] = end[1:] - np.maximum(begin[1:], end[:-1])
+        return dict(zip(ns, np.bincount(row, weights=spans, minlength=len(ns)).astype(np.int64).tolist()))
+
+    def candidates(self, n: int) -> np.ndarray:
+        """Every position whose n-gram may equal another's, ascending, (count,): from `scan`'s sorted row
+        for n where it made one (a run of two or more equal high bits), else `repeat_candidates`."""
+        import numpy as np
+
+        found = self._scanned_row(n, top=False)
+        if found is None:
+            return np.array(self.repeat_candidates(n), dtype=np.int64)
+        ordered, same, mask = found
+        runs = same.copy()                               # in a run of two or more: as the one before or after
+        runs[:-1] |= same[1:]
+        starts = (ordered[runs] & mask).view(np.int64)
+        starts = starts[starts <= len(self.words) - n]   # not a suffix
+        starts.sort()
+        return starts
 
     def repeat_candidates(self, n: int) -> list[int]:
         """The positions whose n-gram's hash and length equal another position's, ascending."""
@@ -501,9 +653,7 @@ class _NGrams:
         m = len(self.offsets) - n               # positions of an n-gram
         if m < 2:
             return []
-        a, b = self._offsets[:m], self._offsets[n:]
-        length = np.uint64(self._LENGTH)
-        keys = (self._sums[b] - self._sums[a]) * self._inverse[a] + (b - a).astype(np.uint64) * length
+        keys = self._keys(self.offsets[:m], self.offsets[n:])
         ordered = np.sort(keys)
         if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
             return []
@@ -515,11 +665,66 @@ class _NGrams:
         return np.sort(order[repeated]).tolist()
 
 
-def _powers(base: int, count: int) -> np.ndarray:
-    """base^0 .. base^(count-1) mod 2^64."""
+def _same_as_before(ordered: np.ndarray, mask: int) -> np.ndarray:
+    """(k, width): whether each of `_position_sort`'s keys (k, width) has the high bits of the one
+    before it in its row, in one pass over the flat array (faster than a 2-D one)."""
     import numpy as np
 
-    out = np.full(count, base, dtype=np.uint64)
-    if count:
-        out[0] = 1
-    return np.cumprod(out, out=out)
+    flat = ordered.ravel()
+    same = np.empty(flat.shape, dtype=bool)
+    same[0] = False
+    np.less_equal(flat[1:] ^ flat[:-1], mask, out=same[1:])
+    same[::ordered.shape[1]] = False
+    return same.reshape(ordered.shape)
+
+
+def _position_sort(keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """(`keys`, hashes times M (`_NGrams._MIX`), with their low bits replaced by their position along the
+    last axis, sorted along it; the mask of those bits), in place. Equal keys come out together in
+    position order, as by a stable argsort, at the cost of a plain sort (several times less), and the
+    mask reads their positions (`ordered & mask`). Keys whose high bits are equal come together too,
+    like a hash collision: equal high bits (`ordered[1:] ^ ordered[:-1] <= mask`) say two n-grams may be
+    equal, never that they are. M (odd, so a bijection: Fibonacci hashing) carries the low bits of a
+    polynomial hash, which hold its first character, up."""
+    import numpy as np
+
+    mask = (1 << max(keys.shape[-1] - 1, 1).bit_length()) - 1
+    keys &= np.uint64(2**64 - 1 - mask)
+    keys |= np.arange(keys.shape[-1], dtype=np.uint64)
+    keys.sort(axis=-1)
+    return keys, mask
+
+
+_POWERS: dict[int, np.ndarray] = {}       # base: base^0 .. base^(2^k - 1) mod 2^64
+_POWERS_KEPT = 1 << 20                    # the longest table kept (8 MiB); a longer text computes its own
+
+
+def _powers(base: int, count: int) -> np.ndarray:
+    """base^0 .. base^(count-1) mod 2^64, (count,): a read-only slice of a table per base and process,
+    grown to the next power of two when a longer text comes, so that a document costs a slice rather
+    than a cumprod of its own."""
+    import numpy as np
+
+    table = _POWERS.get(base)
+    if table is None or len(table) < count:
+        table = np.full(max(1024, 1 << (count - 1).bit_length()), base, dtype=np.uint64)
+        table[0] = 1
+        np.cumprod(table, out=table)
+        table.flags.writeable = False
+        if len(table) <= _POWERS_KEPT:
+            _POWERS[base] = table
+    return table[:count]
+
+
+@functools.cache
+def _combine_powers(combine: int, count: int) -> tuple[np.uint64, ...]:
+    """combine^0 .. combine^(count-1) mod 2^64, as numpy scalars."""
+    import numpy as np
+
+    return tuple(np.uint64(pow(combine, t, 2**64)) for t in range(count))
+
+
+@functools.cache
+def _inverse(base: int) -> int:
+    """base^-1 mod 2^64 (base odd)."""
+    return pow(base, -1, 2**64)

@@ -3,6 +3,7 @@ per reason that trips exactly that rule and a near miss that passes, C4's rewrit
 wiring, and the reasons counted by the real clean stage."""
 
 import dataclasses
+import math
 import pickle
 import random
 import re
@@ -120,6 +121,94 @@ def test_top_n_gram_chars_match_counter_most_common():
         for n in (2, 3, 4):
             gram, count = Counter(" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)).most_common(1)[0]
             assert quality._top_n_gram_chars(ws, n) == len(gram) * count, (ws, n)
+
+
+def _reference_check(f, text, ws):
+    """GopherRepetition.check written plainly: datatrove 0.10.1's rules in their order, with `Counter`, the
+    regular expressions and the naive walk."""
+    def duplicates(items):
+        counts = Counter(items)
+        return (sum(c - 1 for c in counts.values() if c > 1),
+                sum((c - 1) * len(item) for item, c in counts.items() if c > 1))
+
+    chars = len(text)
+    paragraphs = re.split(r"\n{2,}", text.strip())
+    repeats, repeat_chars = duplicates(paragraphs)
+    if f.dup_para_frac and repeats / len(paragraphs) > f.dup_para_frac:
+        return "dup_para_frac"
+    if f.dup_para_char_frac and repeat_chars / chars > f.dup_para_char_frac:
+        return "dup_para_char_frac"
+    lines = re.split(r"\n+", text)
+    repeats, repeat_chars = duplicates(lines)
+    if f.dup_line_frac and repeats / len(lines) > f.dup_line_frac:
+        return "dup_line_frac"
+    if f.dup_line_char_frac and repeat_chars / chars > f.dup_line_char_frac:
+        return "dup_line_char_frac"
+    for n, limit in f.top_n_grams:
+        if len(ws) >= n:
+            gram, count = Counter(" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)).most_common(1)[0]
+            if len(gram) * count / chars > limit:
+                return f"top_{n}_gram"
+    for n, limit in f.dup_n_grams:
+        if len(ws) >= n and _naive_repeated_chars(ws, n) / chars > limit:
+            return f"duplicated_{n}_n_grams"
+    return None
+
+
+def _reference_values(text, ws, tops, dups):
+    """{rule: its value / characters} of `_reference_check`'s n-gram rules, to set limits at or below."""
+    values = {}
+    for n in tops:
+        if len(ws) >= n:
+            gram, count = Counter(" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)).most_common(1)[0]
+            values["top", n] = len(gram) * count / len(text)
+    for n in dups:
+        if len(ws) >= n:
+            values["dup", n] = _naive_repeated_chars(ws, n) / len(text)
+    return values
+
+
+# words that join without spaces into the same n-grams (`ab c`, `a bc`), beyond Latin-1 and the BMP
+CHECK_VOCABULARY = ["a", "b", "ab", "ba", "aba", "c", "bc", "é", "\U0001F600", "the", "of"]
+
+
+@pytest.mark.parametrize("base", [quality._NGrams._BASE, 1])     # 1: an n-gram's hash is a code point sum
+def test_gopher_repetition_matches_a_plain_check(monkeypatch, base):
+    """The numpy fast paths (one sort for every n, upper bounds that skip the exact counts, the walk's
+    candidates from the sorted rows, paragraphs and lines by `str.split`) give the reason a plain check
+    gives, on random documents full of repeats, ties, n-grams that join alike and (base 1) hash collisions,
+    with random limits and limits exactly at a rule's value and just below it; every bound is at least its
+    exact value."""
+    monkeypatch.setattr(quality._NGrams, "_BASE", base)
+    monkeypatch.setattr(quality, "_splitter", lambda name: str.split)
+    rng = random.Random(4)
+    tops, dups = (1, 2, 3, 4), (1, 2, 5, 6, 7, 8, 9, 10)
+    for _ in range(250):
+        vocabulary = rng.sample(CHECK_VOCABULARY, rng.randint(1, len(CHECK_VOCABULARY)))
+        phrase = [rng.choice(vocabulary) for _ in range(rng.randint(1, 12))]
+        ws = []
+        while len(ws) < rng.randint(1, 60):      # words, and now and then a phrase again
+            ws += phrase if rng.random() < 0.15 else [rng.choice(vocabulary)]
+        text = "".join(w + rng.choice([" ", " ", " ", "\n", "\n\n", "\n\n\n", "  "]) for w in ws).rstrip(" ")
+        ws = tuple(text.split())
+        values = _reference_values(text, ws, tops, dups)
+        if len(ws) > 1:       # (a single word has no `_NGrams`)
+            top_bounds, repeat_bounds = quality._NGrams(ws).scan(tops, dups)
+            for (kind, n), value in values.items():    # no repeat bound: one n-gram, which repeats none
+                bound = top_bounds[n] if kind == "top" else repeat_bounds.get(n, 0)
+                assert bound / len(text) >= value, (ws, kind, n)
+        fractions = [rng.choice([0, 0.1, 0.3]) for _ in range(4)]
+        configs = [quality.GopherRepetition(*fractions,
+                                            top_n_grams=tuple((n, rng.random() / 2) for n in tops),
+                                            dup_n_grams=tuple((n, rng.random() / 4) for n in dups))]
+        for (kind, n), value in values.items():     # one rule at its value (kept), then just below (dropped)
+            for limit in (value, math.nextafter(value, 0)):
+                if 0 < limit <= 1:
+                    rules = {"top_n_grams": (), "dup_n_grams": ()}
+                    rules["top_n_grams" if kind == "top" else "dup_n_grams"] = ((n, limit),)
+                    configs.append(quality.GopherRepetition(0, 0, 0, 0, **rules))
+        for f in configs:
+            assert f.check({"text": text}) == _reference_check(f, text, ws), (ws, f)
 
 
 # Each text trips its rule and no rule checked before it; the near miss passes the whole filter.
