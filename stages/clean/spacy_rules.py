@@ -519,7 +519,7 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
         return (chunk,)
     if "-" in chunk and rules.hyphenated(chunk):
         out = tuple(_HYPHEN.split(chunk))
-        return out if _first_tokens().isdisjoint(out) else None
+        return out if _run_lengths().keys().isdisjoint(out) else None
     start = 1 if chunk[0] in rules.prefix_chars else 0
     end = len(chunk)
     if len(chunk) > start and rules.suffix(chunk[start:]) == 1:
@@ -609,10 +609,9 @@ def _kept_runs(tokens: tuple[str, ...], chunk_of: list[int] | None = None) -> li
     across chunks, found as spaCy finds it, takes its place in that order but is never joined."""
     joined = _joined_specials()
     n = len(tokens)
-    longest = _longest_special()
-    firsts = _first_tokens()
-    found = [(i, j) for i, token in enumerate(tokens) if token in firsts
-             for j in range(i + 2, min(n, i + longest) + 1) if tokens[i:j] in joined]
+    lengths = _run_lengths()
+    found = [(i, i + k) for i, token in enumerate(tokens) if token in lengths
+             for k in lengths[token] if i + k <= n and tokens[i:i + k] in joined]
     if not found:
         return []
     found.sort(key=lambda span: (span[0] - span[1], span[0]))
@@ -646,8 +645,12 @@ def _adjacent_tokens() -> frozenset[tuple[str, str]]:
 
 
 @functools.cache
-def _first_tokens() -> frozenset[str]:
-    return frozenset(run[0] for run in _joined_specials())
+def _run_lengths() -> dict[str, tuple[int, ...]]:
+    """{a token that begins a run `_joined_specials` joins: the lengths of such runs}"""
+    out: dict[str, set[int]] = {}
+    for run in _joined_specials():
+        out.setdefault(run[0], set()).add(len(run))
+    return {token: tuple(sorted(lengths)) for token, lengths in out.items()}
 
 
 @functools.cache
