@@ -197,6 +197,10 @@ class _Rules:
         # After a digit: a unit, a currency sign or `+`.
         self.after_digit = frozenset(_UNITS) | frozenset(_CURRENCY) | {"+"}
         self.longest_after_digit = max(map(len, self.after_digit))
+        # The first characters of every prefix and the last of every suffix: `_split` asks `prefix` and
+        # `suffix` only about strings that begin or end with one.
+        self.prefix_starts = self.prefix_chars | set(".+UCA")
+        self.suffix_ends = self.suffix_chars | set(".sS") | {x[-1] for x in self.after_digit}
         # Each alternative begins with the character it splits at (looking behind after it).
         lower_quote, upper_quote = _class(c["lower"], _QUOTES), _class(c["upper"], _QUOTES)
         hyphens = [(re.escape(h[0]), re.escape(h[1:])) for h in _HYPHENS]
@@ -510,7 +514,7 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
             last in rules.suffix_chars or (last == "." and rules.period_after(core))):
         return (core, last)
     if chunk.isalnum():
-        return None if rules.suffix(chunk) else (chunk,)
+        return None if last in rules.suffix_ends and rules.suffix(chunk) else (chunk,)
     if rules.number(chunk):
         return (chunk,)
     if rules.apostrophe(chunk):
@@ -549,16 +553,17 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
     if chunk in known:
         return known[chunk]
     rules = _rules()
+    starts, ends = rules.prefix_starts, rules.suffix_ends
     prefixes: list[str] = []
     suffixes: list[str] = []
     s = chunk
     while True:          # a prefix and a suffix split off in turn, until neither is or a special case is left
-        pre = rules.prefix(s)
+        pre = rules.prefix(s) if s[0] in starts else 0
         if pre and s[pre:] in known:
             prefixes.append(s[:pre])
             s = s[pre:]
             break
-        suf = rules.suffix(s[pre:]) if len(s) > pre else 0
+        suf = rules.suffix(s[pre:]) if len(s) > pre and s[-1] in ends else 0
         if suf and s[:-suf] in known:
             suffixes.append(s[-suf:])
             s = s[:-suf]
