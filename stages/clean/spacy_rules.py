@@ -432,8 +432,6 @@ class _Tokens(dict):
     the new ones: a word by `str.isalpha`, the commonest other shapes by `_quick`, the rest by the rules."""
 
     def __missing__(self, chunk: str) -> tuple[str, ...]:
-        if len(self) > _CACHE_LIMIT:
-            cache_clear()
         if chunk.isalpha() and chunk not in SPECIALS:
             out = self[chunk] = (chunk,)
             return out
@@ -461,8 +459,16 @@ def cache_clear() -> None:
     _JOINED.clear()
 
 
+def _bound_cache() -> None:
+    """Forgets every chunk's tokens once more than `_CACHE_LIMIT` are known: between texts, never while
+    one is split (its chunks' entries in `_JOINED` decide step 5 across them)."""
+    if len(_CACHE) > _CACHE_LIMIT:
+        cache_clear()
+
+
 def words(text: str) -> tuple[str, ...]:
     """`text` split as datatrove 0.10.1 splits English with spaCy: the tokens, stripped, none empty."""
+    _bound_cache()
     chunks = text.split()
     out = tuple(chain.from_iterable(map(_CACHE.__getitem__, chunks)))
     if _JOINED.keys().isdisjoint(chunks):
@@ -489,8 +495,10 @@ def _reached(chunks: list[str]) -> list[int]:
 
 
 def _before_step5(chunk: str) -> tuple[str, ...]:
-    """A known chunk's tokens before step 5 (the same as after it, unless step 5 changed them)."""
-    return _JOINED.get(chunk) or _CACHE[chunk]
+    """A chunk's tokens before step 5 (the same as after it, unless step 5 changed them); learned first,
+    since learning it is what records them (`_JOINED`)."""
+    after = _CACHE[chunk]
+    return _JOINED.get(chunk, after)
 
 
 def tokens(chunk: str) -> tuple[str, ...]:
@@ -669,6 +677,7 @@ _PIECES = re.compile(r"\S+|\s+")
 def _doc_tokens(text: str) -> tuple[str, ...]:
     """Every token of `text`, whitespace tokens included, as spaCy makes them: each run of whitespace is a
     token but for the one space after a chunk; step 5 over the whole text."""
+    _bound_cache()
     pieces = _PIECES.findall(text)
     tokens, piece_of = _piece_tokens(pieces)
     return tokens if _JOINED.keys().isdisjoint(pieces) else _joined(tokens, _kept_runs(tokens, piece_of))

@@ -108,6 +108,27 @@ def test_step_5_around_a_chunk_is_step_5_over_the_whole_text():
     assert windows > 1000        # the texts do reach step 5 across chunks
 
 
+def test_step_5_over_a_text_of_unseen_chunks_uses_their_tokens_before_it():
+    """`_doc_tokens` (sentences' path for lines with other whitespace) on chunks it has not seen: the match
+    `[ :` across chunks still keeps `:)` from being joined, as when the chunks are known (and in spaCy)."""
+    text = "a  [ :)´pm"
+    spacy_rules.cache_clear()
+    cold = spacy_rules._doc_tokens(text)
+    assert cold == spacy_rules._doc_tokens(text) == ("a", " ", "[", ":", ")", "´", "pm")
+
+
+def test_the_cache_is_forgotten_between_texts_not_inside_one(monkeypatch):
+    """Past its limit the chunk cache is emptied before the next text, so a text's step 5 across chunks
+    still sees which of its chunks step 5 changed."""
+    monkeypatch.setattr(spacy_rules, "_CACHE_LIMIT", 3)
+    spacy_rules.cache_clear()
+    assert spacy_rules.words("x :)´pm") == ("x", ":)", "´", "pm")
+    assert spacy_rules.words("p q r s t [ :)´pm") == ("p", "q", "r", "s", "t", "[", ":", ")", "´", "pm")
+    assert len(spacy_rules._CACHE) > 3        # filled past the limit inside that text, not emptied there
+    spacy_rules.words("y")
+    assert set(spacy_rules._CACHE) == {"y"}
+
+
 def test_infixes_found_by_their_first_character_are_the_full_patterns():
     """The infix pattern that begins with one class of first characters (texts within the Basic Multilingual
     Plane) finds the same infixes as the pattern of alternatives, on every character of the plane in
