@@ -192,7 +192,7 @@ def _run(plan: run_plan.Plan, args, start: float) -> int:
         _failures(result)
         print(f"FAILED after {took:.1f} s: see the errors above.", file=sys.stderr)
         return 1
-    tracked.annotate(plan, result.ran)
+    tracked.annotate(plan, result.run_id)
     took = time.time() - start
     print(f"done in {took:.1f} s: {len(result.ran)} stage(s) ran, "
           f"{len(plan.tree.closure(*_targets(plan, args))) - len(result.ran)} reused from {plan.cache_root}")
@@ -243,7 +243,7 @@ def _sweep(gin_files: list[str], params: list[str], args, start: float) -> int:
         print(f"sweep FAILED after {time.time() - start:.1f} s", file=sys.stderr)
         return 1
     for run in runs:
-        tracked.annotate(run.plan, result.ran)
+        tracked.annotate(run.plan, result.run_id)
     print(sweep.compare(sweep.sweep_name(gin_files), runs))
     ran = ", ".join(result.ran) or "none"
     variants = len({run.variant for run in runs})

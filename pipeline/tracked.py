@@ -1,10 +1,10 @@
 """After a run: each tracked training's W&B run gets the DAG around it (stages/io/tracking.py).
 
-    tracked.annotate(plan, ran=result.ran)      # pipeline/__main__.py, after `run` and `sweep`
+    tracked.annotate(plan, result.run_id)      # pipeline/__main__.py, after `run` and `sweep`
 
 The training logged its metrics while it ran; only here is the whole plan known. For every train node whose
-`train.Tracking` is on and which ran in this invocation (or whose evaluation did), the W&B run its committed
-`wandb.json` names gets, in its config, every stage's key and one-line summary (`stages/<node>/key`,
+`train.Tracking` is on and which this invocation committed (or whose evaluation it did), the W&B run its
+committed `wandb.json` names gets, in its config, every stage's key and one-line summary (`stages/<node>/key`,
 `stages/<node>/summary`) and the gin each key covers (`gin/<node>`), and in its summary the evaluation's
 figures (`eval/...`, from eval.json). A tracker that fails here is a warning: every stage is committed.
 """
@@ -20,15 +20,19 @@ from stages.io import storage, tracking
 log = logging.getLogger(__name__)
 
 
-def annotate(plan: run_plan.Plan, ran: list[str]) -> list[str]:
-    """Adds the stages and the evaluation to each tracked training's W&B run; returns the train nodes done."""
+def annotate(plan: run_plan.Plan, run_id: str) -> list[str]:
+    """Adds the stages and the evaluation to each tracked training's W&B run whose training or evaluation
+    the invocation `run_id` committed (a sweep's other variants, and stages it found cached, are left as
+    they are); returns the train nodes done."""
     done = []
     for node, sp in plan.stages.items():
         if sp.stage != "train" or not sp.config.tracking.enabled:
             continue
         readers = [n for n in plan.tree.downstream(node) if dag.stage_of(n) == "evaluate"]
         trained = plan.committed(node)
-        if not ({node, *readers} & set(ran)) or trained is None or tracking.STATE not in trained.files:
+        if trained is None or tracking.STATE not in trained.files or not any(
+                (c := plan.committed(n)) is not None and c.manifest.get("run_id") == run_id
+                for n in (node, *readers)):
             continue
         try:
             state = storage.read_json(trained.file(tracking.STATE))

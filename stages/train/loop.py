@@ -133,12 +133,10 @@ def key_of(work_dir: str) -> str:
 
 
 def tracked_config(cfg) -> dict:
-    """What a W&B run shows as its config: the training config as the key sees it (how the run is launched
-    and tracked left out)."""
-    out = dataclasses.asdict(cfg)
-    for name in ("launcher", "tracking", "stop_after"):
-        out.pop(name, None)
-    return {"train": out}
+    """What a W&B run shows as its config: the training config's fields the key covers (those marked
+    `metadata={"key": False}`, how the run is launched, tracked and logged, left out)."""
+    values = dataclasses.asdict(cfg)
+    return {"train": {f.name: values[f.name] for f in dataclasses.fields(cfg) if f.metadata.get("key", True)}}
 
 
 @dataclasses.dataclass(frozen=True)
