@@ -204,22 +204,25 @@ class _Rules:
         # Each alternative begins with the character it splits at (looking behind after it).
         lower_quote, upper_quote = _class(c["lower"], _QUOTES), _class(c["upper"], _QUOTES)
         hyphens = [(re.escape(h[0]), re.escape(h[1:])) for h in _HYPHENS]
-        self._infix_any = re.compile(
-            rf"\.\.+|…|{_class(symbols)}|[+\-*^](?<=[0-9].)(?=[0-9-])"
+        # The whole pattern is one group, so that `re.split` gives the infixes between the pieces (`_split`).
+        infix_any = re.compile(
+            rf"(\.\.+|…|{_class(symbols)}|[+\-*^](?<=[0-9].)(?=[0-9-])"
             rf"|\.(?<={lower_quote}\.)(?={upper_quote})|,(?<={al},)(?={al})"
             + "".join(f"|{h}{rest}(?<={al0}{h}{rest})(?={al})" for h, rest in hyphens)
-            + rf"|[:<>=/](?<={al0}.)(?={al})").finditer
+            + rf"|[:<>=/](?<={al0}.)(?={al}))")
         # The same for text without characters beyond the Basic Multilingual Plane (nearly all): one class of
         # every character an infix starts with, first, then each alternative looking behind at it, so that
         # `re` skips to the next such character in C (it does so only for a pattern that begins with one
-        # class or character).
+        # class or character, inside a group too).
         bmp_symbols = [x for x in symbols if x <= "\uffff"]
         starts = _class(bmp_symbols, ".…+-*^,:<>=/", [h[0] for h in _HYPHENS])
-        self._infix_bmp = re.compile(
-            rf"{starts}(?:(?<=\.)\.+|(?<=…)|(?<={_class(bmp_symbols)})|(?<=[0-9][+\-*^])(?=[0-9-])"
+        infix_bmp = re.compile(
+            rf"({starts}(?:(?<=\.)\.+|(?<=…)|(?<={_class(bmp_symbols)})|(?<=[0-9][+\-*^])(?=[0-9-])"
             rf"|(?<={lower_quote}\.)(?={upper_quote})|(?<={al},)(?={al})"
             + "".join(f"|(?<={al0}{h}){rest}(?={al})" for h, rest in hyphens)
-            + rf"|(?<={al0}[:<>=/])(?={al}))").finditer
+            + rf"|(?<={al0}[:<>=/])(?={al})))")
+        self._infix_any, self._infix_bmp = infix_any.finditer, infix_bmp.finditer
+        self._pieces_any, self._pieces_bmp = infix_any.split, infix_bmp.split
         host_char = "A-Za-z0-9\u00a1-\uffff"
         url = (
             r"(?:[\w+\-.]{2,}://)?"                                   # a scheme
@@ -245,6 +248,12 @@ class _Rules:
     def infix(self, s: str):
         """The infixes of `s`, as `re.finditer` matches."""
         return (self._infix_bmp if s.isascii() or max(s) <= "\uffff" else self._infix_any)(s)
+
+    def infix_pieces(self, s: str) -> list[str]:
+        """`s` split at its infixes, `re.split` of `infix`'s matches: the text before the first infix, the
+        infix, the text after it (up to the next), and so on; the text between two infixes may be empty,
+        the infixes never are (every alternative matches at least one character)."""
+        return (self._pieces_bmp if s.isascii() or max(s) <= "\uffff" else self._pieces_any)(s)
 
     def prefix(self, s: str) -> int:
         """The length of the prefix spaCy splits off `s` (0: none)."""
@@ -561,49 +570,64 @@ def _split(chunk: str, specials: bool) -> tuple[str, ...]:
     if chunk in known:
         return known[chunk]
     rules = _rules()
+    prefix_chars, suffix_chars = rules.prefix_chars, rules.suffix_chars
     starts, ends = rules.prefix_starts, rules.suffix_ends
     prefixes: list[str] = []
     suffixes: list[str] = []
     s = chunk
     while True:          # a prefix and a suffix split off in turn, until neither is or a special case is left
-        pre = rules.prefix(s) if s[0] in starts else 0
-        if pre and s[pre:] in known:
-            prefixes.append(s[:pre])
-            s = s[pre:]
-            break
-        suf = rules.suffix(s[pre:]) if len(s) > pre and s[-1] in ends else 0
-        if suf and s[:-suf] in known:
-            suffixes.append(s[-suf:])
-            s = s[:-suf]
-            break
-        if not (pre or suf):
-            break
+        # The commonest prefix and suffix are one character of `prefix_chars`, `suffix_chars` (but `…`,
+        # which may be `……`): what `rules.prefix` and `rules.suffix` would say first, without calling them.
+        c = s[0]
+        pre = 1 if c in prefix_chars else rules.prefix(s) if c in starts else 0
         if pre:
-            prefixes.append(s[:pre])
+            rest = s[pre:]
+            if rest in known:
+                prefixes.append(s[:pre])
+                s = rest
+                break
+        n = len(s)
+        c = s[-1]
+        if n <= pre:
+            suf = 0
+        elif c in suffix_chars and c != "…":
+            suf = 1
+        else:
+            suf = rules.suffix(s[pre:]) if c in ends else 0
         if suf:
-            suffixes.append(s[-suf:])
-        s = s[pre:len(s) - suf]
-        if not s or s in known:
+            rest = s[:n - suf]
+            if rest in known:
+                suffixes.append(s[n - suf:])
+                s = rest
+                break
+            suffixes.append(s[n - suf:])
+            if pre:
+                prefixes.append(s[:pre])
+                s = s[pre:n - suf]
+                if not s or s in known:
+                    break
+            else:
+                s = rest            # not known, as just seen
+                if not s:
+                    break
+        elif pre:
+            prefixes.append(s[:pre])
+            s = rest                # not known, as seen above
+            if not s:
+                break
+        else:
             break
     out = prefixes
     if s:
         if s in known:
-            out.extend(known[s])
+            out += known[s]
         elif s.isalnum() or ("." in s and rules.url(s)):   # no infix is a letter or digit; a URL has a period
             out.append(s)
         else:
-            start = 0
-            for m in rules.infix(s):
-                a, b = m.span()
-                if a == 0:          # spaCy skips an infix at the very start
-                    continue
-                if a != start:
-                    out.append(s[start:a])
-                if a != b:
-                    out.append(s[a:b])
-                start = b
-            if s[start:]:
-                out.append(s[start:])
+            pieces = rules.infix_pieces(s)
+            if len(pieces) > 1 and not pieces[0]:     # spaCy skips an infix at the very start: it joins the
+                pieces[:3] = [pieces[1] + pieces[2]]   # text after it
+            out += filter(None, pieces)
     out.extend(reversed(suffixes))
     return tuple(out)
 
