@@ -523,9 +523,12 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
     its start and one or two off its end (`word,` `(word` `2019.` `(word)` `word).`), words joined by
     hyphens; none a special case or holding one where the rules look one up. Two tokens are never joined by
     step 5 (that would take a special case spelled like the whole chunk); three are checked."""
-    if chunk in SPECIALS or not _NEVER_QUICK.isdisjoint(chunk[1:-2]):
+    inner = chunk[1:-2]
+    if chunk in SPECIALS or not _NEVER_QUICK.isdisjoint(inner):
         return None
     rules = _rules()
+    if inner and not inner.isalnum():           # `1,000` `dog's` `well-known`, and code: one shape to try
+        return _quick_marked(chunk, inner, rules)
     core, last = chunk[:-1], chunk[-1]
     if core.isalpha() and core not in SPECIALS and (        # the commonest: `word,` `word.`
             last in rules.suffix_chars or (last == "." and rules.period_after(core))):
@@ -535,12 +538,9 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
     if rules.number(chunk):
         return (chunk,)
     if rules.apostrophe(chunk):
-        if chunk[-1] in "sS" and chunk[-2] in "'’":
-            return None if chunk[:-2] in SPECIALS else (chunk[:-2], chunk[-2:])
-        return (chunk,)
+        return _apostrophe_tokens(chunk)
     if "-" in chunk and rules.hyphenated(chunk):
-        out = tuple(_HYPHEN.split(chunk))
-        return out if _run_lengths().keys().isdisjoint(out) else None
+        return _hyphen_tokens(chunk)
     start = 1 if chunk[0] in rules.prefix_chars else 0
     end = len(chunk)
     if len(chunk) > start and rules.suffix(chunk[start:]) == 1:
@@ -558,6 +558,40 @@ def _quick(chunk: str) -> tuple[str, ...] | None:
     return None if any(rest in SPECIALS for rest in looked_up) else out
 
 
+def _quick_marked(chunk: str, inner: str, rules: _Rules) -> tuple[str, ...] | None:
+    """`_quick` of a chunk whose inner characters (`inner`: all but its first and its last two) are not all
+    letters and digits (`str.isalnum`), such as `1,000` `dog's` `well-known` `urllib.parse` `'key':`.
+
+    Why one shape is enough: of `_quick`'s shapes, all but three require their inner characters to be
+    `isalnum` (`word,` and `word.`: `core.isalpha()`; `a9`: `chunk.isalnum()`; `(word)` `word).`: a core
+    `isalpha` or of ASCII digits). The three are a number (inside: ASCII digits and `. , : /`), a word with
+    an apostrophe (`re`'s word characters but digits and `_`, all `isalnum`, and one `'` or `’`) and
+    hyphenated words (`-` and spaCy's letters, some not `isalnum`: Indic vowel signs, Hebrew points). None
+    of spaCy's letters is one of `. , : / ' ’`, so by those in `inner` only one shape can take the chunk:
+    it is tried alone, and gives what trying every shape in turn would (a chunk whose shapes none took)."""
+    if not _NUMBER_MARKS.isdisjoint(inner):
+        return (chunk,) if rules.number(chunk) else None
+    if "'" in inner or "’" in inner:
+        return _apostrophe_tokens(chunk) if rules.apostrophe(chunk) else None
+    return _hyphen_tokens(chunk) if "-" in chunk and rules.hyphenated(chunk) else None
+
+
+def _apostrophe_tokens(chunk: str) -> tuple[str, ...] | None:
+    """`_quick` of a word with an apostrophe (`rules.apostrophe`): `'s` split off, unless what is left is a
+    special case."""
+    if chunk[-1] in "sS" and chunk[-2] in "'’":
+        return None if chunk[:-2] in SPECIALS else (chunk[:-2], chunk[-2:])
+    return (chunk,)
+
+
+def _hyphen_tokens(chunk: str) -> tuple[str, ...] | None:
+    """`_quick` of words joined by hyphens (`rules.hyphenated`): split at each hyphen, unless a word might
+    begin a run of step 5."""
+    out = tuple(_HYPHEN.split(chunk))
+    return out if _run_lengths().keys().isdisjoint(out) else None
+
+
+_NUMBER_MARKS = frozenset(".,:/")        # what a number holds besides digits (`rules.number`)
 _HYPHEN = re.compile("(-)")
 # Characters of none of `_quick`'s shapes but at their ends (code: `snake_case`, `a=b`, `f(x)`): a chunk
 # with one inside goes to the rules at once.

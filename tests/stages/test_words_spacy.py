@@ -13,6 +13,8 @@ import json
 import os
 import pickle
 import random
+import re
+import sys
 
 import pytest
 
@@ -144,6 +146,55 @@ def test_infixes_found_by_their_first_character_are_the_full_patterns():
     for s in ("example.com", "http://a.b/c", "a.b.c(d)", "jax.jit(f)", "1.2.3.4", "8.8.8.8:80/x", "a.co:99",
               "x" * 40 + ".org", "ftp://x.y", "a:b.cd", "model.encode(x)", "www.a-b.io/?q=1#f"):
         assert bool(rules._url(s)) == bool(rules._url_user(s)), s
+
+
+def test_infix_pieces_are_the_text_around_the_infixes():
+    """`re.split` of the infix pattern as one group (`_split`'s infixes) gives the text before, between
+    and after `infix`'s matches, and the matches, none empty, alternately; within the Basic Multilingual
+    Plane and beyond it."""
+    rules = spacy_rules._rules()
+    pieces = [*"aAzZéд中19", *".,:;-–—~/=+*^…'’<>😀♥", "--", "...", "😀x"]
+    rng = random.Random(3)
+    for _ in range(20000):
+        s = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        split = rules.infix_pieces(s)
+        spans = [m.span() for m in rules.infix(s)]
+        ends = [0, *(x for span in spans for x in span), len(s)]
+        assert split[1::2] == [s[a:b] for a, b in spans] and all(split[1::2]), s
+        assert split[::2] == [s[a:b] for a, b in zip(ends[::2], ends[1::2])], s
+
+
+def _generated_chunks(n: int, seed: int) -> list[str]:
+    """Chunks of `_quick`'s shapes and near them: letters (some not `isalnum`: a Devanagari vowel sign, a
+    Hebrew point), digits of several kinds, and the characters the shapes split at."""
+    pieces = [*"abcXYZ019.,:/'’-()", "\u093f", "\u05b4", "क", "א", "²", "½", "٣", "ß", "ǅ", "s", "S", "'s",
+              "—", "...", "_", "e.g", "Dr", "n't"]
+    rng = random.Random(seed)
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 10))) for _ in range(n)]
+
+
+def test_quick_gives_the_rules_tokens_or_leaves_the_chunk_to_them():
+    for chunk in _generated_chunks(30000, 4):
+        quick = spacy_rules._quick(chunk)
+        assert quick is None or quick == spacy_rules._join_specials(spacy_rules._split(chunk, True)), chunk
+
+
+def test_quick_with_marks_inside_tries_the_one_shape_that_can_take_the_chunk():
+    """`_quick_marked`'s reasoning: no letter of spaCy's is one of the characters by which it picks the shape
+    (so the three shapes' inner characters are disjoint), `re`'s letters of the apostrophe shape are
+    `str.isalnum`; and it takes each of the three shapes, with such letters too."""
+    rules = spacy_rules._rules()
+    alpha = re.compile(spacy_rules._class(spacy_rules._classes()["alpha"]))
+    assert not any(map(alpha.match, ".,:/'’"))
+    every = "".join(map(chr, [*range(0xD800), *range(0xE000, sys.maxunicode + 1)]))
+    assert all(c.isalnum() for c in re.findall(r"[^\W\d_]", every))
+    for chunk, tokens in [("1,000.5", ("1,000.5",)), ("12:30", ("12:30",)), ("9/11/2001", ("9/11/2001",)),
+                          ("dog's", ("dog", "'s")), ("O’Brien", ("O’Brien",)), ("Rock'n", ("Rock'n",)),
+                          ("well-known", ("well", "-", "known")), ("कि-का", ("कि", "-", "का")),
+                          ("aְb-xy", ("aְb", "-", "xy"))]:
+        assert spacy_rules._quick(chunk) == tokens == spacy_rules.tokens(chunk), chunk
+    for chunk in ("urllib.parse", "'key':", "(a.k.a.", "x'y'z", "a-b.c", "a-b's", "1.5-2", "a—b-c"):
+        assert spacy_rules._quick(chunk) is None, chunk
 
 
 def test_the_splitter_by_name_is_the_default_and_needs_no_library():
