@@ -127,6 +127,8 @@ class GopherRepetition(_SplitsWords):
     def check(self, doc: dict) -> str | None:
         text = doc["text"]
         chars = len(text)
+        if not chars:        # nothing repeats (datatrove divides by the length: ZeroDivisionError)
+            return None
         paragraphs = _paragraphs(text)
         repeats, repeat_chars = _duplicates(paragraphs)
         if self.dup_para_frac and repeats / len(paragraphs) > self.dup_para_frac:
@@ -439,27 +441,28 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
     if not len(candidates):
         return 0
     starts, text = candidates.tolist(), grams.text
-    begins, ends = grams.offsets[candidates].tolist(), grams.offsets[candidates + n].tolist()
-    strings = [text[a:b] for a, b in zip(begins, ends)]
-    first = dict(zip(reversed(strings), reversed(starts)))      # each string's first position
+    begins, ends = grams.offsets[candidates], grams.offsets[candidates + n]
+    strings = [text[a:b] for a, b in zip(begins.tolist(), ends.tolist())]
+    first = dict(zip(reversed(strings), reversed(starts)))      # each string's first position: its name
     firsts = list(map(first.__getitem__, strings))
     # An n-gram is remembered when the walk has stood on any of its positions. Every position not
-    # jumped over is stood on; `jumped` holds the positions jumped over. A first occurrence (left out
-    # here) is stood on, or jumped over, and adds nothing.
-    seen: set[str] = set()
-    jumped: set[int] = set()
+    # jumped over is stood on; `jumped[p]` says whether p was jumped over. A first occurrence (left out
+    # here) is stood on, or jumped over, and adds nothing. An n-gram is named by its first position.
+    seen: set[int] = set()
+    jumped = bytearray(len(words) + n)
+    over = b"\1" * (n - 1)
     position = total = 0
     later = map(operator.ne, starts, firsts)
-    for i, gram, first_i in itertools.compress(zip(starts, strings, firsts), later):
+    for i, first_i, chars in itertools.compress(zip(starts, firsts, (ends - begins).tolist()), later):
         if i < position:                          # jumped over
             continue
-        if gram in seen or first_i not in jumped:
-            total += len(gram)
-            jumped.update(range(i + 1, i + n))
+        if first_i in seen or not jumped[first_i]:
+            total += chars
+            jumped[i + 1:i + n] = over
             position = i + n
         else:
             position = i + 1
-        seen.add(gram)
+        seen.add(first_i)
     return total
 
 
@@ -481,24 +484,44 @@ class _NGrams:
     _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
     _COMBINE = 0xA24BAED4963EE407                    # odd: combines the words' hashes into an n-gram's
     _MIX = 0xBF58476D1CE4E5B9                        # odd: carries a hash's low bits up (`_position_sort`)
+    _PAD = 16                                        # `_ends` slices for n up to the shortest n + 16
 
     def __init__(self, words: tuple[str, ...]):
         import numpy as np
 
+        m = len(words)
         self.words = words
         self.text = "".join(words)
-        self.offsets = np.zeros(len(words) + 1, dtype=np.int64)   # word i: text[offsets[i]:offsets[i+1]]
-        np.fromiter(map(len, words), dtype=np.int64, count=len(words)).cumsum(out=self.offsets[1:])
+        # word i is text[offsets[i]:offsets[i+1]]; past offsets[m], the text's end again `_PAD` times, so
+        # that the ends of the spans of n words from every position, min(i + n, m), are a slice (`_ends`)
+        self._bounds = np.empty(m + 1 + self._PAD, dtype=np.int64)
+        self._bounds[0] = 0
+        np.fromiter(map(len, words), dtype=np.int64, count=m).cumsum(out=self._bounds[1:m + 1])
+        self._bounds[m + 1:] = self._bounds[m]
+        self.offsets = self._bounds[:m + 1]
         codes = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
-        self._sums = np.zeros(len(codes) + 1, dtype=np.uint64)
-        (codes * _powers(self._BASE, len(codes))).cumsum(out=self._sums[1:])
+        self._sums = np.empty(len(codes) + 1, dtype=np.uint64)
+        self._sums[0] = 0
+        np.multiply(codes, _powers(self._BASE, len(codes)), out=self._sums[1:])
+        np.cumsum(self._sums[1:], out=self._sums[1:])
         self._inverse = _powers(_inverse(self._BASE), len(codes))
         # `scan`'s hashes of runs of whole words, times M (`_MIX`): text[offsets[i]:offsets[j]] hashes
-        # to (_at[j] - _at[i]) * _unit[i]
-        self._at = self._sums[self.offsets]                                    # (m + 1,)
+        # to (_at[j] - _at[i]) * _unit[i]; `_at_bounds` runs on as `_bounds` does
+        self._at_bounds = self._sums[self._bounds]                                # (m + 1 + _PAD,)
+        self._at = self._at_bounds[:m + 1]
         self._unit = self._inverse[self.offsets[:-1]] * np.uint64(self._MIX)   # (m,)
         self._word_keys = (self._at[1:] - self._at[:-1]) * self._unit         # (m,): each word's
         self._scanned: tuple = ([], [], None, None, 0)   # `scan`'s ns (top, repeat), rows, `same`, mask
+
+    def _ends(self, values: np.ndarray, n: int, width: int) -> np.ndarray:
+        """values[min(i + n, m)] for i < width, (width,), of `_bounds` or `_at_bounds`: a slice where
+        their padding reaches, else a gather."""
+        import numpy as np
+
+        m = len(self.words)
+        if n + width <= m + 1 + self._PAD:
+            return values[n:n + width]
+        return values[np.minimum(np.arange(n, n + width), m)]
 
     def _scanned_row(self, n: int, top: bool) -> tuple[np.ndarray, np.ndarray, int] | None:
         """`scan`'s sorted row for n (of the top n-grams, else of the repeated ones), its `same` and mask;
@@ -557,21 +580,18 @@ class _NGrams:
         repeat_ns = sorted({n for n in repeat_ns if n < m})            # two positions or more
         if not top_ns and not repeat_ns:
             return {}, {}
-        rows = np.array(top_ns + repeat_ns)[:, None]                    # (k, 1)
-        width = m - int(rows.min()) + 1
-        position = np.arange(width)
-        ends = np.minimum(position + rows, m)                           # (k, width): each span's last word
-        keys = np.empty((len(rows), width), dtype=np.uint64)
+        width = m - min(top_ns[:1] + repeat_ns[:1]) + 1
+        keys = np.empty((len(top_ns) + len(repeat_ns), width), dtype=np.uint64)
         if top_ns:
             self._word_gram_keys(top_ns, keys[:len(top_ns)])
-        if repeat_ns:     # the n-grams of characters: their words joined without spaces
-            chars = keys[len(top_ns):]
-            np.subtract(self._at[ends[len(top_ns):]], self._at[:width], out=chars)
-            chars *= self._unit[:width]
+        # the n-grams of characters: their words joined without spaces, (_at[end] - _at[i]) * _unit[i]
+        for row, n in enumerate(repeat_ns, len(top_ns)):
+            np.subtract(self._ends(self._at_bounds, n, width), self._at[:width], out=keys[row])
+        keys[len(top_ns):] *= self._unit[:width]
         ordered, mask = _position_sort(keys)
         same = _same_as_before(ordered, mask)
         self._scanned = top_ns, repeat_ns, ordered, same, mask
-        tops = self._top_bounds(top_ns, ordered[:len(top_ns)], same[:len(top_ns)], mask, ends[:len(top_ns)])
+        tops = self._top_bounds(top_ns, ordered[:len(top_ns)], same[:len(top_ns)])
         return tops, self._repeat_bounds(repeat_ns, ordered[len(top_ns):], same[len(top_ns):], mask)
 
     def _word_gram_keys(self, ns: list[int], keys: np.ndarray) -> None:
@@ -589,21 +609,21 @@ class _NGrams:
             out = keys[ns.index(t + 1)] if t + 1 in ns else None
             gram = np.add(gram, hashes[t:t + width] * power, out=out)
 
-    def _top_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray, mask: int,
-                    ends: np.ndarray) -> dict[int, int]:
-        """For each n of `ns` (a row each of `scan`; `ends`, (k, width): each position's end), an upper
-        bound of `_top_n_gram_chars(words, n)`: the row's longest run of equal hashes (the top count or
-        more: a collision only lengthens a run) times the characters of its longest n-gram (a suffix past
-        the last is shorter than it)."""
+    def _top_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray) -> dict[int, int]:
+        """For each n of `ns` (a row each of `scan`), an upper bound of `_top_n_gram_chars(words, n)`: the
+        row's longest run of equal hashes (the top count or more: a collision only lengthens a run) times
+        the characters of its longest n-gram (a suffix past the last is shorter than it)."""
         import numpy as np
 
         if not ns:
             return {}
+        width = ordered.shape[1]
         index = np.arange(same.size)                                    # flat: numpy's 1-D loops are faster
         runs = np.maximum.accumulate(np.where(same.ravel(), 0, index))   # where each one's run starts
         counts = (index - runs).reshape(same.shape).max(axis=1) + 1
-        longest = (self.offsets[ends] - self.offsets[:ordered.shape[1]]).max(axis=1)
-        return {n: count * (span + n - 1) for n, count, span in zip(ns, counts.tolist(), longest.tolist())}
+        starts = self.offsets[:width]
+        return {n: int(count) * (int((self._ends(self._bounds, n, width) - starts).max()) + n - 1)
+                for n, count in zip(ns, counts.tolist())}
 
     def _repeat_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray,
                        mask: int) -> dict[int, int]:

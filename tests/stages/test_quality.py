@@ -276,6 +276,10 @@ def test_gopher_repetition_longer_n_grams_and_switching_rules_off():
     assert quality.GopherRepetition().check(_doc(PROSE)) is None
 
 
+def test_gopher_repetition_keeps_an_empty_text():
+    assert quality.GopherRepetition().check(_doc("")) is None      # datatrove: ZeroDivisionError
+
+
 # ---------------------------------------------------------------------------------------------
 # Gopher quality
 

@@ -183,7 +183,6 @@ def test_quick_with_marks_inside_tries_the_one_shape_that_can_take_the_chunk():
     """`_quick_marked`'s reasoning: no letter of spaCy's is one of the characters by which it picks the shape
     (so the three shapes' inner characters are disjoint), `re`'s letters of the apostrophe shape are
     `str.isalnum`; and it takes each of the three shapes, with such letters too."""
-    rules = spacy_rules._rules()
     alpha = re.compile(spacy_rules._class(spacy_rules._classes()["alpha"]))
     assert not any(map(alpha.match, ".,:/'’"))
     every = "".join(map(chr, [*range(0xD800), *range(0xE000, sys.maxunicode + 1)]))
