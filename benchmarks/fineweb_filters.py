@@ -26,9 +26,11 @@ Measured, in one run, per corpus:
   datatrove's `filter`), per splitter, and the ratio to datatrove with the same reference splitter
   measured in the same run (`speed[corpus][filter]`; fast against both references). CPU seconds of
   this process (`time.process_time`), not wall time, so that other load on the machine moves the
-  ratios less; each side's fastest of up to three passes (fewer once its passes took over 10 s). Each
-  pass starts cold: our splitters' caches (the last texts' words; spacy_rules' tokens per chunk) are
-  emptied, so a pass pays for every distinct chunk of its pages once, as a worker would on new pages;
+  ratios less; each side's fastest of up to three passes (fewer once its passes took over 10 s), the
+  sides' passes taken in turn (ours, datatrove's, ours, ...) so that a ratio compares passes of the same
+  minutes (this VM's speed drifts by 10-20% over minutes, both sides' alike). Each pass starts cold:
+  our splitters' caches (the last texts' words; spacy_rules' tokens per chunk) are emptied, so a pass
+  pays for every distinct chunk of its pages once, as a worker would on new pages;
 - on "cc", the whole chain (Gopher repetition, Gopher quality, C4, FineWeb, in FineWeb's order) as a
   job: our clean stage on Beam's FnApiRunner with one worker vs datatrove's LocalPipelineExecutor with
   one task and one worker. Ours runs over `copies` copies of the pages so that Beam's start-up (a second
@@ -75,8 +77,22 @@ def measure(work_dir: str, copies: int = 5) -> dict:
         result["cc"] = web_corpus.missing()
     corpora = web_corpus.corpora(work_dir)
     for corpus, pages in corpora.items():
-        ours = {s: {f: _ours_decisions(f, pages, s) for f in FILTERS} for s in splitters}
-        theirs = {s: {f: _theirs_decisions(f, pages, s) for f in FILTERS} for s in REFERENCES}
+        ours, theirs = {s: {} for s in splitters}, {s: {} for s in REFERENCES}
+        for f in FILTERS:
+            passes = {("ours", s): _ours_pass(f, pages, s) for s in splitters}
+            passes |= {("datatrove", s): _theirs_pass(f, pages, s) for s in REFERENCES}
+            timed = _interleaved(passes)
+            for s in splitters:
+                # Beside the goal's cold passes, one pass with spacy_rules' tokens of every chunk of the pages
+                # already known (a worker's steady state on pages like those it has seen): after a pass
+                # that learns them (the other splitters' passes forgot them).
+                warm = None
+                if s == "spacy_rules":
+                    passes["ours", s]()
+                    warm = passes["ours", s](cold=False)[1]
+                ours[s][f] = (*timed["ours", s], warm)
+            for s in REFERENCES:
+                theirs[s][f] = timed["datatrove", s]
         result["docs"][corpus] = len(pages)
         result["agreement"][corpus] = {
             f: {f"{a}_vs_{b}": _agreement(pages, ours[a][f][0], theirs[b][f][0]) for a, b in pairs}
@@ -145,7 +161,8 @@ def _summary(result: dict) -> dict:
 WARM_UP = {"text": "Warm the word splitter up before the timed pass."}
 
 
-def _ours_decisions(name: str, pages: list[dict], splitter: str) -> tuple[list, float]:
+def _ours_pass(name: str, pages: list[dict], splitter: str):
+    """A function that runs one pass of our filter `name` over the pages: (decisions, CPU seconds)."""
     cls = {"gopher_repetition": quality.GopherRepetition, "gopher_quality": quality.GopherQuality,
            "c4_quality": quality.C4Quality, "fineweb_quality": quality.FineWebQuality}[name]
     f = cls(splitter=splitter)
@@ -159,22 +176,21 @@ def _ours_decisions(name: str, pages: list[dict], splitter: str) -> tuple[list, 
         out = [_decide(f, name, p) for p in pages]
         return out, time.process_time() - start
 
-    out, seconds = _best(one_pass)
-    # Beside the goal's cold passes, one pass with spacy_rules' tokens of every chunk of the pages already
-    # known (a worker's steady state on pages like those it has seen): `speed[...]["ours_spacy_rules_warm"]`.
-    warm = one_pass(cold=False)[1] if splitter == "spacy_rules" else None
-    return out, seconds, warm
+    return one_pass
 
 
-def _best(one_pass) -> tuple[list, float]:
-    """The decisions and the fastest of up to PASSES passes (fewer when they take over PASS_BUDGET_S)."""
-    out, best, spent = None, float("inf"), 0.0
+def _interleaved(passes: dict) -> dict:
+    """{key: (its decisions, its fastest pass in CPU seconds)} of each pass function in `passes`, run in turn,
+    pass by pass (ours, datatrove's, ours, ...), so that both sides' fastest passes come from the same
+    minutes of the machine (a VM's speed drifts by 10-20% over minutes); up to PASSES each, fewer once a
+    side's passes took over PASS_BUDGET_S."""
+    out, best, spent = {}, dict.fromkeys(passes, float("inf")), dict.fromkeys(passes, 0.0)
     for _ in range(PASSES):
-        out, seconds = one_pass()
-        best, spent = min(best, seconds), spent + seconds
-        if spent > PASS_BUDGET_S:
-            break
-    return out, best
+        for key, one_pass in passes.items():
+            if spent[key] <= PASS_BUDGET_S:
+                out[key], seconds = one_pass()
+                best[key], spent[key] = min(best[key], seconds), spent[key] + seconds
+    return {key: (out[key], best[key]) for key in passes}
 
 
 def _decide(f, name: str, page: dict) -> tuple:
@@ -185,7 +201,8 @@ def _decide(f, name: str, page: dict) -> tuple:
     return r is None, r, None
 
 
-def _theirs_decisions(name: str, pages: list[dict], splitter: str) -> tuple[list, float]:
+def _theirs_pass(name: str, pages: list[dict], splitter: str):
+    """A function that runs one pass of datatrove's filter `name` over the pages: (decisions, CPU seconds)."""
     from datatrove.data import Document
     from datatrove.utils import text as dt_text
 
@@ -204,7 +221,7 @@ def _theirs_decisions(name: str, pages: list[dict], splitter: str) -> tuple[list
             out.append((keep, None if keep else reason, doc.text if keep and name == "c4_quality" else None))
         return out, time.process_time() - start
 
-    return _best(one_pass)
+    return one_pass
 
 
 def _theirs_filters(language) -> dict:
