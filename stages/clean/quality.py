@@ -153,7 +153,7 @@ class GopherRepetition(_SplitsWords):
                 return f"top_{n}_gram"
         for n, limit in self.dup_n_grams:
             if len(words) >= n and repeats.get(n, 0) / chars > limit and \
-                    _repeated_chars(words, n, grams) / chars > limit:
+                    _repeated_chars(words, n, grams, (chars, limit)) / chars > limit:
                 return f"duplicated_{n}_n_grams"
         return None
 
@@ -424,7 +424,8 @@ def _top_n_gram_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = No
     return (sum(map(len, gram)) + n - 1) * top
 
 
-def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None) -> int:
+def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None,
+                    limit: tuple[int, float] = (1, math.inf)) -> int:
     """Characters in repeated n-grams, counted as Gopher (and datatrove) count them: walk the words;
     an n-gram seen before adds its characters and the walk jumps past it, else it is remembered and
     the walk steps one word. Here (as in datatrove) an n-gram is its words joined WITHOUT spaces, so
@@ -434,7 +435,9 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
     Python and skips the rest: most documents have few or none. Which positions may repeat is found
     in numpy from a hash of each n-gram's characters (`_NGrams.candidates`); their strings are then
     compared, so a hash collision costs time, never a different count. `grams` is the words' `_NGrams`,
-    built once per document for every n.
+    built once per document for every n. With `limit` (chars, fraction), the walk stops once the count
+    over `chars` is above `fraction` (a rule's test): what it returns then passes that test (the count can
+    only grow), but is not the count.
     """
     grams = grams or _NGrams(words)
     candidates = grams.candidates(n)              # every position whose n-gram may repeat, ascending
@@ -458,6 +461,8 @@ def _repeated_chars(words: tuple[str, ...], n: int, grams: _NGrams | None = None
             continue
         if first_i in seen or not jumped[first_i]:
             total += chars
+            if total / limit[0] > limit[1]:
+                break
             jumped[i + 1:i + n] = over
             position = i + n
         else:

@@ -486,10 +486,8 @@ def words(text: str) -> tuple[str, ...]:
     if not reached:
         return out
     parts = list(map(_CACHE.__getitem__, chunks))
-    pieces = _PIECES.findall(text)
-    first = 1 if pieces[0][0].isspace() else 0      # pieces alternate: chunk k is pieces[first + 2 * k]
     for k in reached:
-        parts[k] = _in_context(pieces, first + 2 * k, first)
+        parts[k] = _in_context(*_around(text, chunks, k))
     return tuple(chain.from_iterable(parts))
 
 
@@ -501,6 +499,36 @@ def _reached(chunks: list[str]) -> list[int]:
     return [k for k in compress(range(len(chunks)), map(_JOINED.__contains__, chunks))
             if (k > 0 and (_before_step5(chunks[k - 1])[-1], _JOINED[chunks[k]][0]) in pairs)
             or (k < last and (_JOINED[chunks[k]][-1], _before_step5(chunks[k + 1])[0]) in pairs)]
+
+
+_STRETCH = 16        # `_around`'s first stretch: this many characters per piece read, on either side
+
+
+def _around(text: str, chunks: list[str], k: int) -> tuple[list[str], int, int]:
+    """`_in_context`'s arguments for chunk k of `text` (`chunks`: text.split()): the `_PIECES` of a stretch
+    of the text around it that holds as many pieces on either side as `_in_context` reads (or the text's
+    ends), rather than of the whole text. The chunk is the text's (n+1)-th whole occurrence of its string,
+    n its occurrences among the chunks before it."""
+    chunk, nth = chunks[k], chunks[:k].count(chunks[k])
+    at = -1
+    while True:                       # a whole occurrence: whitespace or the text's end on both sides
+        at = text.find(chunk, at + 1)
+        end = at + len(chunk)
+        if (at == 0 or text[at - 1].isspace()) and (end == len(text) or text[end].isspace()):
+            if not nth:
+                break
+            nth -= 1
+    reach = 2 * (_longest_special() - 1)               # pieces `_in_context` reads on either side
+    radius = _STRETCH * reach
+    while True:
+        a, b = max(at - radius, 0), min(end + radius, len(text))
+        p = len(_PIECES.findall(text, a, at))          # the chunk is pieces[p]
+        pieces = _PIECES.findall(text, a, b)
+        # a stretch that begins or ends inside a piece cuts it: such a piece must lie beyond those read
+        if (a == 0 or p >= reach + 2) and (b == len(text) or len(pieces) >= p + reach + 2):
+            first = (1 if pieces[0][0].isspace() else 0) if a == 0 else p % 2
+            return pieces, p, first
+        radius *= 4
 
 
 def _before_step5(chunk: str) -> tuple[str, ...]:

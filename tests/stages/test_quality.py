@@ -99,7 +99,12 @@ def test_repeated_n_gram_chars_match_the_plain_walk(vocabulary):
         ws = tuple(rng.choice(vocabulary) for _ in range(rng.randint(0, 40)))
         grams = quality._NGrams(ws)
         for n in (1, 2, 3, 5, 7, 10):
-            assert quality._repeated_chars(ws, n, grams) == _naive_repeated_chars(ws, n), (ws, n)
+            want = _naive_repeated_chars(ws, n)
+            assert quality._repeated_chars(ws, n, grams) == want, (ws, n)
+            for fraction in (0.05, 0.2, 0.5):      # a walk stopped past a rule's limit passes its test alike
+                chars = max(len("".join(ws)), 1)
+                stopped = quality._repeated_chars(ws, n, grams, (chars, fraction))
+                assert (stopped / chars > fraction) == (want / chars > fraction) and stopped <= want, (ws, n)
 
 
 def test_repeated_n_gram_chars_survive_hash_collisions(monkeypatch):

@@ -110,6 +110,32 @@ def test_step_5_around_a_chunk_is_step_5_over_the_whole_text():
     assert windows > 1000        # the texts do reach step 5 across chunks
 
 
+@pytest.mark.parametrize("stretch", [spacy_rules._STRETCH, 1])    # 1: stretches cut pieces, and grow
+def test_step_5_in_a_stretch_of_a_long_text_is_step_5_over_the_whole_text(monkeypatch, stretch):
+    """`_around` gives `_in_context` the pieces of a stretch of the text around the chunk, found as the
+    (n+1)-th whole occurrence of its string: on long texts (the chunk's string also inside other chunks,
+    several times whole, long chunks that the stretch cuts or must grow past) the tokens are those of step 5
+    over the whole text."""
+    monkeypatch.setattr(spacy_rules, "_STRETCH", stretch)
+    long_runs = [" ".join(run) for run in spacy_rules._joined_specials() if len(run) > 6]
+    pieces = ["url):", "f(x):", "(:", ":)", "):", "(", ")", ":", "x", "e.g.", ":-)", "o_O", "'s", "b'',",
+              "''", "url):url):", "(:x", *long_runs]
+    gaps = [" ", " ", "  ", "\n", " \n "]
+    rng = random.Random(11)
+    cut = 0
+    for _ in range(300):
+        text = "".join((rng.choice(pieces) if rng.random() < 0.8 else "y" * rng.randint(1, 400))
+                       + rng.choice(gaps) for _ in range(rng.randint(30, 300)))
+        chunks = text.split()
+        for k in spacy_rules._reached(chunks):
+            stretch, p, _ = spacy_rules._around(text, chunks, k)
+            assert stretch[p] == chunks[k]
+            cut += len(stretch) < len(spacy_rules._PIECES.findall(text))
+        whole = tuple(t for t in spacy_rules._doc_tokens(text) if not t.isspace())
+        assert spacy_rules.words(text) == whole, text
+    assert cut > 500        # stretches shorter than the text were used
+
+
 def test_step_5_over_a_text_of_unseen_chunks_uses_their_tokens_before_it():
     """`_doc_tokens` (sentences' path for lines with other whitespace) on chunks it has not seen: the match
     `[ :` across chunks still keeps `:)` from being joined, as when the chunks are known (and in spaCy)."""
