@@ -4,6 +4,7 @@ of the checkpoint in memory than what was asked for (plus the storage chunks it 
     arrays = CheckpointArrays(train.path + "/checkpoint")      # the newest step's "params" item
     arrays.shape("layers.wq")                                 # (L, D, N, H), from the metadata alone
     arrays.read("layers.wq", 3)                               # layer 3 only: (D, N, H) numpy
+    arrays.read("moe_layers.experts_up", (2, 5))              # layer 2's expert 5: (D, F) numpy
 
 How checkpoint.py's Orbax saves lay an item out (Orbax 0.12, `StandardSave` with OCDBT): the item directory
 is one OCDBT key-value store; each leaf is a zarr array (zarr3 when saved so) under its key path joined with
@@ -11,6 +12,12 @@ dots, the bare array of an nnx Param under ".value" ("layers.wq.value"); each sa
 shards as chunks. Reading a slice reads only the chunks it overlaps, and TensorStore's chunk cache is off,
 so what the export holds at once is one tensor. This knowledge of Orbax's layout lives here, beside the
 module that saves (checkpoint.py), and a test reads back what that module wrote.
+
+A stacked parameter is stored one layer per chunk (checkpoint.py), so reading one expert of an MoE layer
+decodes the layer's every expert: `read` keeps the last layer it read of each parameter, and a layer's E
+experts, read in turn as the export reads them, cost one read of the chunk rather than E. It holds one MoE
+layer's expert weights at a time (one layer of each expert parameter), what reading any one expert of each
+decodes anyway.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class CheckpointArrays:
         self._drivers = {k.rsplit("/", 1)[0]: ("zarr3" if k.endswith("/zarr.json") else "zarr")
                          for k in keys if k.endswith(("/.zarray", "/zarr.json"))}
         self._open: dict[str, ts.TensorStore] = {}
+        self._layers: dict[str, tuple[int, object]] = {}     # name -> (layer, that layer as numpy): `read`
+        self.reads = 0                                       # of the store, for a test to count
 
     def names(self) -> list[str]:
         """The leaves' names: "embed", "layers.wq", ... (an nnx Param's ".value" dropped)."""
@@ -53,9 +62,17 @@ class CheckpointArrays:
 
     def read(self, name: str, index: int | tuple[int, ...] | None = None):
         """The array `name` as numpy, or only `array[index]` (one layer of a stacked parameter, or one
-        (layer, expert))."""
+        (layer, expert): from the whole layer, kept until another layer of `name` is read)."""
         array = self._array(name)
-        return (array if index is None else array[index]).read().result()
+        if not isinstance(index, tuple) or len(index) < 2:
+            self.reads += 1
+            return (array if index is None else array[index]).read().result()
+        layer = index[0]
+        if self._layers.get(name, (None,))[0] != layer:
+            self._layers.pop(name, None)                   # the last layer goes before the next is read
+            self.reads += 1
+            self._layers[name] = (layer, array[layer].read().result())
+        return self._layers[name][1][index[1:]]
 
     def _array(self, name: str) -> ts.TensorStore:
         if name not in self._open:
