@@ -93,14 +93,19 @@ class Runner:
 
 
 @contextlib.contextmanager
-def spill_dir(runner: Runner, stage: str):
+def spill_dir(runner: Runner, stage: str, work_dir: str | None = None):
     """A local scratch directory for what a stage's groups would otherwise hold in memory (Beam's local
     runners keep a GroupByKey's whole input until the next step runs), deleted when the block ends; None on
-    Dataflow, whose shuffle keeps the groups on its own disks."""
+    Dataflow, whose shuffle keeps the groups on its own disks. Inside the stage's `work_dir` when that is a
+    local path (the cache's disk, which holds the corpus anyway), else in the system's temporary directory
+    (which may be a tmpfs, in memory: what the spill is for would be lost)."""
     if runner.name == DATAFLOW:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix=f"refinery-{stage}-spill-") as directory:
+    parent = storage.local_path(work_dir) if work_dir and storage.is_local(work_dir) else None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"refinery-{stage}-spill-", dir=parent) as directory:
         yield directory
 
 

@@ -170,7 +170,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     paths = documents.shards_of(inputs["download"])
     log.info("clean: %d input shards -> %d output shards in %s", len(paths), config.num_shards, out_dir)
     start = time.time()
-    graph.run(config, paths, out_dir)
+    graph.run(config, paths, out_dir, work_dir)
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
     if splitters := splitter_fingerprints(config):      # which library and punkt model split the words
         stats["splitters"] = splitters

@@ -69,12 +69,12 @@ SIGNATURE_DOCS = 256         # documents hashed together by one numpy pass (minh
 BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) element
 
 
-def run(config: Config, paths: list[str], out_dir: str) -> None:
+def run(config: Config, paths: list[str], out_dir: str, work_dir: str | None = None) -> None:
     if config.minhash:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
     if problem := config.contamination.problem():
         raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
-    with beam_runner.spill_dir(config.runner, "clean") as spill_dir:
+    with beam_runner.spill_dir(config.runner, "clean", work_dir) as spill_dir:
         _build_and_run(config, paths, out_dir, spill_dir)
 
 

@@ -85,7 +85,8 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     log.info("tokenizing %d clean shards into %s shards of %d tokens", len(doc_shards), manifest["dtype"],
              config.tokens_per_shard)
     # Locally the token chunks wait in files, not in Beam's in-memory groups (beam_graph.Spilled)
-    with beam_runner.spill_dir(config.runner, "shard") as spill_dir, beam_runner.pipeline(config.runner) as p:
+    with beam_runner.spill_dir(config.runner, "shard", work_dir) as spill_dir, \
+            beam_runner.pipeline(config.runner) as p:
         beam_graph.build(p, config, doc_shards, model, out_dir, manifest, work_dir, spill_dir)
 
     # The pipeline wrote the manifest from its token counts; check the files agree with it.

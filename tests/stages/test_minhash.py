@@ -202,8 +202,8 @@ def test_stage_with_minhash_off_keeps_near_duplicates(tmp_path):
 
 def test_spilled_groups_give_the_bytes_of_groups_held_in_memory(runs, tmp_path, monkeypatch):
     """Locally the stage spills each batch and band batch to a file and groups their paths (graph.py); the
-    in-memory groups (Dataflow's way) write the same bytes. The spill files were written, and are gone
-    with the stage."""
+    in-memory groups (Dataflow's way) write the same bytes. The spill files were written, under the stage's
+    work directory on the cache's disk, and are gone with the stage."""
     from stages.clean import graph
 
     three = runs[1]
@@ -220,6 +220,7 @@ def test_spilled_groups_give_the_bytes_of_groups_held_in_memory(runs, tmp_path, 
                    samples_per_reason=3)
     assert spills and len(spills[0]) >= 6 and all(name.endswith(".pkl") for name in spills[0])
     assert not os.path.exists(dirs[0])
+    assert dirs[0].startswith(os.path.join(str(tmp_path), "clean"))     # in the stage's work dir, not /tmp
     monkeypatch.setattr(graph, "_build_and_run", lambda config, paths, out_dir, spill_dir: built(
         config, paths, out_dir, None))
     held = _run(str(tmp_path / "held"), [docs[0::3], docs[1::3], docs[2::3]], "three", num_shards=3,

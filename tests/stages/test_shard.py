@@ -124,6 +124,7 @@ def test_spilled_chunks_give_the_bytes_of_chunks_held_in_memory(sharded, upstrea
     monkeypatch.setattr(beam_graph, "build", held)
     in_memory = run_shard(tmp_path, upstream)
     assert spilled_dirs and spilled_dirs[0] is not None            # the stage asked for a spill directory
+    assert spilled_dirs[0].startswith(str(tmp_path))                # in its work dir on the cache's disk
     assert in_memory.files == sharded.files
     for name in sharded.files:
         assert storage.read_bytes(in_memory.file(name)) == storage.read_bytes(sharded.file(name)), name
