@@ -116,18 +116,20 @@ def test_spilled_chunks_give_the_bytes_of_chunks_held_in_memory(sharded, upstrea
     """Locally the token chunks wait in files (beam_graph.Spilled) and the pieces cut from them are file
     ranges; held in memory (Dataflow's way) they give the same shards. Many chunks, cut at odd places."""
     monkeypatch.setattr(beam_graph, "CHUNK_TOKENS", 700)
+    spilled = run_shard(tmp_path / "spilled", upstream)              # many chunks, in files
     build, spilled_dirs = beam_graph.build, []
 
     def held(p, config, doc_shards, model, out_dir, manifest, work_dir, spill_dir=None):
         spilled_dirs.append(spill_dir)
         build(p, config, doc_shards, model, out_dir, manifest, work_dir, None)
     monkeypatch.setattr(beam_graph, "build", held)
-    in_memory = run_shard(tmp_path, upstream)
+    in_memory = run_shard(tmp_path / "held", upstream)
     assert spilled_dirs and spilled_dirs[0] is not None            # the stage asked for a spill directory
-    assert spilled_dirs[0].startswith(str(tmp_path))                # in its work dir on the cache's disk
-    assert in_memory.files == sharded.files
+    assert spilled_dirs[0].startswith(str(tmp_path / "held"))       # in its work dir on the cache's disk
+    assert in_memory.files == spilled.files == sharded.files
     for name in sharded.files:
-        assert storage.read_bytes(in_memory.file(name)) == storage.read_bytes(sharded.file(name)), name
+        want = storage.read_bytes(sharded.file(name))
+        assert storage.read_bytes(in_memory.file(name)) == storage.read_bytes(spilled.file(name)) == want, name
     piece = beam_graph.Spilled.write(str(tmp_path), np.arange(10, dtype=np.uint16))[3:8][1:]
     assert (piece.start, piece.stop, len(piece)) == (4, 8, 4) and piece.array().tolist() == [4, 5, 6, 7]
 
