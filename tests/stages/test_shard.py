@@ -129,7 +129,8 @@ def test_spilled_chunks_give_the_bytes_of_chunks_held_in_memory(sharded, upstrea
     assert in_memory.files == spilled.files == sharded.files
     for name in sharded.files:
         want = storage.read_bytes(sharded.file(name))
-        assert storage.read_bytes(in_memory.file(name)) == storage.read_bytes(spilled.file(name)) == want, name
+        assert storage.read_bytes(in_memory.file(name)) == want, name
+        assert storage.read_bytes(spilled.file(name)) == want, name
     piece = beam_graph.Spilled.write(str(tmp_path), np.arange(10, dtype=np.uint16))[3:8][1:]
     assert (piece.start, piece.stop, len(piece)) == (4, 8, 4) and piece.array().tolist() == [4, 5, 6, 7]
 
