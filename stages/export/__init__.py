@@ -89,8 +89,9 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     summary = storage.read_json(train.file("summary.json"))
     mcfg = ModelConfig.from_json(summary["model"])
     title = config.name or f"refinery-{train.key[:12]}"
-    arrays = None if hf.problem(mcfg) else CheckpointArrays(storage.join(train.path, "checkpoint"))
-    if why := hf.problem(mcfg) or implied_zero_problem(arrays, mcfg):
+    problem = hf.problem(mcfg)
+    arrays = None if problem else CheckpointArrays(storage.join(train.path, "checkpoint"))
+    if why := problem or implied_zero_problem(arrays, mcfg):
         log.warning("export: not exported: %s", why)
         # The key, not the path: the same bytes on every machine (`<cache_root>/train/<key>/` finds it).
         storage.write_text(storage.join(out_dir, NOT_EXPORTED), f"# Not exported\n\n{why}.\n\nThe weights "
