@@ -43,12 +43,14 @@ def init_distributed() -> tuple[int, int]:
 
 
 if __name__ == "__main__":
+    # One write a line: stderr is unbuffered, and `print` writes the text and its newline apart, so the
+    # lines of processes that stop together could run into one another.
     try:
         main(sys.argv[1])
     except TrainingStopped as e:       # an expected end, not a crash: one line, no traceback
-        print(f"training worker: {e}", file=sys.stderr)
+        sys.stderr.write(f"training worker: {e}\n")
         sys.exit(STOPPED_EXIT_CODE)
     except KeyboardInterrupt:          # Ctrl-C twice, or before training began: stop at once
-        print("training worker: interrupted at once (Ctrl-C); nothing saved since the last checkpoint",
-              file=sys.stderr)
+        sys.stderr.write("training worker: interrupted at once (Ctrl-C); nothing saved since the last "
+                         "checkpoint\n")
         sys.exit(130)                  # 128 + SIGINT, as a shell reports it
