@@ -486,7 +486,6 @@ class _NGrams:
     """
 
     _BASE = 0x9E3779B97F4A7C15                       # odd
-    _LENGTH = 0xD6E8FEB86659FD93                     # odd: mixes the length into the key
     _COMBINE = 0xA24BAED4963EE407                    # odd: combines the words' hashes into an n-gram's
     _MIX = 0xBF58476D1CE4E5B9                        # odd: carries a hash's low bits up (`_position_sort`)
     _PAD = 16                                        # `_ends` slices for n up to the shortest n + 16
@@ -528,22 +527,19 @@ class _NGrams:
             return values[n:n + width]
         return values[np.minimum(np.arange(n, n + width), m)]
 
-    def _scanned_row(self, n: int, top: bool) -> tuple[np.ndarray, np.ndarray, int] | None:
+    def _row(self, n: int, top: bool) -> tuple[np.ndarray, np.ndarray, int]:
         """`scan`'s sorted row for n (of the top n-grams, else of the repeated ones), its `same` and mask;
-        None if it made none."""
-        top_ns, repeat_ns, ordered, same, mask = self._scanned
-        if n not in (top_ns if top else repeat_ns):
-            return None
-        row = top_ns.index(n) if top else len(top_ns) + repeat_ns.index(n)
-        return ordered[row], same[row], mask
-
-    def _keys(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """The hash of each text[a:b] with its length mixed in, for starts `a` and ends `b` (arrays of
-        shapes that broadcast, to theirs)."""
+        for an n `scan` made no row for, the same of n alone."""
         import numpy as np
 
-        length = (b - a).astype(np.uint64) * np.uint64(self._LENGTH)
-        return (self._sums[b] - self._sums[a]) * self._inverse[a] + length
+        top_ns, repeat_ns, ordered, same, mask = self._scanned
+        if n in (top_ns if top else repeat_ns):
+            row = top_ns.index(n) if top else len(top_ns) + repeat_ns.index(n)
+            return ordered[row], same[row], mask
+        keys = np.empty((1, len(self.words) - n + 1), dtype=np.uint64)
+        (self._word_gram_keys if top else self._char_gram_keys)([n], keys)
+        ordered, mask = _position_sort(keys)
+        return ordered[0], _same_as_before(ordered, mask)[0], mask
 
     def top(self, n: int) -> tuple[int, int] | None:
         """(the first position of the commonest n-gram of words, its count), from a hash of each word
@@ -554,13 +550,7 @@ class _NGrams:
         the row `scan` sorted, if it did (its suffixes, in a run, fail the comparison), else a sort."""
         import numpy as np
 
-        found = self._scanned_row(n, top=True)
-        if found is None:
-            keys = np.empty((1, len(self.words) - n + 1), dtype=np.uint64)
-            self._word_gram_keys([n], keys)
-            ordered, mask = _position_sort(keys)
-            found = ordered[0], _same_as_before(ordered, mask)[0], mask
-        ordered, same, mask = found
+        ordered, same, mask = self._row(n, top=True)
         position = np.arange(len(ordered))
         start = np.maximum.accumulate(np.where(same, 0, position))          # where its run starts
         first = (ordered[start] & mask).view(np.int64)                      # its run's first position
@@ -589,10 +579,8 @@ class _NGrams:
         keys = np.empty((len(top_ns) + len(repeat_ns), width), dtype=np.uint64)
         if top_ns:
             self._word_gram_keys(top_ns, keys[:len(top_ns)])
-        # the n-grams of characters: their words joined without spaces, (_at[end] - _at[i]) * _unit[i]
-        for row, n in enumerate(repeat_ns, len(top_ns)):
-            np.subtract(self._ends(self._at_bounds, n, width), self._at[:width], out=keys[row])
-        keys[len(top_ns):] *= self._unit[:width]
+        if repeat_ns:
+            self._char_gram_keys(repeat_ns, keys[len(top_ns):])
         ordered, mask = _position_sort(keys)
         same = _same_as_before(ordered, mask)
         self._scanned = top_ns, repeat_ns, ordered, same, mask
@@ -613,6 +601,17 @@ class _NGrams:
         for t, power in enumerate(_combine_powers(self._COMBINE, ns[-1])[1:], 1):
             out = keys[ns.index(t + 1)] if t + 1 in ns else None
             gram = np.add(gram, hashes[t:t + width] * power, out=out)
+
+    def _char_gram_keys(self, ns: list[int], keys: np.ndarray) -> None:
+        """Fill `keys` (len(ns), width) with a hash of each n-gram of characters (its words joined without
+        spaces), (_at[i + n] - _at[i]) * _unit[i], for each n of `ns`; past a row's last n-gram, its shorter
+        suffixes."""
+        import numpy as np
+
+        width = keys.shape[1]
+        for row, n in enumerate(ns):
+            np.subtract(self._ends(self._at_bounds, n, width), self._at[:width], out=keys[row])
+        keys *= self._unit[:width]
 
     def _top_bounds(self, ns: list[int], ordered: np.ndarray, same: np.ndarray) -> dict[int, int]:
         """For each n of `ns` (a row each of `scan`), an upper bound of `_top_n_gram_chars(words, n)`: the
@@ -656,38 +655,19 @@ class _NGrams:
         return dict(zip(ns, np.bincount(row, weights=spans, minlength=len(ns)).astype(np.int64).tolist()))
 
     def candidates(self, n: int) -> np.ndarray:
-        """Every position whose n-gram may equal another's, ascending, (count,): from `scan`'s sorted row
-        for n where it made one (a run of two or more equal high bits), else `repeat_candidates`."""
+        """Every position whose n-gram may equal another's, ascending, (count,): those in a run of two or
+        more equal high bits of the sorted row for n (`_row`)."""
         import numpy as np
 
-        found = self._scanned_row(n, top=False)
-        if found is None:
-            return np.array(self.repeat_candidates(n), dtype=np.int64)
-        ordered, same, mask = found
+        if len(self.words) - n < 1:                      # one position at most
+            return np.empty(0, dtype=np.int64)
+        ordered, same, mask = self._row(n, top=False)
         runs = same.copy()                               # in a run of two or more: as the one before or after
         runs[:-1] |= same[1:]
         starts = (ordered[runs] & mask).view(np.int64)
         starts = starts[starts <= len(self.words) - n]   # not a suffix
         starts.sort()
         return starts
-
-    def repeat_candidates(self, n: int) -> list[int]:
-        """The positions whose n-gram's hash and length equal another position's, ascending."""
-        import numpy as np
-
-        m = len(self.offsets) - n               # positions of an n-gram
-        if m < 2:
-            return []
-        keys = self._keys(self.offsets[:m], self.offsets[n:])
-        ordered = np.sort(keys)
-        if not (ordered[1:] == ordered[:-1]).any():     # the common case, without an argsort
-            return []
-        order = np.argsort(keys)
-        same = np.diff(keys[order]) == 0
-        repeated = np.zeros(m, dtype=bool)
-        repeated[1:] |= same
-        repeated[:-1] |= same
-        return np.sort(order[repeated]).tolist()
 
 
 def _same_as_before(ordered: np.ndarray, mask: int) -> np.ndarray:

@@ -116,7 +116,7 @@ def test_repeated_n_gram_chars_survive_hash_collisions(monkeypatch):
         ws = tuple(rng.choice(WALK_VOCABULARIES[1]) for _ in range(rng.randint(0, 40)))
         for n in (1, 2, 5):
             assert quality._repeated_chars(ws, n) == _naive_repeated_chars(ws, n), (ws, n)
-    assert quality._NGrams(("ab", "x", "ba", "y")).repeat_candidates(1) == [0, 2]   # a collision, compared
+    assert quality._NGrams(("ab", "x", "ba", "y")).candidates(1).tolist() == [0, 2]   # a collision, compared
 
 
 def test_top_n_gram_chars_match_counter_most_common():
