@@ -48,7 +48,6 @@ class CheckpointArrays:
                          for k in keys if k.endswith(("/.zarray", "/zarr.json"))}
         self._open: dict[str, ts.TensorStore] = {}
         self._layers: dict[str, tuple[int, object]] = {}     # name -> (layer, that layer as numpy): `read`
-        self.reads = 0                                       # of the store, for a test to count
 
     def names(self) -> list[str]:
         """The leaves' names: "embed", "layers.wq", ... (an nnx Param's ".value" dropped)."""
@@ -65,12 +64,10 @@ class CheckpointArrays:
         (layer, expert): from the whole layer, kept until another layer of `name` is read)."""
         array = self._array(name)
         if not isinstance(index, tuple) or len(index) < 2:
-            self.reads += 1
             return (array if index is None else array[index]).read().result()
         layer = index[0]
         if self._layers.get(name, (None,))[0] != layer:
             self._layers.pop(name, None)                   # the last layer goes before the next is read
-            self.reads += 1
             self._layers[name] = (layer, array[layer].read().result())
         return self._layers[name][1][index[1:]]
 
