@@ -122,15 +122,20 @@ def test_step_5_in_a_stretch_of_a_long_text_is_step_5_over_the_whole_text(monkey
               "''", "url):url):", "(:x", *long_runs]
     gaps = [" ", " ", "  ", "\n", " \n "]
     rng = random.Random(11)
+    reach = 2 * (spacy_rules._longest_special() - 1)         # pieces `_in_context` reads on either side
     cut = 0
     for _ in range(300):
         text = "".join((rng.choice(pieces) if rng.random() < 0.8 else "y" * rng.randint(1, 400))
                        + rng.choice(gaps) for _ in range(rng.randint(30, 300)))
         chunks = text.split()
+        every = spacy_rules._PIECES.findall(text)
+        first = 1 if every[0][0].isspace() else 0
         for k in spacy_rules._reached(chunks):
-            stretch, p, _ = spacy_rules._around(text, chunks, k)
-            assert stretch[p] == chunks[k]
-            cut += len(stretch) < len(spacy_rules._PIECES.findall(text))
+            stretch, p, stretch_first = spacy_rules._around(text, chunks, k)
+            whole_p = first + 2 * k
+            lo = max(whole_p - reach, first)            # what `_in_context` reads, in the stretch and the text
+            assert stretch[max(p - reach, stretch_first):p + reach + 1] == every[lo:whole_p + reach + 1], text
+            cut += len(stretch) < len(every)
         whole = tuple(t for t in spacy_rules._doc_tokens(text) if not t.isspace())
         assert spacy_rules.words(text) == whole, text
     assert cut > 500        # stretches shorter than the text were used
