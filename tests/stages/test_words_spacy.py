@@ -133,7 +133,7 @@ def test_step_5_in_a_stretch_of_a_long_text_is_step_5_over_the_whole_text(monkey
         for k in spacy_rules._reached(chunks):
             stretch, p, stretch_first = spacy_rules._around(text, chunks, k)
             whole_p = first + 2 * k
-            lo = max(whole_p - reach, first)            # what `_in_context` reads, in the stretch and the text
+            lo = max(whole_p - reach, first)            # what `_in_context` reads, in stretch and text
             assert stretch[max(p - reach, stretch_first):p + reach + 1] == every[lo:whole_p + reach + 1], text
             cut += len(stretch) < len(every)
         whole = tuple(t for t in spacy_rules._doc_tokens(text) if not t.isspace())
