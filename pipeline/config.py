@@ -22,6 +22,7 @@ training mesh fits the devices) is checked next, by pipeline/checks.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import typing
 from collections.abc import Iterable
@@ -118,6 +119,8 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
         stages[node] = StagePlan(node, config, module.VERSION, tuple(stages[u] for u in ups),
                                  config_gin=key_gin(node, configs, registry),
                                  input_names=tree.input_names(node))
+    if problem := _one_source_twice(stages, tree.sources):
+        raise ConfigError(problem)
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params, tree)
 
@@ -150,6 +153,34 @@ def _stray_scope(sources: tuple[str, ...]) -> str:
             return (f"{name} is bound in gin scope {top!r}, which no stage reads: {top!r} is not a source of "
                     f"this run ({known}; train.Mixture names them) and no @{top}/... reference uses it")
     return ""
+
+
+def _one_source_twice(stages: dict[str, StagePlan], sources: tuple[str, ...]) -> str:
+    """Two sources of a mixture that are one, in one line, or "": every stage of their chains (download,
+    clean, shard: dag.PER_SOURCE) has the same config, so the chains hold the same data under one key (`web`
+    weighed beside `prose` with no `web/...` binding of its own inherits the unscoped bindings, prose's).
+    Training would draw both weights from one corpus while the report named two."""
+    seen: dict[str, str] = {}
+    for source in sources:
+        data = json.dumps([cache.config_to_json(stages[dag.node_name(stage, source)].config, for_key=True)
+                           for stage in dag.PER_SOURCE], sort_keys=True)
+        if (first := seen.setdefault(data, source)) == source:
+            continue
+        unbound = [s for s in (first, source) if not _has_scope(s)]
+        name = unbound[-1] if unbound else source
+        why = (f"{' and '.join(map(repr, unbound))} {'has' if len(unbound) == 1 else 'have'} no gin binding "
+               "of its own, so the unscoped bindings apply") if unbound else \
+            "their scoped bindings change nothing that selects documents"
+        return (f"train.Mixture weighs sources {first!r} and {source!r}, which are one source: their "
+                f"{', '.join(dag.PER_SOURCE)} configs are identical ({why}), so the model would read the "
+                f"same documents under both names. Give {name!r} its own data (e.g. "
+                f"{name}/download.Config.source = ...), or weigh one name")
+    return ""
+
+
+def _has_scope(source: str) -> bool:
+    """Whether any gin binding is made in `source`'s scope (`code/clean.Config...`)."""
+    return any(scope.split("/")[0] == source for scope, _ in gin.config._CONFIG)
 
 
 def _sources(built: dict[str, Any]) -> tuple[str, ...]:

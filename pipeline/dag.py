@@ -125,11 +125,11 @@ class Tree:
 
     def input_names(self, node: str) -> dict[str, str]:
         """Each node `node` reads -> the name its stage sees it by (the `inputs` key of `run`, and the
-        upstream name its cache key covers): the stage's name, unless `node` reads every source's instance
-        of it (the tokenizer reads clean[code] and clean[web] by those names). So a source's own chain has
-        the keys it would have in a one-source run of that source."""
-        ups = self.upstream(node)
-        return {u: (u if sum(stage_of(v) == stage_of(u) for v in ups) > 1 else stage_of(u)) for u in ups}
+        upstream name its cache key covers): the stage's name, unless `node` is not a source's own and reads
+        every source's instance of it (the tokenizer reads clean[code] and clean[web] by those names; in a
+        mixture of one source, clean[web] alone, so training finds the source its mixture weighs). So a
+        source's own chain has the keys it would have in a one-source run of that source."""
+        return {u: (u if source_of(u) and not source_of(node) else stage_of(u)) for u in self.upstream(node)}
 
 
 def tree(sources: tuple[str, ...] = ()) -> Tree:

@@ -77,6 +77,12 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_pla
                                  f"1..{sweep.MAX_SEEDS}")
     if not (isinstance(found.alpha, (int, float)) and found.alpha > 0):
         raise config.ConfigError(f"{files}: mixsearch.alpha = {found.alpha!r} must be a number > 0")
+    names = sweep_report.planned(plan.stages["yardsticks"].config)
+    names += [MEAN_BPB] if any(n.startswith("bpb/") for n in names) else []
+    if found.target not in names:
+        raise config.ConfigError(f"{files}: mixsearch.target = {found.target!r} is not a yardstick these "
+                                 f"runs will have (yardsticks.Config sets them); choose one of: "
+                                 f"{', '.join(names)}")
     return found, plan
 
 

@@ -95,6 +95,15 @@ def yardsticks(evaluation: dict) -> dict[str, dict]:
     return out
 
 
+def planned(yardsticks_config) -> list[str]:
+    """The names `yardsticks` gives the eval.json of a run whose yardsticks stage has `yardsticks_config` (a
+    `yardsticks.Config`), in GROUPS' order: known from the config, before anything runs."""
+    sets = [*yardsticks_config.reference_sets, *(name for name, _ in yardsticks_config.reference_files)]
+    tasks = yardsticks_config.tasks
+    return _ordered({*(f"bpb/{s}" for s in sets), *(f"{m}/{t}" for m in TASK_METRICS for t in tasks),
+                     *(["aggregate"] if tasks else [])})
+
+
 def lower_is_better(name: str) -> bool:
     return name.split("/")[0] == "bpb"
 

@@ -180,7 +180,8 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
                out_dir)
         return
     if not sentences:
-        raise ValueError(f"no training text in {len(shards)} clean shards under {where}")
+        raise Refusal(f"tokenizer: no training text in {len(shards)} clean shards under {where}; every "
+                      "document was dropped (clean's report.md says by which filter)")
     check_vocab_size(config, sentences, stats, where)
     log.info("training a %s tokenizer (vocab %d) on %d sentences, %d chars",
              config.model_type, config.vocab_size, stats["sentences"], stats["sampled_chars"])

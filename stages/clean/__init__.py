@@ -78,6 +78,7 @@ from stages.clean import urls, words
 from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, Contamination, build_filters
 from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
+from stages.io.refusal import Refusal
 
 __all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "build_filters",
            "check", "clean_document", "duplicate_key", "follow", "key_inputs", "run", "summary"]
@@ -187,7 +188,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         dropped = sorted(stats["dropped"].items(), key=lambda kv: (-kv[1], kv[0]))
         removed_by = (f"; the filter that removed the most: {dropped[0][0]} ({dropped[0][1]:,} docs, samples "
                       f"in {storage.join(out_dir, 'rejected', dropped[0][0] + '.jsonl')})") if dropped else ""
-        raise ValueError(f"clean kept {stats['docs_kept']} of {stats['docs_in']:,} documents "
+        raise Refusal(f"clean kept {stats['docs_kept']} of {stats['docs_in']:,} documents "
                          f"(min_docs={min_docs}) from {len(paths)} download shards in "
                          f"{inputs['download'].path}; dropped: "
                          f"{dict(dropped) or 'none'}{removed_by}. Loosen that filter in clean.Config, check "

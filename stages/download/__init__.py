@@ -51,6 +51,7 @@ from stages import beam_runner
 from stages.download.document import BadFile
 from stages.download.sources import SOURCES, Embedded, EmbeddedCode, Files, FineWeb, Tfds, Warc
 from stages.io import storage
+from stages.io.refusal import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,11 @@ def check(config: Config) -> str:
     it has one (Files: a glob that matches a directory, an extension no reader takes, a first record
     without the text field). `python -m pipeline run` calls it when the stage is about to run."""
     source_check = getattr(config.source, "check", None)
-    return source_check() if source_check else ""
+    if source_check and (problem := source_check()):
+        return problem
+    # A source with no record fails the run (min_docs) after every other source's chain ran: say it now.
+    records_problem = getattr(config.source, "records_problem", None)
+    return records_problem() if records_problem and config.min_docs > 0 else ""
 
 
 def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) -> None:
@@ -126,7 +131,7 @@ def run(config: Config, inputs: Mapping[str, Any], out_dir: str, work_dir: str) 
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
     with_text = stats["docs"] - sum(stats["errors"].values())
     if with_text < config.min_docs:
-        raise ValueError(f"download: {with_text} documents with text (min_docs={config.min_docs}) from "
+        raise Refusal(f"download: {with_text} documents with text (min_docs={config.min_docs}) from "
                          f"{len(units)} units of {config.source!r}; records without text: "
                          f"{stats['errors'] or 'none'}; files that could not be read: "
                          f"{stats['bad_files'] or 'none'}. Point the source at non-empty inputs, "

@@ -160,6 +160,25 @@ class Files:
                 return ""        # unreadable here (the network, a permission): the run says which
         return ""
 
+    def records_problem(self) -> str:
+        """Why the files matched hold no record at all, in one line, or "": they are read in order, each up to
+        its first record (jsonl or txt: a non-blank line; parquet: its footer's row count), until one holds
+        one, so a source with documents costs the first line of its first file. What cannot be read is
+        left for the run to name."""
+        matched = sorted({p for pattern in self.paths for p in storage.versions(pattern)})
+        for path in matched:
+            try:
+                if _holds_a_record(path):
+                    return ""
+            except (OSError, EOFError, zlib.error, ValueError):
+                return ""
+        if not matched:
+            return ""                 # a glob that matches nothing: the key's listing names it
+        shown = ", ".join(matched[:3]) + (f" and {len(matched) - 3} more" if len(matched) > 3 else "")
+        return (f"download.Files.paths: the {len(matched)} file(s) matched hold no record ({shown}: empty or "
+                "blank); point the source at files with documents, or set download.Config.min_docs = 0 to "
+                "allow an empty output")
+
     def units(self) -> list[tuple[str, int]]:
         found: set[str] = set()
         for pattern in self.paths:
@@ -390,6 +409,17 @@ def _first_record_problem(path: str, text_field: str) -> str:
     return (f"download.Files.text_field={text_field!r}: the first record of {path} (line {line}) has no "
             f"field {text_field!r}; its fields are {', '.join(map(repr, record)) or 'none'} (set "
             "download.Files.text_field to the one holding the text, e.g. \"metadata.text\" for a nested one)")
+
+
+def _holds_a_record(path: str) -> bool:
+    """Whether the file at `path` holds a record: a parquet footer's rows, else a non-blank line."""
+    if formats.file_format(path) == "parquet":
+        import pyarrow.parquet as pq
+
+        with storage.open(path, "rb") as f:
+            return pq.read_metadata(f).num_rows > 0
+    with storage.open(path, "rb", compression="infer") as f:
+        return any(line.strip() for line in f)
 
 
 def _matching(found, what: str, hint: str = ""):

@@ -105,8 +105,9 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
         log.info("%s: %d docs, %d tokens in %d shards", split, manifest["splits"][split]["docs"],
                  manifest["splits"][split]["tokens"], len(manifest["splits"][split]["shards"]))
     if not manifest["splits"]["train"]["tokens"]:
-        raise ValueError(f"no training documents in the {len(doc_shards)} clean shards under "
-                         f"{inputs['clean'].path} (val_fraction={config.val_fraction})")
+        raise Refusal(f"shard: no training documents in the {len(doc_shards)} clean shards under "
+                      f"{inputs['clean'].path} (val_fraction={config.val_fraction}); lower the val "
+                      "fraction or keep more documents in clean")
     lowest = storage.read_json(storage.join(work_dir, beam_graph.LOWEST))
     check_val_split(config, manifest, inputs["clean"].path, heldout, [tuple(d) for d in lowest])
 

@@ -142,8 +142,33 @@ def check(config: Config) -> str:
     if config.init_from:
         from stages.train import init_from
 
-        if problem := init_from.problem(config.init_from, config.model):
+        if problem := (init_from.problem(config.init_from, config.model)
+                       or init_from.tokenizer_files_problem(config.init_from)):
             return f"train.Config.init_from={config.init_from!r}: {problem}"
+    return ""
+
+
+def check_upstream(config: Config, upstream: Mapping) -> str:
+    """The pre-run check against the planned upstream configs (pipeline/checks.py), in one line, or "": a
+    checkpoint (`init_from`) whose tokenizer has another number of pieces than the run's tokenizer will have
+    (tokenizer.Config.vocab_size when it trains one, the pieces of its `pretrained` file otherwise), which
+    `run` would otherwise find only after the data half."""
+    if not config.init_from:
+        return ""
+    from stages import tokenizer
+    from stages.train import init_from
+
+    tok = upstream["tokenizer"]
+    try:
+        if tok.pretrained:
+            path = tokenizer.pretrained_file(tok.pretrained)
+            pieces, where = init_from.sentencepiece_pieces(storage.read_bytes(path), path), path
+        else:
+            pieces, where = tok.vocab_size, "tokenizer.Config.vocab_size"
+    except (OSError, ValueError):
+        return ""          # an unreadable pretrained file is the tokenizer stage's own check to name
+    if problem := init_from.vocab_problem(config.init_from, pieces, where):
+        return f"train.Config.init_from={config.init_from!r}: {problem}"
     return ""
 
 

@@ -199,6 +199,86 @@ def tokenizer_problem(sp_model: bytes, source: str) -> str:
             f"pieces; they first differ at id {first}); {fix}")
 
 
+def tokenizer_files_problem(source: str) -> str:
+    """Why the checkpoint at `source` has no tokenizer to check the run's against (`tokenizer_problem` needs
+    tokenizer.model or tokenizer.json), in one line, or "": from one listing, before any stage runs."""
+    try:
+        listed = listing(source)
+    except ValueError as e:
+        return str(e)
+    if any(name in listed for name in TOKENIZER_FILES):
+        return ""
+    return (f"{source} has no {' or '.join(TOKENIZER_FILES)}: the weights must be trained on with the "
+            "tokenizer they learned, and nothing says which that is; copy the checkpoint's tokenizer file "
+            "into the directory (save_pretrained writes it)")
+
+
+def vocab_problem(source: str, run_pieces: int, where: str) -> str:
+    """Why the run's tokenizer, of `run_pieces` pieces (`where` says which setting gives that number), cannot
+    be the checkpoint's, in one line, or "": a different number of pieces than the checkpoint's tokenizer file
+    holds (counted without loading it), known before the data half runs."""
+    try:
+        listed = listing(source)
+        name = next((n for n in TOKENIZER_FILES if n in listed), None)
+        if name is None:
+            return tokenizer_files_problem(source)
+        path = storage.join(source, name)
+        theirs = (sentencepiece_pieces(_storage(storage.read_bytes, path), path) if name.endswith(".model")
+                  else _json_vocab_size(path))
+    except ValueError as e:
+        return str(e)
+    if theirs == run_pieces:
+        return ""
+    return (f"the run's tokenizer will have {run_pieces:,} pieces ({where}), the checkpoint's {path} has "
+            f"{theirs:,}: the weights embed the checkpoint's pieces. Set tokenizer.Config.pretrained = "
+            f"{source!r} to train on its tokenizer")
+
+
+def sentencepiece_pieces(model: bytes, where: str) -> int:
+    """The number of pieces in a serialized sentencepiece ModelProto (its repeated field 1), read from the
+    protobuf wire format, so planning needs no sentencepiece; ValueError naming `where` when it is not one."""
+    count, at = 0, 0
+
+    def varint() -> int:
+        nonlocal at
+        value, shift = 0, 0
+        while True:
+            if at >= len(model) or shift > 63:
+                raise ValueError(f"{where} is not a sentencepiece model (a protobuf cut short at byte {at})")
+            byte = model[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while at < len(model):
+        tag = varint()
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            varint()
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        elif wire == 2:
+            length = varint()          # read first: `at += varint()` would add to `at` as it was before
+            at += length
+        else:
+            raise ValueError(f"{where} is not a sentencepiece model (protobuf wire type {wire} at byte {at})")
+        count += field == 1 and wire == 2
+    if at != len(model) or not count:
+        raise ValueError(f"{where} is not a sentencepiece model (no pieces, or a protobuf cut short)")
+    return count
+
+
+def _json_vocab_size(path: str) -> int:
+    """The pieces of a tokenizer.json's model vocabulary (what `tokenizer_problem` compares)."""
+    vocab = _json(path)
+    vocab = vocab.get("model", {}).get("vocab") if isinstance(vocab, dict) else None
+    if not isinstance(vocab, (dict, list)) or not vocab:
+        raise ValueError(f"{path} has no model.vocab (a Hugging Face tokenizer.json's pieces)")
+    return len(vocab)
+
+
 def load_params(source: str, mcfg, params):
     """`params` (an nnx State of arrays, placed as training places them) with every value replaced by the
     checkpoint's weights at `source`, each device's block read on its own (`jax.make_array_from_callback`)."""

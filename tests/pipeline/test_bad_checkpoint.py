@@ -88,6 +88,9 @@ def _all_in(file: str) -> dict[str, str]:
     return {t.name: file for t in hf.tensors(MCFG)}
 
 
+# A sentencepiece ModelProto of 4,096 empty pieces (field 1, length 0): what init_from counts, without
+# training one (the counter reads the protobuf wire format only; tokenizer_problem compares the pieces).
+PIECES_4096 = b"\x0a\x00" * 4096
 OUTSIDE = (("outside/model.safetensors", _weights()),)
 OFFSETS = {name: e["data_offsets"] for name, e in json.loads(safetensors.header(_specs())[8:]).items()}
 DATA = sum(s.nbytes for s in _specs())
@@ -172,6 +175,12 @@ CASES = [
         config=SETTINGS | {"num_attention_heads": 0}),
     _ck("config_not_json", "{dir}/hf/config.json is not JSON", config="vocab_size: 4096\n"),
     _ck("no_weights", "no model.safetensors or model.safetensors.index.json", weights=False),
+    # ---- the checkpoint's tokenizer (what training found only after the data half)
+    _ck("no_tokenizer_files", "{dir}/hf has no tokenizer.model or tokenizer.json"),
+    _ck("tokenizer_vocab_size_not_the_checkpoints",
+        ["the run's tokenizer will have 4,000 pieces (tokenizer.Config.vocab_size), the checkpoint's "
+         "{dir}/hf/tokenizer.model has 4,096", "Set tokenizer.Config.pretrained = '{dir}/hf'"],
+        "tokenizer.Config.vocab_size=4000", more=(("hf/tokenizer.model", PIECES_4096),)),
     # ---- the tokenizer's pretrained model
     _case("pretrained_tokenizer_random_bytes",
           "tokenizer: tokenizer.Config.pretrained='{dir}/garbage.model': {dir}/garbage.model (4,096 bytes) "
@@ -268,7 +277,7 @@ def _load(source: str, root: str):
 
 def test_a_whole_checkpoint_passes_every_check_before_a_run(tmp_path):
     """The cases above fail for their one damage: the undamaged checkpoint passes the CLI's checks."""
-    source = _write(tmp_path / "hf")
+    source = _write(tmp_path / "hf", tokenizer__model=PIECES_4096)
     plan = _load(source, str(tmp_path / "cache"))
     model = plan.stages["train"].config.model
     assert {f: getattr(model, f) for f in hf.EXPRESSED} == {f: getattr(MCFG, f) for f in hf.EXPRESSED}
@@ -276,7 +285,7 @@ def test_a_whole_checkpoint_passes_every_check_before_a_run(tmp_path):
     assert checks.cannot_run(plan, list(dag.STAGES)) == ""
     # sharded as save_pretrained shards, with its index
     sharded = tmp_path / "sharded"
-    _write(sharded)
+    _write(sharded, tokenizer__model=PIECES_4096)
     os.remove(sharded / "model.safetensors")
     files = safetensors.plan_shards(_specs(), 140_000)
     names = safetensors.shard_names(len(files))
@@ -286,6 +295,23 @@ def test_a_whole_checkpoint_passes_every_check_before_a_run(tmp_path):
     (sharded / safetensors.INDEX).write_text(json.dumps(safetensors.index(files)))
     assert init_from.problem(str(sharded), MCFG) == ""
     assert train.check(_load(str(sharded), str(tmp_path / "cache")).stages["train"].config) == ""
+
+
+def test_the_pieces_of_a_tokenizer_are_counted_as_sentencepiece_counts_them(tmp_path):
+    """init_from's protobuf count of a real model equals sentencepiece's own, a tokenizer.json's vocabulary
+    is counted too, and what is not a model is named."""
+    from tests.export import helpers
+
+    model = helpers.tokenizer_model(320)
+    assert init_from.sentencepiece_pieces(model, "m") == 320
+    assert init_from.sentencepiece_pieces(PIECES_4096, "m") == 4096
+    for damaged in (model[:-3], b"", b"\x0f" * 8):
+        with pytest.raises(ValueError, match="^m is not a sentencepiece model"):
+            init_from.sentencepiece_pieces(damaged, "m")
+    vocab = {"model": {"vocab": {"a": 0, "b": 1}}}
+    source = _write(tmp_path / "hf", tokenizer__json=json.dumps(vocab).encode())
+    assert init_from.vocab_problem(source, 2, "x") == ""
+    assert "will have 3 pieces (x), the checkpoint's" in init_from.vocab_problem(source, 3, "x")
 
 
 def test_a_model_config_json_cannot_make_names_the_file(tmp_path):
