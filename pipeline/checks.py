@@ -9,12 +9,13 @@ exit status 2. They cover what needs the command line, the cache root, the input
 Luigi workers and scheduler, a cache root with an unknown scheme or that cannot be reached or written,
 a regular file where a stage's directory should be, inputs that cannot be listed, a stage's own plan that
 cannot be made and its own `check(config)` (the training mesh against the devices its processes will have,
-and init_from's checkpoint: its files inside its directory, every safetensors header, config.json;
-download's files: a glob that matches a directory, an extension no reader takes, a first record without the
-text field; clean's nltk splitter without its trained punkt; the tokenizer's pretrained model; yardsticks'
+and init_from's checkpoint: its files inside its directory, every safetensors header, config.json, a
+tokenizer file; download's files: a glob that matches a directory, an extension no reader takes, a first
+record without the text field, files that hold no record at all; clean's nltk splitter without its trained punkt; the tokenizer's pretrained model; yardsticks'
 reference files: none with text; evaluate's lm-eval tasks: names resolved, YAMLs parsed, data reachable)
 and `check_upstream` (a stage's config against the stages it reads: shard's validation split, evaluate's
-contamination check against what is scored). Every check is cheap: a listing, a connection, a probe file,
+contamination check against what is scored, train's init_from tokenizer against the pieces the run's
+tokenizer will have). Every check is cheap: a listing, a connection, a probe file,
 the first record or header of a file. tests/pipeline/test_bad_config.py and its neighbours
 (test_bad_inputs.py, test_bad_checkpoint.py, test_bad_tasks.py, test_bad_clean_checks.py) hold one case
 of each.
