@@ -11,8 +11,9 @@ a regular file where a stage's directory should be, inputs that cannot be listed
 cannot be made and its own `check(config)` (the training mesh against the devices its processes will have,
 and init_from's checkpoint: its files inside its directory, every safetensors header, config.json, a
 tokenizer file; download's files: a glob that matches a directory, an extension no reader takes, a first
-record without the text field, files that hold no record at all; clean's nltk splitter without its trained punkt; the tokenizer's pretrained model; yardsticks'
-reference files: none with text; evaluate's lm-eval tasks: names resolved, YAMLs parsed, data reachable)
+record without the text field, files that hold no record at all; clean's nltk splitter without its trained
+punkt; the tokenizer's pretrained model; yardsticks' reference files: none with text; evaluate's lm-eval
+tasks: names resolved, YAMLs parsed, data reachable)
 and `check_upstream` (a stage's config against the stages it reads: shard's validation split, evaluate's
 contamination check against what is scored, train's init_from tokenizer against the pieces the run's
 tokenizer will have). Every check is cheap: a listing, a connection, a probe file,
@@ -125,9 +126,7 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         # A stage's config against its inputs' configs (shard: its val split inside the tokenizer's held-out
         # set), so a mismatch fails now, not after the upstream stages ran.
         upstream = getattr(module, "check_upstream", None)
-        sp = plan.stages[stage]
-        if upstream is not None and (problem := upstream(cfg, {sp.input_names.get(u.name, u.name): u.config
-                                                                for u in sp.upstream_plans})):
+        if upstream is not None and (problem := upstream(cfg, upstream_configs(plan, stage))):
             return f"{stage}: {problem}"
         # A stage's config against what the cache already holds of its inputs (train: a mixture that would
         # repeat a source past its limit, counted from the committed shards' manifests).
@@ -135,6 +134,15 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         if committed is not None and (problem := committed(cfg, inputs(plan, stage))):
             return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""
+
+
+def upstream_configs(plan: Plan, node: str) -> dict:
+    """{the name `node`'s stage reads each input by: its config}, and every node further upstream by its node
+    name (`download[web]`): what a stage's `check_upstream` weighs its config against."""
+    sp = plan.stages[node]
+    found = {sp.input_names.get(u.name, u.name): u.config for u in sp.upstream_plans}
+    above = [u for u in plan.tree.closure(node) if u != node and u not in sp.upstream]
+    return found | {u: plan.stages[u].config for u in above}
 
 
 def inputs(plan: Plan, node: str, closure: bool = False, read: bool = True) -> dict:

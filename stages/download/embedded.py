@@ -47,6 +47,13 @@ def units(max_files: int = 0, include_topics: bool = True, skip: int = 0) -> lis
     return [tuple(files[i:i + FILES_PER_UNIT]) for i in range(0, len(files), FILES_PER_UNIT)]
 
 
+def size(units: list[tuple[str, ...]]) -> int:
+    """The bytes of the modules in `units`, from a listing: each document read from one (a docstring with its
+    quotes, a help topic with its key, a module's whole source) is at most the bytes it sits in."""
+    root = _stdlib()
+    return sum(os.path.getsize(os.path.join(root, rel)) for unit in units for rel in unit)
+
+
 def version() -> str:
     """What the corpus is: the interpreter and its exact version ("cpython-3.11.9"), whose stdlib it reads.
     Not the stdlib's path or file times, which differ between two installs of the same Python."""

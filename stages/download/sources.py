@@ -35,6 +35,13 @@ from stages.io import storage
 log = logging.getLogger(__name__)
 
 
+# The tokens a document can hold beyond one per byte of its text: sentencepiece's dummy prefix, bos and eos.
+# A source's optional `text_bound()` counts them, so that planning can bound a source's tokens from a listing
+# (each other token is a piece of at least one character, or one byte of byte fallback): train refuses a
+# mixture that would repeat a source past its limit even if every byte became a token (stages/train).
+TOKENS_PER_DOC = 3
+
+
 @dataclasses.dataclass(frozen=True)
 class Embedded:
     """Standard-library docstrings and pydoc help topics (~2 MB of English prose); no network."""
@@ -50,6 +57,11 @@ class Embedded:
 
     def units(self) -> list[tuple[str, ...]]:
         return embedded.units(self.max_files, self.include_topics)
+
+    def text_bound(self) -> int:
+        """At least the bytes of text plus TOKENS_PER_DOC per document it yields (a docstring's quotes hold
+        them): what bounds its tokens before anything runs (see TOKENS_PER_DOC)."""
+        return embedded.size(self.units())
 
     def read(self, unit: tuple[str, ...]) -> Iterator[dict]:
         return embedded.read(unit)
@@ -72,6 +84,11 @@ class EmbeddedCode:
 
     def units(self) -> list[tuple[str, ...]]:
         return embedded.units(self.max_files, include_topics=False, skip=self.skip_files)
+
+    def text_bound(self) -> int:
+        """The modules' bytes plus TOKENS_PER_DOC for each: one document per module, its source as it is."""
+        units = self.units()
+        return embedded.size(units) + TOKENS_PER_DOC * sum(map(len, units))
 
     def read(self, unit: tuple[str, ...]) -> Iterator[dict]:
         return embedded.read_code(unit)
@@ -178,6 +195,28 @@ class Files:
         return (f"download.Files.paths: the {len(matched)} file(s) matched hold no record ({shown}: empty or "
                 "blank); point the source at files with documents, or set download.Config.min_docs = 0 to "
                 "allow an empty output")
+
+    def text_bound(self) -> int | None:
+        """At least the bytes of text plus TOKENS_PER_DOC per document the files hold, from a listing, or None
+        when a listing cannot bound it: compressed files and parquet (their bytes are not the text's), a
+        template (it adds text). A jsonl record spends more bytes than its text's (`{"text":""}` and the
+        newline cover TOKENS_PER_DOC); a .txt file is one document, or (txt_unit "paragraph") paragraphs of
+        at least one byte between blank lines: at most twice its bytes."""
+        if self.template:
+            return None
+        total, sizes = 0, {p: s for pattern in self.paths for p, s in storage.file_sizes(pattern).items()}
+        for path, size in sizes.items():
+            try:
+                fmt = formats.file_format(path)
+            except ValueError:
+                return None          # download's own check names the file
+            if path.endswith(".gz") or fmt == "parquet":
+                return None
+            if fmt == "jsonl":
+                total += size
+            else:
+                total += (2 * size + 2) if self.txt_unit == "paragraph" else size + TOKENS_PER_DOC
+        return total
 
     def units(self) -> list[tuple[str, int]]:
         found: set[str] = set()

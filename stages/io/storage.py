@@ -342,6 +342,16 @@ def glob(pattern: str) -> list[str]:
     return sorted(_unstrip(fs, m) for m in fs.glob(p))
 
 
+def file_sizes(pattern: str) -> dict[str, int]:
+    """Every regular file matching the glob `pattern` (full path, as `glob` spells it) -> its size in bytes,
+    from one listing."""
+    fs, p = filesystem(pattern)
+    fs.invalidate_cache()
+    found = fs.glob(p, detail=True)
+    return {_unstrip(fs, name): int(info.get("size") or 0) for name, info in sorted(found.items())
+            if info.get("type") != "directory"}
+
+
 # What identifies a file's content in a listing, best first: a GCS object's generation (every upload of
 # the object gets a new one), a hub file's git blob id (a hash of its content), an S3-style ETag, checksums.
 CONTENT_IDS = ("generation", "blob_id", "ETag", "etag", "md5Hash", "crc32c")

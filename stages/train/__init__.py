@@ -149,10 +149,14 @@ def check(config: Config) -> str:
 
 
 def check_upstream(config: Config, upstream: Mapping) -> str:
-    """The pre-run check against the planned upstream configs (pipeline/checks.py), in one line, or "": a
-    checkpoint (`init_from`) whose tokenizer has another number of pieces than the run's tokenizer will have
-    (tokenizer.Config.vocab_size when it trains one, the pieces of its `pretrained` file otherwise), which
-    `run` would otherwise find only after the data half."""
+    """The pre-run check against the planned upstream configs (pipeline/checks.py: the stages it reads, and
+    every node above them by node name), in one line, or "": a mixture that would repeat a source past
+    train.Mixture.max_epochs even if every byte of its downloaded text became a token (`mixture_bound`),
+    and a checkpoint (`init_from`) whose tokenizer has another number of pieces than the run's tokenizer
+    will have (tokenizer.Config.vocab_size when it trains one, the pieces of its `pretrained` file
+    otherwise): both found by `run` only after the data half otherwise."""
+    if config.mixture is not None and (problem := mixture_bound(config, upstream)):
+        return problem
     if not config.init_from:
         return ""
     from stages import tokenizer
@@ -236,6 +240,32 @@ def estimated_windows(config: Config, inputs: Mapping) -> dict[str, int]:
     kept = {source: storage.read_json(clean.file("stats.json"))["chars_kept"]
             for source, clean in cleans.items() if clean is not None}
     return {source: int(chars / per_token / config.seq_len) for source, chars in kept.items()}
+
+
+def mixture_bound(config: Config, upstream: Mapping) -> str:
+    """Why the mixture must repeat a source past train.Mixture.max_epochs whatever its data turn out to hold,
+    in one line, or "": each source's tokens are at most its download source's `text_bound()` (bytes of text
+    plus one dummy prefix, bos and eos per document, from a listing: a token is a piece of at least one
+    character or a fallback byte), before cleaning drops any, so fewer windows than that bound gives are
+    certain. A source without a bound (compressed files, the hub) is not judged. `upstream`: node -> config,
+    as pipeline/checks.py gives it (`download[web]`). Clean's NFC can lengthen a few rare characters
+    (composition exclusions); the bound takes the text as downloaded."""
+    bounds, windows = {}, {}
+    for source in config.mixture.sources:
+        download = upstream.get(f"download[{source}]")
+        bound = getattr(getattr(download, "source", None), "text_bound", lambda: None)()
+        if bound is not None:
+            bounds[source] = bound
+        windows[source] = bound // config.seq_len if bound is not None else 2 ** 62
+    asked = config.mixture.rows_before(config.steps, config.global_batch)
+    for source, epochs in config.mixture.epochs(config.steps, config.global_batch, windows).items():
+        if source in bounds and epochs > config.mixture.max_epochs:
+            return (f"train.Mixture: source {source!r} would be read at least {epochs:.3g} times, past "
+                    f"max_epochs={config.mixture.max_epochs:g}: the run asks {asked[source]:,} rows of "
+                    f"{config.seq_len} tokens of it, and its download holds at most {bounds[source]:,} "
+                    f"tokens (every byte of its text a token, before cleaning drops any); lower its weight, "
+                    "raise train.Mixture.max_epochs, or give that source more data")
+    return ""
 
 
 def check_mixture(config: Config, shards: Mapping) -> None:

@@ -49,6 +49,9 @@ CASES = [
           CASE_WEB, "web/download.Config.source=@web/download.Files()",
           'web/download.Files.paths=["{dir}/web/*.parquet"]', gin_path=PROSE_CODE,
           files=(("web/a.parquet", _parquet({"text": []})),)),
+    _case("max_epochs_below_what_the_download_can_hold",
+          ["train: train.Mixture: source 'code' would be read at least 0.122 times, past max_epochs=0.1",
+           "its download holds at most 2,"], "train.Mixture.max_epochs=0.1", gin_path=PROSE_CODE),
     _case("mixsearch_target_not_a_yardstick",
           ["mixsearch.target = 'acc_norm/nope' is not a yardstick these runs will have",
            "choose one of: bpb/", "acc_norm/", "bpb/stdlib_code", "bpb/mean"],
@@ -104,3 +107,35 @@ def test_a_source_the_filters_empty_is_one_line_at_clean_without_a_traceback(tmp
     assert len(line) == 1 and line[0].startswith("error: clean: clean kept 0 of 5 documents"), out.stderr
     assert "the filter that removed the most: " in line[0]
     assert out.stderr.splitlines()[-1].startswith("FAILED after ")
+
+
+def test_a_sources_bound_holds_every_token_it_can_become(tmp_path):
+    """`text_bound()` bounds the tokens shard writes (bos, eos, sentencepiece's dummy prefix, byte fallback)
+    on texts built to make many tokens a byte: single characters, spaces, characters outside the vocabulary,
+    escapes that JSON spends more bytes on than the text; and compressed files have no bound."""
+    import gzip
+    import json
+
+    import sentencepiece as spm
+
+    from stages.download import sources
+    from tests.export import helpers
+
+    sp = spm.SentencePieceProcessor(model_proto=helpers.tokenizer_model(320))
+    texts = ["a", " ", "x y z", "\u00e9\u4e2d\U0001f600 \n\t", "The cat sat. " * 40, "\ud7ff" * 9, "q" * 3]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "b.txt").write_text("\u4e2d")
+    for unit, txt_tokens in (("file", [sp.encode("\u4e2d", add_bos=True, add_eos=True)]),
+                             ("paragraph", [sp.encode("\u4e2d", add_bos=True, add_eos=True)])):
+        files = sources.Files(paths=(str(tmp_path / "*.jsonl"), str(tmp_path / "*.txt")), txt_unit=unit)
+        tokens = sum(map(len, sp.encode(texts, add_bos=True, add_eos=True))) + sum(map(len, txt_tokens))
+        assert tokens <= files.text_bound(), (unit, tokens, files.text_bound())
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n'))
+    assert sources.Files(paths=(str(tmp_path / "*.gz"),)).text_bound() is None
+    assert sources.Files(paths=(str(tmp_path / "a.jsonl"),), template="alpaca").text_bound() is None
+    code = sources.EmbeddedCode(max_files=3)
+    docs = [d["text"] for unit in code.units() for d in code.read(unit)]
+    assert sum(len(d.encode()) + sources.TOKENS_PER_DOC for d in docs) <= code.text_bound()
+    prose = sources.Embedded(max_files=20)
+    docs = [d["text"] for unit in prose.units() for d in prose.read(unit) if d["text"]]
+    assert sum(len(d.encode()) + sources.TOKENS_PER_DOC for d in docs) <= prose.text_bound()
