@@ -108,7 +108,8 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
     train.HardwareConfig names), what its optional `check(config)` returns (training: a CPU mesh or batch
     that does not fit the devices its processes will have, a config the planner says cannot fit;
     download: files its readers cannot take) and its optional `check_upstream(config, {upstream stage:
-    config})` (shard: a val split larger than the tokenizer's held-out set), a local cache root where no
+    config})` (shard: a val split larger than the tokenizer's held-out set; export: a model no transformers
+    class holds, trained to the end for nothing otherwise), a local cache root where no
     file can be made. With nothing to run, nothing is written: a fully cached run on a read-only cache is
     fine."""
     for stage in stages:
@@ -122,11 +123,9 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         if check is not None and (problem := check(cfg)):
             return f"{stage}: {problem}"
         # A stage's config against its inputs' configs (shard: its val split inside the tokenizer's held-out
-        # set), so a mismatch fails now, not after the upstream stages ran.
-        upstream = getattr(module, "check_upstream", None)
-        sp = plan.stages[stage]
-        if upstream is not None and (problem := upstream(cfg, {sp.input_names.get(u.name, u.name): u.config
-                                                                for u in sp.upstream_plans})):
+        # set; export: a model transformers can hold), so a mismatch fails now, not after the upstream
+        # stages ran.
+        if problem := upstream_problem(plan, stage):
             return f"{stage}: {problem}"
         # A stage's config against what the cache already holds of its inputs (train: a mixture that would
         # repeat a source past its limit, counted from the committed shards' manifests).
@@ -134,6 +133,17 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         if committed is not None and (problem := committed(cfg, inputs(plan, stage))):
             return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""
+
+
+def upstream_problem(plan: Plan, node: str) -> str:
+    """What `node`'s optional `check_upstream(config, {upstream stage: config})` says of its config against
+    the planned configs of the stages it reads, in one line, or "" (`cannot_run` refuses it; `make plan`
+    prints it)."""
+    sp = plan.stages[node]
+    check = getattr(dag.module(node), "check_upstream", None)
+    if check is None:
+        return ""
+    return check(sp.config, {sp.input_names.get(u.name, u.name): u.config for u in sp.upstream_plans})
 
 
 def inputs(plan: Plan, node: str, closure: bool = False, read: bool = True) -> dict:
