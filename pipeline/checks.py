@@ -14,10 +14,10 @@ download's files: a glob that matches a directory, an extension no reader takes,
 text field; clean's nltk splitter without its trained punkt; the tokenizer's pretrained model; yardsticks'
 reference files: none with text; evaluate's lm-eval tasks: names resolved, YAMLs parsed, data reachable)
 and `check_upstream` (a stage's config against the stages it reads: shard's validation split, evaluate's
-contamination check against what is scored). Every check is cheap: a listing, a connection, a probe file,
-the first record or header of a file. tests/pipeline/test_bad_config.py and its neighbours
-(test_bad_inputs.py, test_bad_checkpoint.py, test_bad_tasks.py, test_bad_clean_checks.py) hold one case
-of each.
+contamination check against what is scored; export's model against the transformers classes). Every check
+is cheap: a listing, a connection, a probe file, the first record or header of a file.
+tests/pipeline/test_bad_config.py and its neighbours (test_bad_inputs.py, test_bad_checkpoint.py,
+test_bad_tasks.py, test_bad_clean_checks.py, test_bad_hardware.py) hold one case of each.
 """
 
 from __future__ import annotations
