@@ -47,6 +47,8 @@ def published(path: str) -> tuple[float, str]:
 
 
 def row(path: str) -> dict:
+    """One published configuration's prediction against its figure; ValueError (config.ConfigError among
+    them) naming what in the file cannot be planned, e.g. a device the table lacks."""
     from stages.train import planner
 
     cfg = _config(path)
@@ -65,19 +67,36 @@ def _config(path: str):
     return config.load([path]).stages["train"].config
 
 
-def measure(work_dir: str) -> dict:
-    rows = {os.path.basename(p).removesuffix(".gin"): row(p) for p in run_files()}
+def measure(work_dir: str, files: list[str] | None = None) -> dict:
+    """Every run file's row (`files`: these instead of benchmarks/published/'s). A file that cannot be
+    planned is one row naming the file and why (`{"error": ...}`), printed as one line and counted in
+    `failed`; the other rows are computed and judged as ever."""
+    rows = {os.path.basename(p).removesuffix(".gin"): _row_or_error(p) for p in files or run_files()}
     width = max(map(len, rows))
     print(f"{'configuration':<{width}}  {'published':>10}  {'predicted':>10}  ratio  role")
     for name, r in rows.items():
+        if "error" in r:
+            print(f"{name:<{width}}  error: {r['error']}")
+            continue
         print(f"{name:<{width}}  {r['published_tokens_per_s_per_chip']:>10,.0f}  "
               f"{r['predicted_tokens_per_s_per_chip']:>10,.0f}  {r['ratio']:.3f}  {r['role']}")
-    judged = [r for r in rows.values() if not r["role"].startswith("reference")]
+    judged = [r for r in rows.values() if "error" not in r and not r["role"].startswith("reference")]
     ratios = [r["ratio"] for r in judged]
     return {"benchmark": "step_time", "rows": rows, "judged": len(judged),
             "held_out": sum(r["role"] == "held out" for r in judged),
             "within_bar": sum(BAR[0] <= x <= BAR[1] for x in ratios),
-            "worst_ratio_off": round(max(abs(x - 1) for x in ratios), 3)}
+            "worst_ratio_off": round(max(abs(x - 1) for x in ratios), 3) if ratios else None,
+            "failed": sorted(name for name, r in rows.items() if "error" in r)}
+
+
+def _row_or_error(path: str) -> dict:
+    """`row(path)`, or {"error": one line naming the file and what in it cannot be planned}: one bad file
+    (a device the table lacks) must not cost the other rows."""
+    try:
+        return row(path)
+    except ValueError as e:              # config.ConfigError is one: the gin value, its file, the valid ones
+        why = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        return {"error": why if path in why else f"{path}: {why}"}
 
 
 def calibrations() -> list[tuple[str, list[tuple[str, str]]]]:

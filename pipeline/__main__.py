@@ -138,7 +138,8 @@ def _error(message: str) -> int:
 def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
                  read_cache: bool = False) -> list[str]:
     """Each stage's own plan (its optional `plan(config, compile=...)`: the train stage's memory and time,
-    and with `compile` XLA's figure for the named TPU topology), and with `read_cache` what its committed
+    and with `compile` XLA's figure for the named TPU topology), what its `check_upstream` would refuse
+    (export: a model no transformers class holds), and with `read_cache` what its committed
     inputs add (`plan_inputs(config, inputs)`: a mixture's tokens and epochs per source; without it, what
     the config alone says: a mixture's tokens asked per source and phase)."""
     out = []
@@ -149,6 +150,9 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
                 out.append(fn(plan.stages[stage].config, compile=compile))
         except ValueError as e:      # the config cannot be planned (a mesh that does not tile the chips)
             raise ValueError(f"{stage}: {e}") from None
+        # what `run` would refuse from the upstream configs (export: a model no transformers class holds)
+        if text := checks.upstream_problem(plan, stage):
+            out.append(f"{stage}: a run would stop here: {text}")
         # what the stage's inputs in the cache say of its plan (train: the mixture's tokens and epochs)
         fn = getattr(dag.module(stage), "plan_inputs", None)
         if fn is not None and (text := fn(plan.stages[stage].config,
@@ -262,7 +266,9 @@ def _mixsearch(gin_files: list[str], params: list[str], args, start: float) -> i
     if unfilled := config.placeholders(plan):
         return _error(f"{', '.join(gin_files)} leaves placeholders to fill in: {'; '.join(unfilled)}")
     problem = checks.unreachable(plan) or checks.unknown_keys(plan)
-    if problem or (problem := checks.cannot_run(plan, _to_run(plan, args))):
+    # a mixture search builds up to evaluate and never exports: the export's check is not its business
+    built = set(plan.tree.closure(*plan.tree.select("evaluate")))
+    if problem or (problem := checks.cannot_run(plan, [s for s in _to_run(plan, args) if s in built])):
         return _error(problem)
     try:
         print(mixsearch.run(gin_files, params, workers=args.workers, scheduler=args.scheduler))

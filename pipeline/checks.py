@@ -16,10 +16,11 @@ punkt; the tokenizer's pretrained model; yardsticks' reference files: none with 
 tasks: names resolved, YAMLs parsed, data reachable)
 and `check_upstream` (a stage's config against the stages it reads: shard's validation split, evaluate's
 contamination check against what is scored, train's init_from tokenizer against the pieces the run's
-tokenizer will have). Every check is cheap: a listing, a connection, a probe file,
-the first record or header of a file. tests/pipeline/test_bad_config.py and its neighbours
-(test_bad_inputs.py, test_bad_checkpoint.py, test_bad_tasks.py, test_bad_clean_checks.py) hold one case
-of each.
+tokenizer will have and its mixture against what its sources' downloads can hold; export's model against
+the transformers classes). Every check is cheap: a listing, a connection, a probe file, the first record
+or header of a file. tests/pipeline/test_bad_config.py and its neighbours (test_bad_inputs.py,
+test_bad_checkpoint.py, test_bad_tasks.py, test_bad_clean_checks.py, test_bad_hardware.py,
+test_bad_mixture.py) hold one case of each.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
     train.HardwareConfig names), what its optional `check(config)` returns (training: a CPU mesh or batch
     that does not fit the devices its processes will have, a config the planner says cannot fit;
     download: files its readers cannot take) and its optional `check_upstream(config, {upstream stage:
-    config})` (shard: a val split larger than the tokenizer's held-out set), a local cache root where no
+    config})` (shard: a val split larger than the tokenizer's held-out set; export: a model no transformers
+    class holds, trained to the end for nothing otherwise), a local cache root where no
     file can be made. With nothing to run, nothing is written: a fully cached run on a read-only cache is
     fine."""
     for stage in stages:
@@ -124,9 +126,9 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         if check is not None and (problem := check(cfg)):
             return f"{stage}: {problem}"
         # A stage's config against its inputs' configs (shard: its val split inside the tokenizer's held-out
-        # set), so a mismatch fails now, not after the upstream stages ran.
-        upstream = getattr(module, "check_upstream", None)
-        if upstream is not None and (problem := upstream(cfg, upstream_configs(plan, stage))):
+        # set; export: a model transformers can hold), so a mismatch fails now, not after the upstream
+        # stages ran.
+        if problem := upstream_problem(plan, stage):
             return f"{stage}: {problem}"
         # A stage's config against what the cache already holds of its inputs (train: a mixture that would
         # repeat a source past its limit, counted from the committed shards' manifests).
@@ -134,6 +136,14 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
         if committed is not None and (problem := committed(cfg, inputs(plan, stage))):
             return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""
+
+
+def upstream_problem(plan: Plan, node: str) -> str:
+    """What `node`'s optional `check_upstream(config, upstream_configs(plan, node))` says of its config
+    against the planned configs of the stages above it, in one line, or "" (`cannot_run` refuses it; `make
+    plan` prints it)."""
+    check = getattr(dag.module(node), "check_upstream", None)
+    return check(plan.stages[node].config, upstream_configs(plan, node)) if check is not None else ""
 
 
 def upstream_configs(plan: Plan, node: str) -> dict:

@@ -31,9 +31,11 @@ convention when it is the EOS) and the tokenizer adds it to every encoding (`add
 does (`harness.RefineryLM`, tests/export/test_lm_eval_hf.py).
 
 A model none of those classes can express (`hf.problem` names the setting: a softmax router with groups, a
-sigmoid one without shared experts, ...) is not converted: the stage writes the model card and
-NOT_EXPORTED.md saying why, and its summary line says so, so the DAG still ends (its weights stay in train's
-Orbax checkpoint). A tokenizer setting the
+sigmoid one without shared experts, ...) is refused before any stage runs when the run includes the export
+(`check_upstream`; `make plan` prints the same line), so only `--stage train` or `--stage evaluate` trains
+one. Should one reach the stage anyway (a bias that init_from set away from zero), it is not converted: the
+stage writes the model card and NOT_EXPORTED.md saying why, and its summary line says so, so the DAG still
+ends (its weights stay in train's Orbax checkpoint). A tokenizer setting the
 fast tokenizer cannot express fails the stage with one line naming it, before anything is written.
 No JAX: the checkpoint is read with TensorStore (stages/train/checkpoint_arrays.py), so exporting the tiny
 model takes 0.2 s.
@@ -158,6 +160,19 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     storage.write_text(storage.join(out_dir, "README.md"),
                        card.model_card(title, inputs, mcfg, (start, start_id)))
     log.info("export: done")
+
+
+def check_upstream(config: Config, upstream: dict) -> str:
+    """The pre-run check (pipeline/checks.py) and what `make plan` prints: the planned training config's
+    model as one line when no transformers class can hold it (`hf.problem`), or "". Without it an MoE of
+    that shape trains to the end and only then is NOT_EXPORTED.md; `--stage train` (or evaluate) still
+    trains it."""
+    from stages.train import hf
+
+    if why := hf.problem(upstream["train"].model):
+        return (f"the trained model cannot be exported to transformers: {why}; or train and evaluate it "
+                "without the export: --stage evaluate (make stage STAGE=evaluate)")
+    return ""
 
 
 def document_start(shard_manifest: dict) -> int:

@@ -510,6 +510,7 @@ class HardwareConfig:
 
     device: a row of `stages.train.devices.DEVICES` ("tpu-v5p", "h100", "cpu", ...).
     topology: a TPU topology ("v5p:8x8x16"); the planner compiles the real train step for it ahead of time.
+        A slice of the device's generation: device "tpu-v5p" with "v5p:...", and none for a GPU or the CPU.
     chips: chips per slice; 0 = the topology's, or (no topology) the mesh's explicit sizes.
     num_slices: slices joined over the data-center network (multi-slice); all chips = chips x num_slices,
         and train.MeshConfig's dcn_data x dcn_fsdp x dcn_tensor must equal it.
@@ -543,6 +544,8 @@ class HardwareConfig:
                              '"v5p:8x8x16")')
         if self.topology and (problem := topology_problem(self.topology)):
             raise ValueError(f"HardwareConfig: topology={self.topology!r} {problem}")
+        if self.topology and (problem := generation_problem(self.device, self.topology)):
+            raise ValueError(f"HardwareConfig: {problem}")
 
 
 # TPU generations a topology may name ("v5p:8x8x16") -> (their row in devices.DEVICES, megacore: whether a
@@ -573,11 +576,37 @@ def topology_problem(topology: str) -> str:
         if len(sides) == 3 and (grid in TPU_SMALL_3D or all(n and n % 4 == 0 for n in sides)
                                 and math.prod(sides) <= cap):
             return ""
-        return (f"is not a {generation} slice: its grids are {', '.join(TPU_SMALL_3D)}, or AxBxC with every "
-                f"side a multiple of 4 (4x4x4, 4x4x8, 8x8x16, ...) up to {cap:,} chips")
+        return f"is not a {generation} slice: its grids are {slice_grids(generation)}"
     if grid in TPU_GRIDS_2D:
         return ""
-    return f"is not a {generation} slice: its grids are {', '.join(TPU_GRIDS_2D)}"
+    return f"is not a {generation} slice: its grids are {slice_grids(generation)}"
+
+
+def generation_problem(device: str, topology: str) -> str:
+    """Why `device` (a row of devices.DEVICES) cannot be the chip of `topology` (a slice of a known TPU
+    generation), naming both and the valid choices, or "" when the topology is a slice of that device. An
+    H100 with "v5p:2x2x1", or tpu-v5p with "v6e:2x2", would plan one chip's memory and speed against
+    another's slice (and compile the train step for a TPU the run never gets)."""
+    generation = topology.partition(":")[0]
+    wanted = TPU_GENERATIONS[generation][0]
+    if device == wanted:
+        return ""
+    mine = next((g for g, (d, _) in TPU_GENERATIONS.items() if d == device), None)
+    if mine is None:          # a GPU or the CPU: no TPU topology describes its chips
+        return (f"device={device!r} and topology={topology!r} do not match: the topology is a {generation} "
+                f"slice, whose chips are device={wanted!r}; set device={wanted!r} for this topology, or "
+                f"topology=\"\" for device={device!r} (a topology names TPU slices only)")
+    return (f"device={device!r} and topology={topology!r} are different TPU generations: a {generation} "
+            f"slice's chips are device={wanted!r}; set device={wanted!r} for this topology, or for "
+            f"device={device!r} a {mine} topology ({mine}:<grid>, grids {slice_grids(mine)})")
+
+
+def slice_grids(generation: str) -> str:
+    """The chip grids a slice of a TPU generation comes in, in words (for messages)."""
+    if generation in TPU_MAX_CHIPS_3D:
+        return (f"{', '.join(TPU_SMALL_3D)}, or AxBxC with every side a multiple of 4 (4x4x4, 4x4x8, "
+                f"8x8x16, ...) up to {TPU_MAX_CHIPS_3D[generation]:,} chips")
+    return ", ".join(TPU_GRIDS_2D)
 
 
 def topology_chips(topology: str) -> int:

@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from stages.train.configs import ModelConfig
+
+if TYPE_CHECKING:        # numpy only names the conversions' types: planning imports this (export's check)
+    import numpy as np
 
 ARCHITECTURE = "LlamaForCausalLM"         # a dense model
 MIXTRAL, GLM4_MOE = "MixtralForCausalLM", "Glm4MoeForCausalLM"

@@ -141,7 +141,21 @@ def test_the_config_says_every_rotary_dimension_and_the_capacity_is_in_the_card(
 def test_what_neither_class_can_express_is_not_exported_and_says_why(tmp_path, sp_model, change, message):
     cfg = dataclasses.replace(GLM, **change)
     assert re.search(message, hf.problem(cfg)), hf.problem(cfg)
+    # refused before any stage runs (pipeline/checks.py), the same line as NOT_EXPORTED.md's below
+    assert re.search(message, _refused_before_work(cfg)), _refused_before_work(cfg)
     _, params = _jax_model(cfg)
     out = helpers.export_model(tmp_path, cfg, params, sp_model)
     assert not (out / "model.safetensors").exists()
     assert re.search(message, (out / "NOT_EXPORTED.md").read_text())
+
+
+def _refused_before_work(cfg: ModelConfig) -> str:
+    """What the export stage's pre-run check says of a run training `cfg` ("" when it may run)."""
+    from stages import export, train
+
+    return export.check_upstream(export.Config(), {"train": train.Config(model=cfg)})
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_what_a_class_holds_is_not_refused_before_work(name):
+    assert _refused_before_work(VARIANTS[name][0]) == ""

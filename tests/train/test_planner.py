@@ -14,8 +14,15 @@ from benchmarks import plan_vs_xla
 # has registered them (as `python -m pipeline` does on start)
 from pipeline import config, sweep  # noqa: F401
 from stages import train
-from stages.train import planner
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, active_params, param_counts
+from stages.train import devices, planner
+from stages.train.configs import (
+    TPU_GENERATIONS,
+    HardwareConfig,
+    MeshConfig,
+    ModelConfig,
+    active_params,
+    param_counts,
+)
 from tests.conftest import REPO, run_files
 
 FLAGSHIP = f"{REPO}/gin/600b.gin"            # a ~600B mixture of experts
@@ -425,6 +432,19 @@ def test_days_on_a_device_that_is_not_a_tpu_is_one_line():
     out = _cli("plan", "--gin", f"{REPO}/gin/tiny.gin", "--days", "30")
     assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("error: train.HardwareConfig.device='cpu' is not a TPU"), out.stderr
+
+
+def test_a_topology_takes_the_device_of_its_own_generation_only():
+    """An H100 planned on "v5p:2x2x1", or a v5p on "v6e:2x2", planned one chip against another's slice; each
+    TPU generation's topology now takes its own device and refuses every other, naming both."""
+    for generation, (device, _) in TPU_GENERATIONS.items():
+        topology = f"{generation}:{planner.SLICES[generation][2][0]}"
+        assert HardwareConfig(device=device, topology=topology).topology == topology
+        for other in devices.DEVICES.keys() - {device}:
+            with pytest.raises(ValueError, match=f"device='{other}' and topology='{topology}' "
+                                                 f".* set device='{device}' for this topology"):
+                HardwareConfig(device=other, topology=topology)
+        assert HardwareConfig(device=device).topology == ""        # no topology: any device, as before
 
 
 def _cli(*args, env=None):

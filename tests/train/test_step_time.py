@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -130,6 +131,24 @@ def test_every_published_run_file_states_its_figure_and_role_and_the_calibrated_
         for name, value in constants.items():
             stored = getattr(step_time.EFFICIENCY[device], name)
             assert stored == pytest.approx(value, abs=0.006), (device, name)
+
+
+def test_a_run_file_naming_an_unknown_device_is_one_row_and_the_others_are_computed(tmp_path, capsys):
+    """One bad published file once stopped the benchmark with a traceback and no row for the rest."""
+    good = bench.run_files()[:2]
+    bad = tmp_path / "a100_node.gin"
+    bad.write_text(f"# published: 1000 tokens/s per chip\n# role: held out\ninclude '{good[0]}'\n"
+                   'train.HardwareConfig.device = "a100"\n')
+    result = bench.measure(str(tmp_path), files=[good[0], str(bad), good[1]])
+    assert result["failed"] == ["a100_node"]
+    error = result["rows"]["a100_node"]["error"]
+    assert str(bad) in error and "device='a100'" in error, error
+    assert all(f"'{name}'" in error for name in devices.DEVICES), error          # the valid devices
+    for path in good:                                                             # computed as on their own
+        assert result["rows"][os.path.basename(path).removesuffix(".gin")] == bench.row(path)
+    assert result["judged"] == sum(not bench.published(p)[1].startswith("reference") for p in good)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "a100" in line]
+    assert len(lines) == 1 and lines[0].startswith("a100_node ") and lines[0].endswith(f"  error: {error}")
 
 
 HLO = """HloModule m
