@@ -66,8 +66,7 @@ def evaluate(config, train, shards, tokenizer, yardsticks) -> dict:
     if list(per_source) != [""]:
         metrics["sources"] = per_source
     metrics["scoring"] = scoring_setting(config, net.config, ModelConfig.from_json(summary["model"]))
-    scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size, length=seq_len,
-                            max_length=config.max_length)
+    scorer = task_scorer(config, net, manifest["eos_id"], seq_len)
     start = time.perf_counter()
     metrics.update(score.score(scorer, found))
     # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it does
@@ -76,6 +75,13 @@ def evaluate(config, train, shards, tokenizer, yardsticks) -> dict:
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     # the model as the harness (`harness.RefineryLM`) takes it: (net, sp, eos_id, scoring length)
     return {"metrics": metrics, "samples": samples, "model": (net, sp, manifest["eos_id"], seq_len)}
+
+
+def task_scorer(config, net, eos_id: int, seq_len: int) -> scoring.Scorer:
+    """The packed scorer evaluation scores the yardsticks with: rows of training's seq_len (rolling windows
+    that long), task requests cut by lm-eval's HF rule at `config.max_length`, after `eos_id`."""
+    return scoring.Scorer(net, prefix_id=eos_id, rows=config.batch_size, length=seq_len,
+                          max_length=config.max_length)
 
 
 def scoring_setting(config, evaluated: ModelConfig, trained: ModelConfig) -> dict:

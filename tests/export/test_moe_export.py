@@ -154,7 +154,6 @@ def test_evaluation_scores_the_dropless_model_the_export_is(tmp_path, sp_model):
     training's capacity the same scores differ, so the equality says which forward pass evaluation ran."""
     from stages import evaluate
     from stages.evaluate import measure
-    from stages.train import scoring
     from stages.yardsticks import score, tokenized
 
     _, params = _jax_model(GLM)
@@ -177,9 +176,7 @@ def test_evaluation_scores_the_dropless_model_the_export_is(tmp_path, sp_model):
             want.append(float(logp[-len(cont):].gather(1, torch.tensor(cont)[:, None]).sum()))
 
     def scored(model):                       # as measure.evaluate scores tasks: packed rows of 256 tokens
-        scorer = scoring.Scorer(model, prefix_id=2, rows=4, length=256,
-                                max_length=evaluate.Config().max_length)
-        found, cut = score.logliks(scorer, {"t": items})
+        found, cut = score.logliks(measure.task_scorer(evaluate.Config(), model, 2, 256), {"t": items})
         assert cut == 0
         return np.concatenate(found["t"])
 
