@@ -108,11 +108,13 @@ def _context_start(piece: str, token_id: int, max_length: int | None = None) -> 
             "`add_special_tokens=False` leaves it out).", "",
             "lm-evaluation-harness's HF backend then scores as Refinery does (its `RefineryLM`, equal "
             "per-request log-likelihoods): `lm_eval --model hf --model_args "
-            f"pretrained=<this directory>{cut}; for loglikelihood_rolling (perplexity) tasks add "
-            f"`add_bos_token=False`, since lm-eval conditions a document on `{piece}` itself and would also "
-            "score the one the tokenizer adds. Accuracy normalised by length: lm-eval's `acc_norm` divides "
-            "by the choice's characters without its leading space, Refinery's `acc_norm` by its characters "
-            "with the space (OLMES' acc_per_char); Refinery reports lm-eval's as `acc_norm_lm_eval`.", ""]
+            f"pretrained=<this directory>{cut}; for loglikelihood_rolling (perplexity) tasks "
+            "`pretrained=<this directory>,add_bos_token=False`, since lm-eval conditions a document on "
+            f"`{piece}` itself and would also score the one the tokenizer adds, and without max_length "
+            "(lm-eval's rolling windows are max_length long, Refinery's this model's context). Accuracy "
+            "normalised by length: lm-eval's `acc_norm` divides by the choice's characters without its "
+            "leading space, Refinery's `acc_norm` by its characters with the space (OLMES' acc_per_char); "
+            "Refinery reports lm-eval's as `acc_norm_lm_eval`.", ""]
 
 
 # Stages whose run-summary line holds what the machine did (tokens/s) or where it wrote (a report's path):
