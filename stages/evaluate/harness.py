@@ -3,7 +3,7 @@
     pip install -e '.[harness]'          # lm-eval without torch (`make test` installs it)
     python -m stages.evaluate.harness --train cache/train/<key> --tokenizer cache/tokenizer/<key> \\
         --shard cache/shard/<key> --tasks hellaswag,lambada_openai [--include-path my_tasks/] [--limit 100] \\
-        [--num-fewshot 0] [--bare-contexts] [--output results.json]
+        [--num-fewshot 0] [--bare-contexts] [--max-length 2048] [--output results.json]
 
     from stages.evaluate import harness          # with a model already restored (`measure.restore`)
     lm = harness.RefineryLM(net, sp, eos_id)      # or RefineryLM.from_outputs(train, tokenizer, shard)
@@ -21,7 +21,8 @@ The directories are committed stage outputs: a key directory (holding `_SUCCESS.
 
 The three request types use the same code as the evaluate stage, so the numbers agree with it:
   loglikelihood           (context, continuation) -> `tokenized.request_ids` (the context after the prefix
-                          token, the split lm-eval makes) and one packed `scoring.Scorer.loglikelihood` call.
+                          token, the split lm-eval makes) and one packed `scoring.Scorer.loglikelihood` call,
+                          cut as lm-eval's HF backend cuts at `max_length`.
   loglikelihood_rolling   (text,) -> `Scorer.loglikelihood_rolling_many`: every document's windows packed,
                           the first conditioned on the prefix token.
   generate_until          (context, gen_kwargs) -> the KV-cache sampler `measure._generate` (greedy unless
@@ -67,7 +68,11 @@ class RefineryLM(LM):
     net: `model.Transformer` (`measure.restore`); sp: its `SentencePieceProcessor`; eos_id: the shard
     manifest's EOS id (where a generation stops). rows, length: the scorer's (rows, length) batch shape;
     length defaults to the model's max_seq_len (`from_outputs` uses training's seq_len, the positions the
-    model learned). seed: for tasks that sample.
+    model learned); rolling windows are that long. max_length: lm-eval's, for loglikelihood requests (the
+    last max_length + 1 tokens of context + continuation; a longer continuation is refused, as lm-eval's HF
+    backend refuses it); None = length. The evaluate stage passes `evaluate.Config.max_length`, so that
+    `lm_eval --model hf --model_args pretrained=<export>,max_length=<it>` gives its numbers. seed: for
+    tasks that sample.
 
     What a request starts with (the setting lm-eval's HF backend must share to give the same numbers):
     prefix_id: the token every rolling document, and every context when `prefix_contexts`, is conditioned
@@ -79,15 +84,16 @@ class RefineryLM(LM):
     """
 
     def __init__(self, net, sp, eos_id: int, *, prefix_id: int | None = None, prefix_contexts: bool = True,
-                 rows: int = 8, length: int | None = None, seed: int = 0):
+                 rows: int = 8, length: int | None = None, max_length: int | None = None, seed: int = 0):
         super().__init__()
         from stages.train import scoring
 
         self.net, self.sp, self.eos_id, self.seed = net, sp, int(eos_id), seed
         self.prefix_id = self.eos_id if prefix_id is None else int(prefix_id)
         self.prefix_contexts = bool(prefix_contexts)
-        self.scorer = scoring.Scorer(net, prefix_id=self.prefix_id, rows=rows, length=length)
-        self.length = self.scorer.length
+        self.scorer = scoring.Scorer(net, prefix_id=self.prefix_id, rows=rows, length=length,
+                                     max_length=max_length)
+        self.length, self.max_length = self.scorer.length, self.scorer.max_length
 
     @classmethod
     def from_outputs(cls, train, tokenizer, shard, **options) -> RefineryLM:
@@ -107,19 +113,18 @@ class RefineryLM(LM):
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         """[Instance with args (context, continuation)] -> [(sum log-prob in nats, is greedy)]."""
-        pairs, cut = [], 0
+        pairs = []
         for r in requests:
             context, continuation = r.args
             ctx_ids, cont_ids = self.request_ids(context, continuation)
             if not cont_ids:
                 raise ValueError(f"{_where(r)}: continuation {continuation!r} encodes to no tokens after "
                                  f"context ...{context[-40:]!r}; lm-eval continuations are non-empty text")
-            if len(cont_ids) > self.length:     # longer than the model sees: its head, as evaluate does
-                cont_ids, cut = cont_ids[:self.length], cut + 1
+            if len(cont_ids) > self.max_length:          # lm-eval's HF backend asserts the same
+                raise ValueError(f"{_where(r)}: a continuation of {len(cont_ids)} tokens is longer than "
+                                 f"max_length={self.max_length}; raise max_length (evaluate.Config."
+                                 f"max_length, the harness CLI's --max-length) to at least {len(cont_ids)}")
             pairs.append((ctx_ids, cont_ids))
-        if cut:
-            log.warning("%d continuations longer than %d tokens were scored on their first %d", cut,
-                        self.length, self.length)
         out = self.scorer.loglikelihood(pairs)
         for r, result in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", r.args, result)
@@ -176,7 +181,7 @@ class RefineryLM(LM):
         """What lm-eval records in results["config"]."""
         c = self.net.config
         return {"model": "refinery", "d_model": c.d_model, "n_layers": c.n_layers, "vocab_size": c.vocab_size,
-                "length": self.length}
+                "length": self.length, "max_length": self.max_length}
 
 
 def run_tasks(lm: LM, tasks: Sequence[str], *, limit: int | float | None = None,
@@ -413,6 +418,8 @@ def _is_yaml(name: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from stages.evaluate import Config
+
     parser = argparse.ArgumentParser(prog="python -m stages.evaluate.harness",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--train", required=True, help="the train stage's committed output directory")
@@ -423,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, help="items per task (a fraction of each task when < 1)")
     parser.add_argument("--num-fewshot", type=int)
     parser.add_argument("--rows", type=int, default=8, help="rows per scoring batch")
+    parser.add_argument("--max-length", type=int, default=Config.max_length,
+                        help="lm-eval's max_length for loglikelihood requests (the evaluate stage's "
+                             f"evaluate.Config.max_length, default {Config.max_length})")
     parser.add_argument("--bare-contexts", action="store_true",
                         help="contexts start with their own text, not after the EOS (lm-eval's HF backend "
                              "with add_bos_token=False)")
@@ -432,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lm_eval.utils import make_table
 
     lm = RefineryLM.from_outputs(args.train, args.tokenizer, args.shard, rows=args.rows,
-                                 prefix_contexts=not args.bare_contexts)
+                                 max_length=args.max_length, prefix_contexts=not args.bare_contexts)
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     results = run_tasks(lm, [t for t in args.tasks.split(",") if t], limit=limit,
                         include_path=args.include_path, num_fewshot=args.num_fewshot)

@@ -4,6 +4,7 @@ samples."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -15,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from stages.io import llmc, storage
+from stages.io.refusal import Refusal
 from stages.train import checkpoint, data, loop, model, scoring
 from stages.train.configs import ModelConfig
 from stages.yardsticks import score, tokenized
@@ -32,9 +34,12 @@ def evaluate(config, train, shards, tokenizer, yardsticks) -> dict:
     them (every source's evaluated tokens and bytes summed)."""
     import sentencepiece as spm
 
+    found = tokenized.load(yardsticks)
+    if problem := too_long(found.tasks, config.max_length):        # before any work: one line, no traceback
+        raise Refusal(problem)
     manifest = storage.read_json(next(iter(shards.values())).file("manifest.json"))
     summary = storage.read_json(train.file("summary.json"))
-    net, graphdef, params = restore(train, summary)
+    net, graphdef, params = restore(train, summary, moe_capacity_factor=config.moe_capacity_factor)
     sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(tokenizer.file("tokenizer.model")))
     seq_len = summary["seq_len"]
     options = {"eos_id": manifest["eos_id"], "loss_chunk": config.loss_chunk, "z_loss": 0.0}
@@ -60,15 +65,46 @@ def evaluate(config, train, shards, tokenizer, yardsticks) -> dict:
     }
     if list(per_source) != [""]:
         metrics["sources"] = per_source
-    scorer = scoring.Scorer(net, prefix_id=manifest["eos_id"], rows=config.batch_size, length=seq_len)
+    metrics["scoring"] = scoring_setting(config, net.config, ModelConfig.from_json(summary["model"]))
+    scorer = task_scorer(config, net, manifest["eos_id"], seq_len)
     start = time.perf_counter()
-    metrics.update(score.score(scorer, tokenized.load(yardsticks)))
+    metrics.update(score.score(scorer, found))
     # a wall time, logged rather than kept in eval.json: the output of a key holds no measurement it does
     # not need (tokens_per_s above is the evaluation's throughput, its one stated exception)
     log.info("yardsticks scored in %.1f s", time.perf_counter() - start)
     samples = [sample(net, sp, prompt, config) for prompt in config.prompts]
     # the model as the harness (`harness.RefineryLM`) takes it: (net, sp, eos_id, scoring length)
     return {"metrics": metrics, "samples": samples, "model": (net, sp, manifest["eos_id"], seq_len)}
+
+
+def task_scorer(config, net, eos_id: int, seq_len: int) -> scoring.Scorer:
+    """The packed scorer evaluation scores the yardsticks with: rows of training's seq_len (rolling windows
+    that long), task requests cut by lm-eval's HF rule at `config.max_length`, after `eos_id`."""
+    return scoring.Scorer(net, prefix_id=eos_id, rows=config.batch_size, length=seq_len,
+                          max_length=config.max_length)
+
+
+def scoring_setting(config, evaluated: ModelConfig, trained: ModelConfig) -> dict:
+    """eval.json's "scoring": how the numbers were made. max_length: lm-eval's, which task requests were cut
+    by (`lm_eval --model hf --model_args pretrained=<export>,max_length=<it>` gives the same numbers); for a
+    mixture of experts, the capacity factor evaluation routed with (0: dropless, the exported model's) and
+    the one training ran."""
+    out = {"max_length": config.max_length}
+    if evaluated.n_experts:
+        out |= {"moe_capacity_factor": evaluated.moe_capacity_factor,
+                "trained_moe_capacity_factor": trained.moe_capacity_factor}
+    return out
+
+
+def too_long(items_by_task: dict, max_length: int) -> str:
+    """One line when a task answer is longer than max_length, which lm-eval's HF backend refuses (it
+    asserts the continuation fits): scoring its head would give numbers lm-eval cannot reproduce. Or ""."""
+    tokens, task, item = score.longest_continuation(items_by_task)
+    if tokens <= max_length:
+        return ""
+    return (f"evaluate.Config.max_length={max_length}: {task} item {item} has an answer of {tokens} tokens, "
+            f"longer than that (lm-eval's HF backend refuses it too): set evaluate.Config.max_length to at "
+            f"least {tokens}, and lm-eval's max_length= model arg to the same")
 
 
 def held_out(config, eval_fn, params, shard, sp, seq_len: int, unigram_tokens: int) -> dict:
@@ -127,9 +163,14 @@ def _batch_loss(graphdef, params, batch, **options):
     return out["loss"] * count, count
 
 
-def restore(train, summary):
-    """The trained model, rebuilt from the train summary's model config and its final checkpoint."""
+def restore(train, summary, *, moe_capacity_factor: float | None = 0.0):
+    """The trained model, rebuilt from the train summary's model config and its final checkpoint. A mixture
+    of experts routes with `moe_capacity_factor`: 0 (the default) dropless, every assignment, as the exported
+    model does in transformers, vLLM and llama.cpp; a factor drops past each expert's capacity (training's
+    forward pass at its own factor); None keeps training's."""
     mcfg = ModelConfig.from_json(summary["model"])
+    if mcfg.n_experts and moe_capacity_factor is not None:
+        mcfg = dataclasses.replace(mcfg, moe_capacity_factor=moe_capacity_factor)
     abstract = nnx.eval_shape(lambda: model.Transformer(mcfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
     ckpt = checkpoint.Checkpointer(storage.join(train.path, "checkpoint"), keep=1, every=1, async_save=False)

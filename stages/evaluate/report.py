@@ -133,6 +133,7 @@ def markdown(m: dict, samples: list[dict], plot_files: list[str], train_path: st
                   f"{r['bytes']:,} |" for name, r in refs.items()]
         lines += [""]
     lines += task_table(m)
+    lines += scoring_lines(m)
     lines += contamination_table(m)
     lines += ["## Training curves", ""]
     lines += [f"![{f}]({f})" for f in plot_files]
@@ -181,6 +182,27 @@ def task_table(m: dict) -> list[str]:
               "", "A tiny model is expected near chance; an interval of acc that holds the random baseline "
               "(of centered, one that holds 0) says it is indistinguishable from chance on that task.", ""]
     return lines
+
+
+def scoring_lines(m: dict) -> list[str]:
+    """report.md's "how these were scored": lm-eval's max_length the task requests were cut by, and for a
+    mixture of experts whether the model was scored dropless (the exported model) or with drops."""
+    s = m.get("scoring")
+    if not s:
+        return []
+    n = s["max_length"]
+    lines = [f"Task requests are cut as lm-eval's HF backend cuts them with max_length={n} (the last "
+             "max_length + 1 tokens of context + answer): `lm_eval --model hf --model_args "
+             f"pretrained=<export>,max_length={n}` gives these log-likelihoods."] if m.get("tasks") else []
+    if "moe_capacity_factor" in s:
+        factor, trained = s["moe_capacity_factor"], s["trained_moe_capacity_factor"]
+        routed = ("dropless (every expert assignment), as the exported model runs in transformers, vLLM and "
+                  "llama.cpp" if not factor else
+                  f"with an expert capacity factor of {factor:g} (assignments past it dropped), not as the "
+                  "exported model runs (dropless)")
+        how = f"capacity factor {trained:g}" if trained else "dropless routing"
+        lines.append(f"The mixture of experts (trained with {how}) is scored {routed}.")
+    return [" ".join(lines), ""] if lines else []
 
 
 def contamination_table(m: dict) -> list[str]:

@@ -75,7 +75,9 @@ CONFIGURABLES = (Config,)
 # 2: the card is a function of the key (no tokens/s, no report or checkpoint path) and says what a context
 #    starts with; the tokenizer adds that token (bos_token = training's document prefix: EOS, or BOS with
 #    add_bos).
-VERSION = "2"
+# 3: the card's lm-eval command carries the evaluation's max_length (eval.json's scoring), and a mixture of
+#    experts' evaluation says whether it scored the dropless model.
+VERSION = "3"
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

@@ -29,6 +29,9 @@ def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None =
     from stages.train import hf
 
     keys, arch = stage_keys(inputs), hf.architecture(mcfg)
+    evaluation = inputs.get("evaluate")
+    scores = (storage.read_json(evaluation.file("eval.json"))
+              if evaluation is not None and "eval.json" in evaluation.files else None)
     kind = hf.MODEL_TYPES[arch]
     experts = (f"; {mcfg.n_experts} routed experts, top-{mcfg.n_experts_per_token}"
                + (f", {mcfg.n_shared_experts} shared" if mcfg.n_shared_experts else "")
@@ -44,15 +47,14 @@ def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None =
              'model = AutoModelForCausalLM.from_pretrained("<this directory or hub id>")',
              'tokenizer = AutoTokenizer.from_pretrained("<this directory or hub id>")', "```", "",
              *[line for note in hf.notes(mcfg) for line in (note, "")],
-             *(_context_start(*start) if start else []),
+             *(_context_start(*start, _max_length(scores)) if start else []),
              "## The run", "", "| stage | cache key | figures |", "|---|---|---|"]
     for stage, key in keys.items():
         lines.append(f"| {stage} | `{key}` | {_summary(stage, inputs.get(stage))} |")
     lines += ["", "Every figure above is read from that stage's committed output; the keys identify the "
               "outputs (`<cache_root>/<stage>/<key>/`)."]
-    evaluation = inputs.get("evaluate")
-    if evaluation is not None and "eval.json" in evaluation.files:
-        lines += ["", "## Evaluation", "", *_evaluation(storage.read_json(evaluation.file("eval.json")))]
+    if scores is not None:
+        lines += ["", "## Evaluation", "", *_evaluation(scores)]
     gin = _config_gin(inputs)
     if gin:
         lines += ["", "## Configuration", "", "The gin bindings the cache keys cover:", "", "```",
@@ -88,19 +90,31 @@ def stage_keys(inputs: Mapping) -> dict[str, str]:
     return {stage: keys[stage] for stage in ordered}
 
 
-def _context_start(piece: str, token_id: int) -> list[str]:
+def _max_length(scores: dict | None) -> int | None:
+    """lm-eval's max_length the evaluation cut task requests by (eval.json's scoring), None if unknown."""
+    return (scores or {}).get("scoring", {}).get("max_length")
+
+
+def _context_start(piece: str, token_id: int, max_length: int | None = None) -> list[str]:
+    cut = (f",max_length={max_length}` for multiple-choice and other loglikelihood tasks (Refinery's "
+           f"evaluation cut each request as lm-eval does with that max_length: its last {max_length} + 1 "
+           "tokens of context + answer; without it lm-eval takes this model's context length and refuses "
+           "any answer longer than that)" if max_length else
+           "` for multiple-choice and other loglikelihood tasks")
     return ["## What a context starts with", "",
             f"In training every document followed `{piece}` (id {token_id}), so the model predicts a text's "
             f"first token after it: a context must start with `{piece}`. The tokenizer's `bos_token` is "
             f"`{piece}` and it adds it to every encoding (`tokenizer(text).input_ids[0] == {token_id}`; "
             "`add_special_tokens=False` leaves it out).", "",
             "lm-evaluation-harness's HF backend then scores as Refinery does (its `RefineryLM`, equal "
-            "per-request log-likelihoods): `lm_eval --model hf --model_args pretrained=<this directory>` for "
-            "multiple-choice and other loglikelihood tasks; for loglikelihood_rolling (perplexity) tasks add "
-            f"`add_bos_token=False`, since lm-eval conditions a document on `{piece}` itself and would also "
-            "score the one the tokenizer adds. Accuracy normalised by length: lm-eval's `acc_norm` divides "
-            "by the choice's characters without its leading space, Refinery's `acc_norm` by its characters "
-            "with the space (OLMES' acc_per_char); Refinery reports lm-eval's as `acc_norm_lm_eval`.", ""]
+            "per-request log-likelihoods): `lm_eval --model hf --model_args "
+            f"pretrained=<this directory>{cut}; for loglikelihood_rolling (perplexity) tasks "
+            "`pretrained=<this directory>,add_bos_token=False`, since lm-eval conditions a document on "
+            f"`{piece}` itself and would also score the one the tokenizer adds, and without max_length "
+            "(lm-eval's rolling windows are max_length long, Refinery's this model's context). Accuracy "
+            "normalised by length: lm-eval's `acc_norm` divides by the choice's characters without its "
+            "leading space, Refinery's `acc_norm` by its characters with the space (OLMES' acc_per_char); "
+            "Refinery reports lm-eval's as `acc_norm_lm_eval`.", ""]
 
 
 # Stages whose run-summary line holds what the machine did (tokens/s) or where it wrote (a report's path):
@@ -136,6 +150,11 @@ def _summary(stage: str, committed) -> str:
 def _evaluation(m: dict) -> list[str]:
     out = [f"- held-out loss of the run's own validation split: {m['loss']:.3f} nats/token "
            "(a training diagnostic: not comparable across data choices)"]
+    factor = m.get("scoring", {}).get("moe_capacity_factor")
+    if factor is not None:
+        out.append("- scored dropless, every expert assignment, as this export runs" if not factor else
+                   f"- scored with an expert capacity factor of {factor:g} (assignments past it dropped), "
+                   "which this export does not do")
     for set_name, r in m.get("reference_bpb", {}).items():
         out.append(f"- reference text `{set_name}`: {r['bpb']:.3f} bits/byte, 95% interval "
                    f"[{r['low']:.3f}, {r['high']:.3f}]")

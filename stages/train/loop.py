@@ -199,7 +199,9 @@ def set_up(cfg, manifest: dict, train_files: list[str], val_files: list[str], pr
     scorer = None
     if yardsticks and cfg.eval_every:
         # One fixed (global_batch, seq_len) shape, the training step's: one compile, no new memory peak.
-        # Sharded as training is (rows over data x fsdp, params where they are), on every process.
+        # Sharded as training is (rows over data x fsdp, params where they are), on every process. The model
+        # as it trains: an MoE's capacity factor drops here (dropless over an expert axis would hold E x n x D
+        # a device); the evaluate stage scores the dropless model, the export.
         scorer = scoring.Scorer(nnx.merge(graphdef, params), prefix_id=manifest["eos_id"],
                                 rows=cfg.global_batch, length=cfg.seq_len, mesh=mesh)
     run = Run(cfg, mcfg, mesh, batches, eval_data, step_fn, eval_fn, optimizer.schedule(ocfg),

@@ -10,7 +10,7 @@
 
 Every request of every yardstick goes to the scorer in one call per kind (rolling documents, then task
 requests), so they are packed together into the fewest fixed-shape batches. The scorer is duck-typed
-(`loglikelihood`, `loglikelihood_rolling_many`, `length`): no JAX is imported here.
+(`loglikelihood`, `loglikelihood_rolling_many`, `max_length`): no JAX is imported here.
 """
 
 from __future__ import annotations
@@ -43,23 +43,36 @@ def score(scorer, yardsticks) -> dict:
 
 def tasks(scorer, items_by_task: dict) -> dict:
     """{"tasks", "aggregate", "truncated_continuations"} (`task_metrics.score_tasks`) of tokenized items
-    {task: [tokenized.Item]}. The scorer is as long as training's sequences, the positions the model has
-    learned: a longer request loses the start of its context, as in lm-eval, and a continuation longer than
-    that keeps its first tokens (counted in "truncated_continuations")."""
+    {task: [tokenized.Item]}, each choice's log-likelihood from `logliks`."""
+    arrays, truncated = logliks(scorer, items_by_task)
+    return {**task_metrics.score_tasks(items_by_task, arrays), "truncated_continuations": truncated}
+
+
+def logliks(scorer, items_by_task: dict) -> tuple[dict[str, list[np.ndarray]], int]:
+    """({task: per item, each choice's log-likelihood (choices,) float64}, continuations cut) of tokenized
+    items. A request is scored by lm-eval's HF rule at the scorer's max_length (`scoring.truncate`: the
+    context cut from the left). A continuation longer than max_length, which lm-eval refuses, keeps its
+    first max_length tokens and is counted: training's in-loop scorer is as long as its sequences; the
+    evaluate stage refuses such an item before scoring (its max_length holds every answer, as lm-eval's)."""
     requests, owners, truncated = [], [], 0        # owners[r]: (task, item index) of request r
     for name, items in items_by_task.items():
         for i, item in enumerate(items):
             for context, continuation in item.requests:
-                if len(continuation) > scorer.length:
-                    continuation, truncated = continuation[:scorer.length], truncated + 1
+                if len(continuation) > scorer.max_length:
+                    continuation, truncated = continuation[:scorer.max_length], truncated + 1
                 requests.append((list(context), list(continuation)))
                 owners.append((name, i))
-    logliks = {name: [[] for _ in items] for name, items in items_by_task.items()}
+    found = {name: [[] for _ in items] for name, items in items_by_task.items()}
     for (name, i), (logprob, _) in zip(owners, scorer.loglikelihood(requests)):
-        logliks[name][i].append(logprob)
-    arrays = {name: [np.asarray(choices, np.float64) for choices in per_item]     # (choices,) per item
-              for name, per_item in logliks.items()}
-    return {**task_metrics.score_tasks(items_by_task, arrays), "truncated_continuations": truncated}
+        found[name][i].append(logprob)
+    return ({name: [np.asarray(choices, np.float64) for choices in per_item]        # (choices,) per item
+             for name, per_item in found.items()}, truncated)
+
+
+def longest_continuation(items_by_task: dict) -> tuple[int, str, str]:
+    """(tokens, task, item id) of the longest continuation among tokenized items; (0, "", "") for none."""
+    return max(((len(cont), name, item.id) for name, items in items_by_task.items() for item in items
+                for _, cont in item.requests), default=(0, "", ""))
 
 
 def in_loop_row(result: dict) -> dict[str, float]:

@@ -62,7 +62,8 @@ def _run_of_one_key(root, mcfg, params, sp_model, tokens_per_s):
                            **{m: {"value": 0.6, "low": 0.5, "high": 0.7}
                               for m in ("acc", "acc_norm", "centered", "centered_norm",
                                         "acc_norm_lm_eval")}}},
-        "aggregate": {"metric": "centered", "tasks": ["piqa"], "value": 0.2, "low": 0.0, "high": 0.4}}))
+        "aggregate": {"metric": "centered", "tasks": ["piqa"], "value": 0.2, "low": 0.0, "high": 0.4},
+        "scoring": {"max_length": 2048}}))
     (root / "evaluate" / "report.md").write_text(f"# report\n{tokens_per_s} tokens/s\n")
     inputs["evaluate"] = helpers.committed("evaluate", root / "evaluate",
                                            {"upstream": {"train": "train-key"}})
@@ -102,6 +103,8 @@ def test_two_exports_of_one_key_are_the_same_bytes(tmp_path):
     _assert_same_bytes_and_no_machine_facts(first, second, roots)
     text = (first / "README.md").read_text()
     assert "## What a context starts with" in text and "`</s>` (id 2)" in text
+    # the lm-eval command that reproduces the evaluation carries the max_length it cut requests by
+    assert "`lm_eval --model hf --model_args pretrained=<this directory>,max_length=2048` for " in text
 
 
 def test_two_not_exported_moe_cards_of_one_key_are_the_same_bytes(tmp_path):

@@ -159,3 +159,50 @@ def _refused_before_work(cfg: ModelConfig) -> str:
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_what_a_class_holds_is_not_refused_before_work(name):
     assert _refused_before_work(VARIANTS[name][0]) == ""
+
+
+def test_evaluation_scores_the_dropless_model_the_export_is(tmp_path, sp_model):
+    """The GLM twin trained with a capacity factor of 1.25, evaluated as the evaluate stage evaluates it
+    (`measure.restore` at `evaluate.Config`'s default capacity, the packed scorer, `score.logliks` on task
+    items): its logits and every answer's log-likelihood equal transformers' on the export. Restored at
+    training's capacity the same scores differ, so the equality says which forward pass evaluation ran."""
+    from stages import evaluate
+    from stages.evaluate import measure
+    from stages.yardsticks import score, tokenized
+
+    _, params = _jax_model(GLM)
+    out = helpers.export_model(tmp_path, GLM, params, sp_model)
+    train, summary = helpers.committed("train", tmp_path / "train"), {"model": dataclasses.asdict(GLM)}
+    net, _, _ = measure.restore(train, summary, moe_capacity_factor=evaluate.Config().moe_capacity_factor)
+    dropping, _, _ = measure.restore(train, summary, moe_capacity_factor=None)       # training's 1.25
+    assert (net.config.moe_capacity_factor, dropping.config.moe_capacity_factor) == (0.0, 1.25)
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+
+    rng = np.random.default_rng(6)
+    items = [tokenized.Item(f"t-{i}", 0, (1, 1, 1), tuple(
+        ((2, *rng.integers(3, 300, int(rng.integers(8, 120)))), tuple(rng.integers(3, 300, int(n))))
+        for n in rng.integers(2, 40, 3))) for i in range(12)]
+    requests = [(list(ctx), list(cont)) for item in items for ctx, cont in item.requests]
+    with torch.no_grad():
+        want = []
+        for ctx, cont in requests:
+            logp = torch.log_softmax(theirs_model(torch.tensor([ctx + cont[:-1]])).logits[0].double(), -1)
+            want.append(float(logp[-len(cont):].gather(1, torch.tensor(cont)[:, None]).sum()))
+
+    def scored(model):                       # as measure.evaluate scores tasks: packed rows of 256 tokens
+        found, cut = score.logliks(measure.task_scorer(evaluate.Config(), model, 2, 256), {"t": items})
+        assert cut == 0
+        return np.concatenate(found["t"])
+
+    delta = np.abs(scored(net) - want).max()
+    dropped = np.abs(scored(dropping) - want).max()
+    ids = rng.integers(3, 300, size=(1, PROMPT))
+    with torch.no_grad():
+        theirs_logits = theirs_model(torch.tensor(ids)).logits.numpy()
+    logits_delta = np.abs(np.asarray(net.logits(net(jnp.asarray(ids, jnp.int32))[0])) - theirs_logits).max()
+    print(f"{len(requests)} answers: max |loglik delta| {delta:.2e} dropless, {dropped:.2f} at capacity "
+          f"1.25; logits on {PROMPT} tokens {logits_delta:.2e}")
+    assert delta <= 1e-4 and logits_delta <= 1e-4
+    assert dropped > 1e-2
+    setting = measure.scoring_setting(evaluate.Config(), net.config, GLM)
+    assert setting == {"max_length": 2048, "moe_capacity_factor": 0.0, "trained_moe_capacity_factor": 1.25}

@@ -107,6 +107,27 @@ def test_downstream_tasks_of_real_items_under_an_untrained_model():
     assert np.isfinite(out["aggregate"]["value"])
 
 
+def test_the_scoring_settings_are_refused_out_of_range_and_a_too_long_answer_is_one_line():
+    with pytest.raises(ValueError, match=r"evaluate.Config.max_length=0: must be >= 1"):
+        evaluate.Config(max_length=0)
+    with pytest.raises(ValueError, match=r"moe_capacity_factor=-1.0: must be 0 \(dropless, the exported"):
+        evaluate.Config(moe_capacity_factor=-1.0)
+    items = {"piqa": [tokenized.Item("piqa-1376", 0, (1, 1), (((2, 5), (7,) * 310), ((2, 5), (7,) * 311)))],
+             "arc_easy": [tokenized.Item("arc-1", 0, (1,), (((2, 5), (7,) * 4),))]}
+    assert measure.too_long(items, 311) == ""
+    problem = measure.too_long(items, 256)
+    assert problem == ("evaluate.Config.max_length=256: piqa item piqa-1376 has an answer of 311 tokens, "
+                       "longer than that (lm-eval's HF backend refuses it too): set "
+                       "evaluate.Config.max_length to at least 311, and lm-eval's max_length= model arg to "
+                       "the same")
+    dense = report.scoring_lines({"scoring": {"max_length": 2048}, "tasks": {"piqa": {}}})
+    assert "`lm_eval --model hf --model_args pretrained=<export>,max_length=2048`" in dense[0]
+    moe = report.scoring_lines({"scoring": {"max_length": 2048, "moe_capacity_factor": 0.0,
+                                            "trained_moe_capacity_factor": 1.25}})
+    assert moe[0] == ("The mixture of experts (trained with capacity factor 1.25) is scored dropless (every "
+                      "expert assignment), as the exported model runs in transformers, vLLM and llama.cpp.")
+
+
 TINY_DAG = ["download.Embedded.max_files = 60", "tokenizer.Config.vocab_size = 800",
             "shard.Config.tokens_per_shard = 20_000", "train.Config.steps = 4",
             "train.Config.global_batch = 4",
@@ -155,6 +176,7 @@ def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tiny_run, tmp_path
         assert t["centered"]["low"] <= t["centered"]["value"] <= t["centered"]["high"]
     a = m["aggregate"]
     assert a["tasks"] == sorted(yardsticks.Config().tasks) and a["low"] <= a["value"] <= a["high"]
+    assert m["scoring"] == {"max_length": 2048} and m["truncated_continuations"] == 0    # a dense model
     md = storage.read_text(done.file("report.md"))
     assert "| hellaswag | 30 |" in md and "near chance" in md
     from stages import evaluate as stage

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stages.train import scoring
-from stages.train.configs import ModelConfig
+from stages.train import scoring, sharding
+from stages.train.configs import MeshConfig, ModelConfig
 from stages.train.model import Transformer
 
 VOCAB, MAX_LEN = 61, 32
@@ -127,8 +127,48 @@ def test_rolling_predicts_every_token_once_with_lm_eval_windows(net, reference):
 def test_bad_requests_name_the_request():
     with pytest.raises(ValueError, match="request 3: context has 0 tokens"):
         scoring.truncate([], [1], 8, 3)
-    with pytest.raises(ValueError, match="longer than the scoring length 8"):
+    with pytest.raises(ValueError, match="continuation of 9 tokens is longer than the scorer's max_length 8 "
+                                         r"\(lm-eval's HF backend refuses it too\): raise max_length"):
         scoring.truncate([1], list(range(9)), 8)
+
+
+def test_requests_longer_than_the_rows_are_cut_by_lm_evals_rule_at_max_length(net):
+    """max_length above the row length (a task answer longer than training's sequences): each request is its
+    last max_length + 1 tokens, scored whole in rows of its own width (positions past max_seq_len, as
+    transformers runs the export), equal to one unpacked forward of those tokens; short requests in the
+    same call keep their own rows and the answers keep the requests' order."""
+    max_length = 3 * MAX_LEN
+    graphdef, state = nnx.split(net)
+
+    @jax.jit
+    def logsoftmax(tokens):                                                   # (1, 4 * MAX_LEN)
+        m = nnx.merge(graphdef, state)
+        hidden, _ = m(tokens)
+        return jax.nn.log_softmax(m.logits(hidden)[0], axis=-1)
+
+    def want(ctx, cont):
+        whole = (ctx + cont)[-(max_length + 1):]
+        inputs = whole[:-1] + [0] * (4 * MAX_LEN - len(whole) + 1)
+        logp = np.asarray(logsoftmax(jnp.asarray([inputs], jnp.int32)))[:len(whole) - 1]
+        return float(logp[np.arange(len(whole) - 1), whole[1:]][-len(cont):].astype(np.float64).sum())
+
+    rng = np.random.default_rng(4)
+    shapes = [(5, 3), (20, 70), (40, 90), (3, 96), (50, 40), (2, 6), (10, 33), (60, 8)]   # (context, answer)
+    requests = [(rng.integers(0, VOCAB, c).tolist(), rng.integers(0, VOCAB, n).tolist()) for c, n in shapes]
+    scorer = scoring.Scorer(net, prefix_id=0, rows=2, max_length=max_length)
+    assert (scorer.length, scorer.max_length) == (MAX_LEN, max_length)
+    assert [scorer.width(n) for n in (1, MAX_LEN, MAX_LEN + 1, 2 * MAX_LEN + 1)] == [MAX_LEN, MAX_LEN,
+                                                                                    2 * MAX_LEN, 4 * MAX_LEN]
+    got = [logprob for logprob, _ in scorer.loglikelihood(requests)]
+    deltas = [abs(g - want(ctx, cont)) for g, (ctx, cont) in zip(got, requests)]
+    print(f"{len(requests)} requests, answers up to {max(n for _, n in shapes)} tokens: max |delta| "
+          f"{max(deltas):.2e}")
+    assert max(deltas) <= 1e-4
+    # the rows' length is not the rule: the same requests at max_length = MAX_LEN refuse the long answers
+    with pytest.raises(ValueError, match="request 1: continuation of 70 tokens"):
+        scoring.Scorer(net, prefix_id=0, rows=2).loglikelihood(requests)
+    with pytest.raises(ValueError, match="max_length=64 > length=32 with a mesh"):
+        scoring.Scorer(net, prefix_id=0, rows=2, max_length=64, mesh=sharding.make_mesh(MeshConfig()))
 
 
 # -- real task items: the packed scorer against a full forward of each request alone --------------------
