@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
+import glob as _glob_module  # `glob` is this module's own function
 import hashlib
 import json
 import logging
@@ -333,6 +334,16 @@ def listdir(directory: str) -> list[str]:
     if not fs.exists(p):
         return []
     return sorted(posixpath.basename(e.rstrip("/")) for e in fs.ls(p, detail=False))
+
+
+def escape(path: str) -> str:
+    """`path` as a glob pattern that matches only itself, for a literal directory that a pattern extends:
+    `[`, `*` and `?` are wrapped in brackets (`gs://b/run[code]` -> `gs://b/run[[]code]`); a path without
+    them comes back as it is, so keys built from listings of ordinary paths do not change.
+
+        storage.versions(storage.join(storage.escape(checkpoint_dir), "*"))   # its files, not a sibling's
+    """
+    return _glob_module.escape(path)
 
 
 def glob(pattern: str) -> list[str]:
