@@ -134,7 +134,7 @@ def test_an_escaped_directory_lists_its_own_files_not_a_sibling_s(magic_root):
     storage.write_bytes(storage.join(magic_root, "model.safetensors"), b"x")
     sibling = storage.join(storage.parent(magic_root), "0003-cleanc-xy", "config.json")  # `[code]` as a class
     storage.write_bytes(sibling, b"y")
-    assert storage.escape("/plain/dir") == "/plain/dir"                 # ordinary paths (and keys) as they were
+    assert storage.escape("/plain/dir") == "/plain/dir"          # ordinary paths (and keys) as they were
     assert list(storage.versions(storage.join(magic_root, "*"))) == [sibling]    # the hazard: read as a glob
     assert list(storage.versions(storage.join(storage.escape(magic_root), "*"))) == \
         [storage.join(magic_root, "model.safetensors")]
