@@ -119,13 +119,21 @@ def _verify(plan: run_plan.Plan) -> int:
 
 
 def _collect_garbage(cache_root: str) -> int:
-    """`status --gc` (`make gc`): removes the attempts no manifest names under keys no live lease holds."""
+    """`status --gc` (`make gc`): removes the attempts no manifest names under keys no live lease holds. An
+    attempt that cannot be removed (no delete permission, an outage) is one line on stderr and exit status
+    1; the others are removed all the same."""
     found = cache.garbage(cache_root)
+    failed = 0
     for path in found:
         print(f"gc: removing {path}")
-        storage.remove(path)
-    print(f"gc: {len(found)} stale attempt(s) removed from {cache_root}")
-    return 0
+        try:
+            storage.remove(path)
+        except OSError as e:
+            failed += 1
+            print(f"gc: could not remove {path}: {e}", file=sys.stderr)
+    print(f"gc: {len(found) - failed} stale attempt(s) removed from {cache_root}"
+          + (f"; {failed} could not be removed (above)" if failed else ""))
+    return 1 if failed else 0
 
 
 def _error(message: str) -> int:

@@ -144,8 +144,11 @@ def pin(key_dir: str, attempt: str, *, owner: str, ttl_s: float = TTL_S) -> Iter
         with _renewed(path, record, ttl_s):
             yield path
     finally:
-        with contextlib.suppress(OSError):
+        try:
             storage.remove(path)
+        except OSError as e:    # a pin left behind dies with its heartbeat (ttl_s); the next commit prunes it
+            log.warning("could not remove the pin %s (%s: %s); it expires %.0f s after its last heartbeat",
+                        path, type(e).__name__, e, ttl_s)
 
 
 def pinned(key_dir: str, *, prune: bool = False) -> set[str]:

@@ -129,7 +129,7 @@ def key_inputs(config: Config) -> dict | None:
     if not config.pretrained:
         return None
     path = pretrained_file(config.pretrained)
-    found = storage.versions(path)
+    found = storage.versions(storage.escape(path))      # the file itself, whatever its name holds
     if not found:
         raise ValueError(f"tokenizer.Config.pretrained={config.pretrained!r}: {path} does not exist")
     return {"pretrained": found}

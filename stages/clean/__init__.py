@@ -123,7 +123,7 @@ def key_inputs(config: Config) -> dict | None:
             continue
         out[field] = {}
         for path in paths:
-            found = storage.versions(path)      # {the path as the listing spells it: version}
+            found = storage.versions(storage.escape(path))   # {the path as the listing spells it: version}
             if not found:
                 raise FileNotFoundError(f"clean.URLFilter.{field}: {path} does not exist; name list files, "
                                         "one entry a line ('#' starts a comment), plain or .gz")

@@ -105,7 +105,7 @@ def key_inputs(config: Config) -> dict | None:
     """The task YAMLs (and data) under harness_include_path, by version: editing a local task reruns."""
     if not config.harness_include_path:
         return None
-    return storage.versions(storage.join(config.harness_include_path, "**"))
+    return storage.versions(storage.join(storage.escape(config.harness_include_path), "**"))
 
 
 def check(config: Config) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
+import glob as _glob_module  # `glob` is this module's own function
 import hashlib
 import json
 import logging
@@ -335,6 +336,16 @@ def listdir(directory: str) -> list[str]:
     return sorted(posixpath.basename(e.rstrip("/")) for e in fs.ls(p, detail=False))
 
 
+def escape(path: str) -> str:
+    """`path` as a glob pattern that matches only itself, for a literal directory that a pattern extends:
+    `[`, `*` and `?` are wrapped in brackets (`gs://b/run[code]` -> `gs://b/run[[]code]`); a path without
+    them comes back as it is, so keys built from listings of ordinary paths do not change.
+
+        storage.versions(storage.join(storage.escape(checkpoint_dir), "*"))   # its files, not a sibling's
+    """
+    return _glob_module.escape(path)
+
+
 def glob(pattern: str) -> list[str]:
     """Sorted full paths (with their scheme) matching a glob such as `gs://b/data/*.jsonl.gz`."""
     fs, p = filesystem(pattern)
@@ -395,11 +406,76 @@ def _version(path: str, info: dict) -> str:
 
 
 def remove(path: str) -> None:
-    """Removes a file or a whole directory tree; missing paths are fine."""
+    """Removes a file or a whole directory tree; a missing path (or one a concurrent removal got to first) is
+    fine, any other failure raises. `path` is taken literally, `[`, `*` and `?` included:
+
+        storage.remove("gs://bucket/run[code]/clean/3f9a…/attempt-20261123T014501-1a2b3c")
+
+    fsspec's `rm` would not do: it reads every path that holds one of those characters as a glob, even a
+    list of exact paths, so on a root such as `gs://b/faults/0003-clean[code]-gcs` it matched nothing and
+    raised FileNotFoundError. A GCS tree is instead listed by prefix (`find`, no pattern) and each object
+    it holds deleted by its exact name, `REMOVE_CONCURRENCY` requests at a time."""
+    if is_local(path):
+        _remove_local(absolute(path))
+        return
     fs, p = filesystem(path)
-    with contextlib.suppress(FileNotFoundError):
-        if fs.exists(p):
-            fs.rm(p, recursive=True)
+    fs.invalidate_cache(p)      # another process may have written under it since this one last listed
+    objects = fs.find(p)        # the object `p`, or every object under `p/`: a listing by prefix
+    try:
+        _delete_exactly(fs, objects)
+    finally:
+        fs.invalidate_cache(p)
+
+
+REMOVE_CONCURRENCY = 32     # delete requests in flight at once (one request per object)
+
+
+def _remove_local(p: str) -> None:
+    """`remove` of a local path: a file, a link or a directory tree (os calls take names literally)."""
+    while os.path.lexists(p):
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.remove(p)
+        except FileNotFoundError:   # a concurrent removal took part of it: the next pass removes the rest
+            continue
+
+
+def _delete_exactly(fs: fsspec.AbstractFileSystem, names: Sequence[str]) -> None:
+    """Deletes each object of `names` by its exact name (no pattern is expanded); an object already gone is
+    fine. Any other failure raises OSError naming the object and how many others failed."""
+    import asyncio
+
+    from fsspec import asyn
+
+    if not names:
+        return
+    if not getattr(fs, "async_impl", False):
+        outcomes: list[BaseException | None] = []
+        for name in names:
+            try:
+                fs.rm_file(name)
+                outcomes.append(None)
+            except Exception as e:  # noqa: BLE001 - collected, then raised below naming the object
+                outcomes.append(e)
+    else:
+        async def each() -> list:
+            limit = asyncio.Semaphore(REMOVE_CONCURRENCY)
+
+            async def one(name: str) -> None:
+                async with limit:
+                    await fs._rm_file(name)
+
+            return await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+        outcomes = asyn.sync(fs.loop, each)
+    failed = [(n, e) for n, e in zip(names, outcomes) if isinstance(e, BaseException)
+              and not isinstance(e, FileNotFoundError) and "No such object" not in str(e)]
+    if failed:
+        name, error = failed[0]
+        raise OSError(f"cannot delete {_unstrip(fs, name)} ({type(error).__name__}: {error})"
+                      + (f"; {len(failed) - 1} more objects were not deleted" if len(failed) > 1 else "")
+                      ) from error
 
 
 def makedirs(path: str) -> None:

@@ -65,7 +65,7 @@ def model_fields(source: str) -> dict:
 
 def listing(source: str) -> dict[str, str]:
     """Every file directly in `source` -> its version (storage.versions: one listing, nothing opened)."""
-    found = _storage(storage.versions, storage.join(source, "*"))
+    found = _storage(storage.versions, storage.join(storage.escape(source), "*"))   # `[` in it is literal
     if not found:
         raise ValueError(f"train.Config.init_from={source!r} holds no files")
     return {path.rsplit("/", 1)[-1]: version for path, version in found.items()}

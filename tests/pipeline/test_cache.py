@@ -198,6 +198,28 @@ def test_garbage_is_the_attempts_no_manifest_names_under_keys_no_live_lease_hold
     assert cache.garbage(root) == [] and cache.load(root, "a", "done") == done
 
 
+def test_a_root_named_with_glob_characters_is_cleaned_up_by_the_commit_and_by_gc(root, capsys):
+    from pipeline import __main__ as cli
+    from tests import tiny_run
+
+    root = storage.join(root, "0003-clean[code]-*?")     # the fault harness's roots are named after nodes
+    key_dir = cache.stage_dir(root, "a", "k")
+    crashed = storage.join(key_dir, "attempt-20260101T000000-deadbeef")
+    storage.write_text(storage.join(crashed, "part.txt"), "left by a crashed run")
+    first = _run(root, fake_stage.Config(value=1))
+    assert not storage.exists(crashed)                              # the commit removed the stale attempt
+    second = _force(root)
+    assert not storage.exists(first.path) and cache.load(root, "a", "k") == second
+    storage.remove(second.path)                                     # a committed attempt, removed whole
+    assert storage.sizes(second.path) == {} and cache.load(root, "a", "k") is None
+    storage.write_text(storage.join(crashed, "part.txt"), "left by another crash")
+    assert cache.garbage(root) == [crashed]
+    assert cli.main(["status", "--gc", *tiny_run.argv(root)]) == 0     # `make gc`
+    out = capsys.readouterr().out
+    assert f"gc: removing {crashed}" in out and "gc: 1 stale attempt(s) removed" in out
+    assert not storage.exists(crashed) and cache.garbage(root) == []
+
+
 @pytest.mark.parametrize("stage, key", [("a", "../../etc"), ("../a", "k"), ("a", "k/../../x"), ("a", ""),
                                         ("a/b", "k"), ("a", "/abs"), ("a", ".."), ("a", "k\\x")])
 def test_a_stage_name_or_key_cannot_reach_outside_the_cache_root(stage, key, tmp_path):
