@@ -14,6 +14,8 @@ one-line summary, the gin the keys cover, and the evaluation's figures (`eval/..
 The run's identity lives beside the checkpoints (`<work_dir>/wandb.json`: its id and the last step sent),
 so a training that resumes after a stop continues the same W&B run and sends only the steps after the last
 one it sent; a training that starts again from step 0 (a forced rerun of the same key) starts a new W&B run.
+Mistakes W&B would find at the start of training (no API key online, its server out of reach, a directory it
+cannot write) are found before any stage runs (`problem`, from train's `check`).
 The committed training output keeps a copy (`wandb.json`), which is how the pipeline finds the run to add
 the stages and the evaluation to. A sweep puts its runs in one group, each named `<variant>-seed<s>`.
 Tracking says how a run is watched, never what it computes: `Tracking` is out of the cache key.
@@ -26,6 +28,9 @@ import importlib.util
 import logging
 import os
 import secrets
+import socket
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +41,9 @@ log = logging.getLogger(__name__)
 TRACKERS = ("none", "wandb")
 MODES = ("online", "offline", "disabled")
 STATE = "wandb.json"       # beside the checkpoints (work_dir) and in the committed training output
+# How long W&B's server (or the proxy to it) may take to accept a connection before a run is refused: an
+# unreachable server otherwise costs wandb.init 40 s of retries, after the data half has run.
+CONNECT_S = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +83,81 @@ def missing() -> str:
         return ("train.Tracking.tracker='wandb' needs the wandb package, which the default install leaves "
                 "out: pip install -e '.[wandb]' (or set train.Tracking.tracker='none')")
     return ""
+
+
+def problem(tracking: Tracking) -> str:
+    """What stops `tracking` before any stage runs, in one line, or "" (train's `check`, which `python -m
+    pipeline run` calls before anything starts): the wandb package missing, a directory W&B cannot write its
+    files in, and, online, no API key W&B would find or its server not accepting a connection. The online
+    checks import wandb (about a second): they run only when a tracked training is about to run."""
+    if not tracking.enabled:
+        return ""
+    return missing() or unwritable(tracking) or (online_problem() if tracking.mode == "online" else "")
+
+
+def unwritable(tracking: Tracking) -> str:
+    """Why W&B cannot make its files where `tracking` puts them (train.Tracking.dir, else WANDB_DIR, else the
+    working directory, as wandb.init does), in one line, or "". A probe file is made and removed: nothing is
+    left behind, not even the directory."""
+    where, named = ((tracking.dir, "train.Tracking.dir") if tracking.dir else
+                    (os.environ["WANDB_DIR"], "WANDB_DIR (train.Tracking.dir is empty)")
+                    if os.environ.get("WANDB_DIR") else
+                    (os.getcwd(), "the working directory (train.Tracking.dir is empty and WANDB_DIR unset)"))
+    if not storage.is_local(where):
+        return f"{named}={where!r} is not a local directory: W&B writes its run files on a local disk"
+    try:
+        storage.check_writable(where)
+    except OSError as e:
+        why = f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
+        return (f"W&B cannot write its files in {named}={where!r} ({why}); set train.Tracking.dir to a "
+                "directory you can write")
+    return ""
+
+
+def online_problem() -> str:
+    """Why an online W&B run cannot start here, in one line, or "": no API key where wandb.init looks for one
+    (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the ~/.netrc `wandb login` writes, W&B's settings files), a key
+    in a form W&B refuses, or no connection to W&B's server (WANDB_BASE_URL or the settings' base_url, through
+    the proxy the settings or HTTPS_PROXY name) within CONNECT_S."""
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib import wbauth
+
+    settings = wandb_setup.singleton().settings       # what wandb.init reads; starts no service
+    url, fix = settings.base_url, "or set train.Tracking.mode='offline' and `wandb sync` the run later"
+    try:
+        found = wbauth.authenticate_session(host=url, source="refinery's check", prompt=False,
+                                            update_session=False)
+    except Exception as e:  # noqa: BLE001 - W&B's refusal of a key or a URL, reported as it words it
+        return f"train.Tracking.mode='online': W&B refuses its credentials for {url}: {e} ({fix})"
+    if found is None:
+        return (f"train.Tracking.mode='online' needs a W&B API key for {url} and none is set: set "
+                f"WANDB_API_KEY or run `wandb login` ({fix})")
+    proxy = settings.https_proxy if url.startswith("https:") else settings.http_proxy
+    return unreachable(url, proxy or _system_proxy(url), fix)
+
+
+def unreachable(url: str, proxy: str | None, fix: str) -> str:
+    """Why nothing accepts a connection at `url`'s host (or at `proxy`, which reaches it) within CONNECT_S, in
+    one line, or "" when something does."""
+    target = urllib.parse.urlsplit(proxy or url)
+    host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_S).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        via = f" through the proxy {proxy}" if proxy else ""
+        return (f"train.Tracking.mode='online': W&B's server {url} cannot be reached{via} ({host}:{port}: "
+                f"{why}); check the network or WANDB_BASE_URL ({fix})")
+    return ""
+
+
+def _system_proxy(url: str) -> str | None:
+    """The proxy HTTPS_PROXY / HTTP_PROXY name for `url` (None when NO_PROXY exempts its host), as W&B's
+    service reads them."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 class Run:
