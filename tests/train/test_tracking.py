@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from pipeline import cache, sweep
+from pipeline import cache, sweep, tracked
 from stages.io import storage, tracking
 from stages.train.stop import STOPPED_EXIT_CODE
 from tests import wandb_files
@@ -86,7 +86,9 @@ def test_a_tracked_run_logs_every_step_once_across_a_resume_with_the_config_and_
     added = runs[2]["config"]
     assert added["stages"]["train"]["key"] == train.key
     assert set(added["stages"]) == {"download", "clean", "tokenizer", "shard", "yardsticks", "train",
-                                    "evaluate"}
+                                    "evaluate", "export"}
+    # --stage evaluate built no export: the config names the key it will have, and says it is not built.
+    assert added["stages"]["export"] == {"key": plan.stages["export"].key, "summary": tracked.NOT_BUILT}
     assert added["stages"]["evaluate"]["summary"].startswith("val loss ")
     assert "train.Config.steps = 12" in added["gin"]["train"]
     figures = storage.read_json(evaluation.file("eval.json"))
@@ -262,3 +264,14 @@ def test_tracking_is_out_of_the_key_and_bad_settings_name_the_choices():
         tracking.Tracking(tracker="wandb", mode="offlne")
     with pytest.raises(ValueError, match=r"tracker='mlflow' is not one of \('none', 'wandb'\)"):
         tracking.Tracking(tracker="mlflow")
+
+
+def test_the_wandb_config_names_every_stage_of_the_training_its_export_included(tmp_path):
+    """What pipeline/tracked.py adds to a training's W&B run covers its evaluation and its export (a commit of
+    either annotates the run); a stage not built yet is named by its planned key, where it will be."""
+    plan = TINY.plan(str(tmp_path / "cache"), *TRACKED)
+    assert tracked.after(plan, "train") == ["train", "evaluate", "export"]
+    stages = tracked.dag_config(plan, tracked.after(plan, "train"))["stages"]
+    assert set(stages) == set(plan.stages) == {"download", "clean", "tokenizer", "shard", "yardsticks",
+                                               "train", "evaluate", "export"}
+    assert stages["export"] == {"key": plan.stages["export"].key, "summary": tracked.NOT_BUILT}
