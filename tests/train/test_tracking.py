@@ -99,41 +99,53 @@ def test_a_tracked_run_logs_every_step_once_across_a_resume_with_the_config_and_
 @pytest.mark.slow
 def test_a_training_killed_hard_between_logged_steps_resumes_with_every_step_in_wandb_once(tiny_run,
                                                                                            tmp_path):
-    """SIGKILL ends the tracked training right after it logged step 9 (its last checkpoint is step 6's), and
-    W&B's service with it, as a lost machine would: the W&B file holds what the service had written, not
-    every row `wandb.log` took. The resume reads what W&B's files hold, sends the rows kept beside the
-    checkpoint after it again, and the W&B files hold every metrics.jsonl step exactly once."""
+    """SIGKILL ends the tracked training (a row logged every step, a checkpoint every 3) right after it logged
+    a step from 8 on, once a checkpoint is on disk, and W&B's service with it, as a lost machine would: the
+    W&B file holds what the service had written, not every row `wandb.log` took. The resume reads what W&B's
+    files hold, sends the rows kept beside the checkpoint after it again, and the W&B files hold every
+    metrics.jsonl step exactly once."""
     root, wandb_dir = str(tmp_path / "cache"), tmp_path / "wandb"
     tiny_run.copy_to(root)
-    code, out, services = _killed_at(_argv(root, wandb_dir, "train"), _env(wandb_dir),
-                                     re.compile(r"step 9/12"))
-    assert code == -signal.SIGKILL and services, out[-3000:]
-    done = subprocess.run(_argv(root, wandb_dir, "train"), cwd=REPO, env=_env(wandb_dir), capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    every = ("train.Config.log_every = 1", "train.Config.checkpoint_every = 3")
+    checkpoints = os.path.join(cache.stage_dir(root, "train", TINY.plan(root, *every).stages["train"].key),
+                               cache.WORK, "checkpoints")
 
-    plan = TINY.plan(root)
+    def late_with_a_checkpoint(line: str) -> bool:      # Orbax saves in the background: a step dir is done
+        logged = re.search(r"step (\d+)/12", line)
+        return bool(logged) and int(logged.group(1)) >= 8 and os.path.isdir(checkpoints) and any(
+            name.isdigit() for name in os.listdir(checkpoints))
+
+    code, out, services = _killed_at(_argv(root, wandb_dir, "train", *every), _env(wandb_dir),
+                                     late_with_a_checkpoint)
+    assert code == -signal.SIGKILL and services, out[-3000:]
+    done = subprocess.run(_argv(root, wandb_dir, "train", *every), cwd=REPO, env=_env(wandb_dir),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "resumed from step" in done.stderr + done.stdout
+
+    plan = TINY.plan(root, *every)
     train = cache.load(plan.cache_root, "train", plan.stages["train"].key)
     runs = wandb_files.read_all(str(wandb_dir), storage.read_json(train.file(tracking.STATE))["id"])
-    assert len(runs) == 2 and runs[0]["exit_code"] is None        # the killed segment never finished
+    # One W&B run: the killed segment (never finished), the resumed one, the stages added after it.
+    assert [run["exit_code"] for run in runs] == [None, 0, 0]
     logged = sorted((row["_step"], row["loss"]) for run in runs for row in run["history"])
     rows = _metrics(train)
-    assert [step for step, _ in logged] == [r["step"] for r in rows] == [1, 3, 6, 9, 12]
+    assert [step for step, _ in logged] == [r["step"] for r in rows] == list(range(1, 13))
     assert [loss for _, loss in logged] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
 
 
-def _killed_at(argv: list[str], env: dict, line: re.Pattern) -> tuple[int, str, list[int]]:
-    """Runs `argv` in a session of its own and, at its first output line matching `line`, SIGKILLs W&B's
-    service (wandb-core starts a session of its own and watches the training's pid, so killing the run's
-    group alone would let it finish its file) and the run's whole group. Returns the run's exit status, its
-    output and the service processes killed."""
+def _killed_at(argv: list[str], env: dict, when) -> tuple[int, str, list[int]]:
+    """Runs `argv` in a session of its own and, at its first output line for which `when(line)` holds,
+    SIGKILLs W&B's service (wandb-core starts a session of its own and watches the training's pid, so killing
+    the run's group alone would let it finish its file) and the run's whole group. Returns the run's exit
+    status, its output and the service processes killed."""
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     out, services = [], []
     try:
         for text in proc.stdout:
             out.append(text)
-            if line.search(text):
+            if when(text):
                 services = _services_of(proc.pid)
                 for pid in services:
                     os.kill(pid, signal.SIGKILL)
