@@ -13,21 +13,24 @@ one-line summary, the gin the keys cover, and the evaluation's figures (`eval/..
 
 The run's identity lives beside the checkpoints (`<work_dir>/wandb.json`: its id, the last step handed to W&B
 and the run files W&B wrote), so a training that resumes after a stop continues the same W&B run; a training
-that starts again from step 0 (a forced rerun of the same key) starts a new W&B run. What a resume sends is
-decided by what W&B holds, not by the last step handed to it: `wandb.log` returns before W&B's service has
-written the row, so a hard kill (SIGKILL, a lost machine) can lose rows already handed over. Offline, the
-resume reads the earlier segments' run files (stages/io/wandb_files.py); online, it asks the server (the
-resumed run's starting step). It sends again every metrics row after the last step held, from the rows kept
-beside the checkpoints (`Run.resend`), and the loop's rows after that: each step once, none lost.
+that starts again from step 0 (a forced rerun of the same key) starts a new W&B run.
+The committed training output keeps a copy (`wandb.json`), which is how the pipeline finds the run to add
+the stages and the evaluation to. A sweep puts its runs in one group, each named `<variant>-seed<s>`.
+Tracking says how a run is watched, never what it computes: `Tracking` is out of the cache key.
+
+What a resume sends is decided by what W&B holds, not by the last step handed to it: `wandb.log` returns
+before W&B's service has written the row (offline, a kill after 20 rows found none of them written), so a
+hard kill (SIGKILL, a lost machine) can lose rows already handed over. Offline, the resume reads the earlier
+segments' run files (stages/io/wandb_files.py); online, it asks the server (the resumed run's starting step;
+the server also drops a step below the run's current one). It sends again every metrics row after the last
+step held, from the rows kept beside the checkpoints (`Run.resend`), and the loop's rows after that: each
+step once, none lost.
 
 A segment that ends early is not a finished run: `close(exit_code=...)` records the stop's exit code (75,
 STOPPED_EXIT_CODE, for SIGTERM, Ctrl-C and `stop_after`) or a failure's, and W&B shows the run as failed
 until the resume finishes it with 0. Mistakes W&B would find at the start of training (no API key online, its
 server out of reach, a directory it cannot write) are found before any stage runs (`problem`, from train's
 `check`).
-The committed training output keeps a copy (`wandb.json`), which is how the pipeline finds the run to add
-the stages and the evaluation to. A sweep puts its runs in one group, each named `<variant>-seed<s>`.
-Tracking says how a run is watched, never what it computes: `Tracking` is out of the cache key.
 """
 
 from __future__ import annotations

@@ -122,13 +122,22 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
                 tracked = None
         except BaseException as e:
             if tracked is not None:        # stopped or failed: the W&B run ends unfinished; a resume goes on
-                tracked.close(exit_code=STOPPED_EXIT_CODE if isinstance(e, TrainingStopped) else 1)
+                close_unfinished(tracked, STOPPED_EXIT_CODE if isinstance(e, TrainingStopped) else 1)
             raise
         finally:
             if writer is not None:
                 writer.close()
             ckpt.close()
         return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
+
+
+def close_unfinished(tracked, exit_code: int) -> None:
+    """Ends the W&B run of a training that stopped or failed with `exit_code`; a tracker that fails here is a
+    warning, so the stop (or the failure) is what the launcher sees, not W&B's error."""
+    try:
+        tracked.close(exit_code=exit_code)
+    except Exception as e:  # noqa: BLE001 - the training's own outcome must not be masked by the tracker's
+        log.warning("could not finish the W&B run (exit code %d): %s: %s", exit_code, type(e).__name__, e)
 
 
 def key_of(work_dir: str) -> str:
