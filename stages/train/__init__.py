@@ -130,10 +130,10 @@ def check(config: Config) -> str:
     the devices its processes will have (`configs.cpu_run_problem`), a config the planner says cannot fit
     its hardware (unless `train.HardwareConfig.allow_unfit`), a checkpoint (`init_from`) whose safetensors
     headers are damaged or do not hold the model its config.json describes (init_from.problem: headers
-    only, never the weights), W&B tracking asked for without the wandb package."""
+    only, never the weights), W&B tracking that cannot start (tracking.problem)."""
     if problem := cpu_run_problem(config, os.environ):
         return problem
-    if config.tracking.enabled and (problem := tracking.missing()):
+    if problem := tracking.problem(config.tracking):    # W&B: its package, directory, API key and server
         return problem
     p = planner.plan(config)
     if not p.fits and not config.hardware.allow_unfit:

@@ -41,7 +41,7 @@ from stages.io import storage, tracking
 from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, scoring, sharding
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
-from stages.train.stop import TrainingStopped, stop_requests
+from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped, stop_requests
 from stages.yardsticks import score, tokenized
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,8 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
             writer = metrics.MetricsWriter(local_out, total_steps=cfg.steps, enabled=process_index == 0,
                                            history=metrics.read_history(history_path, upto=start)
                                            if process_index == 0 and start else ())
+            if tracked is not None:       # the rows a hard kill kept from W&B's files (stages/io/tracking.py)
+                tracked.resend(writer.rows)
 
             def saved(step: int) -> None:      # with each checkpoint, the rows up to its step
                 if process_index == 0:
@@ -118,13 +120,24 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
             if tracked is not None:        # its state into the output, which the pipeline reads
                 tracked.close(local_out)
                 tracked = None
+        except BaseException as e:
+            if tracked is not None:        # stopped or failed: the W&B run ends unfinished; a resume goes on
+                close_unfinished(tracked, STOPPED_EXIT_CODE if isinstance(e, TrainingStopped) else 1)
+            raise
         finally:
             if writer is not None:
                 writer.close()
-            if tracked is not None:        # stopped or failed: the W&B run ends; a resume continues it
-                tracked.close()
             ckpt.close()
         return finish(run, params, opt_state, out_dir, local_out, last, throughput, process_index)
+
+
+def close_unfinished(tracked, exit_code: int) -> None:
+    """Ends the W&B run of a training that stopped or failed with `exit_code`; a tracker that fails here is a
+    warning, so the stop (or the failure) is what the launcher sees, not W&B's error."""
+    try:
+        tracked.close(exit_code=exit_code)
+    except Exception as e:  # noqa: BLE001 - the training's own outcome must not be masked by the tracker's
+        log.warning("could not finish the W&B run (exit code %d): %s: %s", exit_code, type(e).__name__, e)
 
 
 def key_of(work_dir: str) -> str:
