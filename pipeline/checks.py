@@ -125,15 +125,16 @@ def cannot_run(plan: Plan, stages: list[str]) -> str:
             return f"{stage}: {e}"
         if check is not None and (problem := check(cfg)):
             return f"{stage}: {problem}"
+        # A stage's config against what the cache already holds of its inputs (train: a mixture that would
+        # repeat a source past its limit, counted from the committed shards' manifests): first, as the
+        # exact count says more than the bound check_upstream may give from the configs.
+        committed = getattr(module, "check_inputs", None)
+        if committed is not None and (problem := committed(cfg, inputs(plan, stage))):
+            return f"{stage}: {problem}"
         # A stage's config against its inputs' configs (shard: its val split inside the tokenizer's held-out
         # set; export: a model transformers can hold), so a mismatch fails now, not after the upstream
         # stages ran.
         if problem := upstream_problem(plan, stage):
-            return f"{stage}: {problem}"
-        # A stage's config against what the cache already holds of its inputs (train: a mixture that would
-        # repeat a source past its limit, counted from the committed shards' manifests).
-        committed = getattr(module, "check_inputs", None)
-        if committed is not None and (problem := committed(cfg, inputs(plan, stage))):
             return f"{stage}: {problem}"
     return unwritable(plan.cache_root) if stages else ""
 

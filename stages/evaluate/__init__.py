@@ -37,6 +37,7 @@ from collections.abc import Mapping
 
 from stages.io import storage
 from stages.io.committed import by_source, stage_of
+from stages.yardsticks import MAX_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Config:
     # pretrained=<export>,max_length=<this>` scores as evaluation does; a longer answer is refused, as
     # lm-eval refuses it. 2048: lm-eval's own default where a model names no length; it holds every answer
     # of the default tasks (PIQA's longest: 311 tokens on the default run, whose model trained on 256).
-    max_length: int = 2048
+    max_length: int = MAX_LENGTH
     # A mixture of experts' capacity factor at evaluation: 0 = dropless, the model the export is
     # (transformers, vLLM and llama.cpp route every assignment); training's factor (e.g. 1.25) scores the
     # dropping forward pass training ran.

@@ -418,7 +418,7 @@ def _is_yaml(name: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stages.evaluate import Config
+    from stages.yardsticks import MAX_LENGTH
 
     parser = argparse.ArgumentParser(prog="python -m stages.evaluate.harness",
                                      description=__doc__.split("\n")[0])
@@ -430,9 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, help="items per task (a fraction of each task when < 1)")
     parser.add_argument("--num-fewshot", type=int)
     parser.add_argument("--rows", type=int, default=8, help="rows per scoring batch")
-    parser.add_argument("--max-length", type=int, default=Config.max_length,
+    parser.add_argument("--max-length", type=int, default=MAX_LENGTH,
                         help="lm-eval's max_length for loglikelihood requests (the evaluate stage's "
-                             f"evaluate.Config.max_length, default {Config.max_length})")
+                             f"evaluate.Config.max_length, default {MAX_LENGTH})")
     parser.add_argument("--bare-contexts", action="store_true",
                         help="contexts start with their own text, not after the EOS (lm-eval's HF backend "
                              "with add_bos_token=False)")

@@ -39,6 +39,10 @@ from stages.yardstick_data import REFERENCE_SETS, TASKS
 
 log = logging.getLogger(__name__)
 
+# How long a task request may be when scored: lm-eval's HF backend's max_length where a model names none. The
+# evaluate stage's default (evaluate.Config.max_length) and its lm-eval CLI's (stages/evaluate/harness.py).
+MAX_LENGTH = 2048
+
 
 
 @dataclasses.dataclass(frozen=True)
