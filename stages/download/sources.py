@@ -199,9 +199,10 @@ class Files:
     def text_bound(self) -> int | None:
         """At least the bytes of text plus TOKENS_PER_DOC per document the files hold, from a listing of local
         files, or None when that cannot bound it: compressed files and parquet (their bytes are not the
-        text's), a template (it adds text), gs:// or hub files (planning lists nothing remote). A jsonl record spends more bytes than its text's (`{"text":""}` and the
-        newline cover TOKENS_PER_DOC); a .txt file is one document, or (txt_unit "paragraph") paragraphs of
-        at least one byte between blank lines: at most twice its bytes."""
+        text's), a template (it adds text), gs:// or hub files (planning lists nothing remote). A jsonl record
+        spends more bytes than its text's (`{"text":""}` and the newline cover TOKENS_PER_DOC); a .txt file
+        is one document, or (txt_unit "paragraph") paragraphs of at least one byte between blank lines: at
+        most twice its bytes."""
         if self.template or not all(storage.is_local(p) for p in self.paths):
             return None          # a remote listing would need the network, and `make plan` works offline
         total, sizes = 0, {p: s for pattern in self.paths for p, s in storage.file_sizes(pattern).items()}
