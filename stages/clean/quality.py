@@ -120,9 +120,7 @@ class GopherRepetition(_SplitsWords):
             object.__setattr__(self, name, pairs)
 
     def reasons(self) -> tuple[str, ...]:
-        # "empty" (an empty text, `check`) is not listed: the stage drops empty texts before any filter under
-        # that very reason, which the report already orders before every filter's.
-        return ("dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+        return ("empty", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
                 *(f"top_{n}_gram" for n, _ in self.top_n_grams),
                 *(f"duplicated_{n}_n_grams" for n, _ in self.dup_n_grams))
 

@@ -40,11 +40,12 @@ FILTER_REASONS = {
     **dict.fromkeys(("url_domain", "url_listed", "url_banned_word", "url_soft_words", "url_banned_subword"),
                     "test_langid_url_pii.py::test_url_filter_reasons"),
     **dict.fromkeys(("language", "language_score"), "test_langid_url_pii.py::test_language_reasons"),
+    # Gopher repetition's first, FineWeb's too (after C4 removed every line): one name, where it first is
+    "empty": "test_quality.py::test_fineweb_empty_after_c4_removed_every_line",
     **dict.fromkeys(GOPHER_REPETITION, "test_quality.py::test_gopher_repetition_reasons"),
     **dict.fromkeys(GOPHER_QUALITY, "test_quality.py::test_gopher_quality_reasons"),
     **dict.fromkeys(("c4_lorem_ipsum", "c4_curly_bracket", "c4_too_few_sentences"),
                     "test_quality.py::test_c4_reasons"),
-    "empty": "test_quality.py::test_fineweb_empty_after_c4_removed_every_line",
     **dict.fromkeys(("line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio"),
                     "test_quality.py::test_fineweb_reasons"),
 }
@@ -54,7 +55,7 @@ ALL_ON = {name: cls() for name, cls in clean.FILTERS.items()}     # every step o
 
 def test_every_filter_reason_is_known():
     built = clean.build_filters(clean.Config(**ALL_ON))
-    listed = [reason for f in built for reason in f.reasons()]
+    listed = list(dict.fromkeys(reason for f in built for reason in f.reasons()))
     assert listed == list(FILTER_REASONS)        # a new reason: add it above, with the test that makes it
     for ref in set(FILTER_REASONS.values()):     # and every test named there exists
         file, name = ref.split("::")
