@@ -85,11 +85,7 @@ def stage_directories(plan: Plan) -> str:
 
 def unwritable(cache_root: str) -> str:
     """Why no file can be made in a local cache root, in one line, or "" when one can (or it is a bucket)."""
-    try:
-        storage.check_writable(cache_root)
-    except OSError as e:
-        # The probe's name says nothing to the user: name the directory it was made in.
-        reason = f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
+    if reason := storage.unwritable(cache_root):
         return (f"cannot write to the cache root {cache_root} ({reason}); set pipeline.Settings.cache_root "
                 "to a directory you can write")
     return ""

@@ -565,6 +565,16 @@ def existing_directory(path: str) -> str:
     return directory
 
 
+def unwritable(path: str) -> str:
+    """Why no file can be made under the local directory `path` (`check_writable`), as "<reason>: <directory>"
+    (the probe's own name says nothing to a user), or "" when one can."""
+    try:
+        check_writable(path)
+    except OSError as e:
+        return f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
+    return ""
+
+
 def check_writable(path: str) -> None:
     """Raise OSError (naming the directory and the reason) when files cannot be made under the local
     directory `path`: a probe file is created and removed in `existing_directory(path)` (so nothing is left

@@ -117,10 +117,7 @@ def unwritable(tracking: Tracking) -> str:
                     (os.getcwd(), "the working directory (train.Tracking.dir is empty and WANDB_DIR unset)"))
     if not storage.is_local(where):
         return f"{named}={where!r} is not a local directory: W&B writes its run files on a local disk"
-    try:
-        storage.check_writable(where)
-    except OSError as e:
-        why = f"{e.strerror}: {os.path.dirname(e.filename)}" if e.strerror and e.filename else str(e)
+    if why := storage.unwritable(where):
         return (f"W&B cannot write its files in {named}={where!r} ({why}); set train.Tracking.dir to a "
                 "directory you can write")
     return ""
