@@ -104,12 +104,14 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     stages: dict[str, StagePlan] = {}
     for node, (name, ups) in tree.nodes.items():
         module = dag.module(name)
-        config = built[name]
+        config, seen = built[name], built
         if source := dag.source_of(node):        # a source's own stage: its gin scope's bindings apply
             with gin.config_scope(source):
                 config = _build(f"{name}.Config", registry, gin_files, gin_params)
+                seen = built | {s: _build(f"{s}.Config", registry, gin_files, gin_params) for s in dag.PER_SOURCE}
         if follow := getattr(module, "follow", None):   # fields one binding of another stage sets: clean's
-            config = follow(config, built)               # contamination check follows yardsticks.Config.tasks
+            config = follow(config, seen)                # contamination check follows yardsticks.Config.tasks,
+            #                                              score measures what the source's clean.Config decides
         if resolve := getattr(module, "resolve", None):      # a config completed from outside (init_from)
             try:
                 config = resolve(config, _bound(name, module))

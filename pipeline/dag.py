@@ -25,7 +25,10 @@ from stages.io import committed
 # stage name -> (module implementing Config / VERSION / run, upstream stage names)
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "download": ("stages.download", ()),
-    "clean": ("stages.clean", ("download",)),
+    # every document measured once (filters' statistics, duplicate keys, MinHash, contamination, model scores)
+    "score": ("stages.score", ("download",)),
+    # selection: the thresholds over score's table, dedup among the survivors, the contamination drop
+    "clean": ("stages.clean", ("score",)),
     "tokenizer": ("stages.tokenizer", ("clean",)),
     "shard": ("stages.shard", ("clean", "tokenizer")),
     # what every variant is scored on, tokenized once per tokenizer: training scores a subset in the loop
@@ -38,19 +41,24 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "export": ("stages.export", ("train", "tokenizer", "shard", "evaluate", "clean")),
 }
 
+# A stage whose code is, in part, another stage's: score measures with clean's filters, normalization, MinHash
+# and contamination index (the same code must measure what clean decides on, so the two nodes of cleaning share
+# one package). Its import contract allows that stage besides those it reads (tests/test_layers.py).
+SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",)}
+
 # What each stage's work runs on, which decides the heavy libraries it may import: only "jax" stages import
 # JAX, Flax, Optax or Orbax, only "beam" stages import Apache Beam, the others neither (export reads
 # checkpoints with TensorStore and writes numpy). With STAGES it gives every stage's import contract:
 # setup.cfg's [importlinter] section, checked against this file by tests/test_layers.py.
 RUNS_ON: dict[str, str] = {
-    "download": "beam", "clean": "beam", "tokenizer": "sentencepiece", "shard": "beam",
+    "download": "beam", "score": "beam", "clean": "beam", "tokenizer": "sentencepiece", "shard": "beam",
     "yardsticks": "sentencepiece", "train": "jax", "evaluate": "jax", "export": "tensorstore",
 }
 
 
 # The stages each source has its own instance of: what it reads, how it is cleaned, its tokens in shards.
 # The tokenizer is one for all (trained on a sample of every source), and so is everything after the shards.
-PER_SOURCE = ("download", "clean", "shard")
+PER_SOURCE = ("download", "score", "clean", "shard")
 
 
 def module(stage: str) -> ModuleType:

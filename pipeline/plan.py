@@ -25,7 +25,9 @@ class StagePlan:
 
     A stage whose module defines `key_inputs(config)` (download) lists what it reads from outside the
     cache for its key, which can take a listing call or the network; configs, placeholders and the train
-    plan need no key, so `make plan` works offline and loading a config stays cheap.
+    plan need no key, so `make plan` works offline and loading a config stays cheap. A stage whose module
+    defines `keyed(config)` (score) keys what that returns instead of its whole config: the part of it that
+    changes the stage's output (score's key covers how clean measures, never its thresholds).
     """
 
     name: str
@@ -52,7 +54,8 @@ class StagePlan:
         listed, here or upstream."""
         # By stage name, and upstream stages by the names the stage reads them by: a source's own chain has
         # the keys a one-source run of that source gives it.
-        return cache.stage_key(self.stage, self.version, self.config,
+        keyed = getattr(dag.module(self.name), "keyed", None)
+        return cache.stage_key(self.stage, self.version, self.config if keyed is None else keyed(self.config),
                                {self.input_names.get(u.name, u.name): u.key for u in self.upstream_plans},
                                self.inputs)
 

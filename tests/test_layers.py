@@ -72,12 +72,14 @@ def derived_contracts() -> dict[str, dict]:
         "source_modules": ["stages"], "forbidden_modules": ["pipeline"]}}
     for stage in stages:
         reads, heavy = dag.upstream(stage), _heavy(dag.RUNS_ON[stage])
+        shares = dag.SHARES_CODE.get(stage, ())
         out[f"stage-{stage}"] = {
             "name": (f"stages.{stage} imports, of the other stages, only those it reads ({', '.join(reads)})"
                      if reads else f"stages.{stage} imports no other stage (it reads none)")
+                    + (f" and {', '.join(shares)}, whose code it shares" if shares else "")
                     + f"; {_libraries(heavy)}; no pipeline",
             "source_modules": [f"stages.{stage}"],
-            "forbidden_modules": [f"stages.{s}" for s in stages if s != stage and s not in reads]
+            "forbidden_modules": [f"stages.{s}" for s in stages if s != stage and s not in (*reads, *shares)]
                                  + ["pipeline", *heavy]}
     for layer, (below, runs_on) in SHARED.items():
         heavy = _heavy(runs_on)

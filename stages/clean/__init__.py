@@ -1,7 +1,8 @@
 """The clean stage: normalize download's documents, filter them, and drop exact duplicates.
 
-    make stage STAGE=clean OVERRIDES='clean.Config.min_chars=100'
-    clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)   # on its own
+    make stage STAGE=clean OVERRIDES='clean.Config.min_chars=100'    # selection alone: score is cached
+    clean.run(clean.Config(min_chars=100), {"score": scored}, out_dir, work_dir)
+    clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)   # both passes at once
 
 Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_dir`:
 
@@ -75,13 +76,13 @@ import time
 from collections.abc import Mapping
 
 from stages.clean import urls, words
-from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, Contamination, build_filters
+from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, Contamination, KeepTop, build_filters
 from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
 from stages.io.refusal import Refusal
 
-__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "build_filters",
-           "check", "clean_document", "duplicate_key", "follow", "key_inputs", "run", "summary"]
+__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "KeepTop", "build_filters",
+           "check", "plan_inputs", "clean_document", "duplicate_key", "follow", "key_inputs", "run", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,9 @@ def check(config: Config) -> str:
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.clean import graph, report  # Beam (and matplotlib) load only when the stage actually runs
 
-    paths = documents.shards_of(inputs["download"])
-    log.info("clean: %d input shards -> %d output shards in %s", len(paths), config.num_shards, out_dir)
     start = time.time()
+    paths, read = _score_tables(config, inputs, work_dir)
+    log.info("clean: %d score tables -> %d output shards in %s", len(paths), config.num_shards, out_dir)
     graph.run(config, paths, out_dir, work_dir)
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
     if splitters := splitter_fingerprints(config):      # which library and punkt model split the words
@@ -180,7 +181,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     log.info("clean: %d docs in %.1f s (%.0f docs/s); kept %d (%.1f%%); dropped %s",
              stats["docs_in"], wall, stats["docs_in"] / max(wall, 1e-9), stats["docs_kept"],
              100 * stats["docs_kept"] / max(stats["docs_in"], 1), stats["dropped"])
-    report.write(out_dir, stats, config, inputs["download"])   # before the check below: it explains a failure
+    report.write(out_dir, stats, config, read)   # before the check below: it explains a failure
     # Fewer documents than `min_docs` (0 allows an empty output) fail the stage here, naming the input and
     # what removed them, rather than the tokenizer failing two stages on.
     min_docs = config.min_docs
@@ -189,11 +190,63 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
         removed_by = (f"; the filter that removed the most: {dropped[0][0]} ({dropped[0][1]:,} docs, samples "
                       f"in {storage.join(out_dir, 'rejected', dropped[0][0] + '.jsonl')})") if dropped else ""
         raise Refusal(f"clean kept {stats['docs_kept']} of {stats['docs_in']:,} documents "
-                         f"(min_docs={min_docs}) from {len(paths)} download shards in "
-                         f"{inputs['download'].path}; dropped: "
+                         f"(min_docs={min_docs}) from {len(paths)} score tables of "
+                         f"{read.path}; dropped: "
                          f"{dict(dropped) or 'none'}{removed_by}. Loosen that filter in clean.Config, check "
                          "download's inputs, or allow an empty output with clean.Config.min_docs = 0 (what "
                          f"each filter removed: {storage.join(out_dir, 'report.md')})")
+
+
+LADDER = (0.1, 0.2, 0.5)         # keep fractions `make plan` lists for a scored source
+CHARS_PER_TOKEN_GUESS = 4.0      # tokens ~ characters / this, before a tokenizer is trained
+
+
+def plan_inputs(config: Config, inputs: Mapping) -> str:
+    """`make plan`'s selection table, once the source's score stage is committed: the documents and (about)
+    tokens its filters keep, what `keep_top` keeps of them, and a ladder of keep fractions by its score (or
+    at random without one), all read from the score tables' small columns without running selection.
+    Before dedup: exact and near duplicates among them are removed after."""
+    scored = inputs.get("score")
+    if scored is None:
+        return ""
+    from stages import score
+    from stages.clean import select
+    keep_top = config.keep_top or KeepTop(score="random", keep_fraction=1.0)
+    try:
+        ranked = select.survivors(dataclasses.replace(config, keep_top=keep_top), score.shards_of(scored))
+    except ValueError as e:      # the ranking's score is not in the table
+        return f"clean: a run would stop here: {e}"
+    by = f"by {keep_top.score}" if config.keep_top else "at random (no clean.KeepTop)"
+    rows = [("kept", "documents", "~tokens")]
+    total = sum(chars for _, chars in ranked)
+    rows.append(("by the filters", f"{len(ranked):,}", f"{total / CHARS_PER_TOKEN_GUESS:,.0f}"))
+    if config.keep_top is not None:
+        if config.keep_top.keep_fraction is not None:
+            fraction = config.keep_top.keep_fraction
+            _, docs, chars = select.ladder(ranked, (fraction,))[0]
+        else:
+            picked = [c for r, c in ranked if -r[0] >= config.keep_top.threshold]
+            fraction, docs, chars = None, len(picked), sum(picked)
+        rows.append((f"configured ({'threshold' if fraction is None else f'top {fraction:.0%}'})",
+                     f"{docs:,}", f"{chars / CHARS_PER_TOKEN_GUESS:,.0f}"))
+    for fraction, docs, chars in select.ladder(ranked, LADDER):
+        rows.append((f"top {fraction:.0%} {by}", f"{docs:,}", f"{chars / CHARS_PER_TOKEN_GUESS:,.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"selection (score tables of {scored.path}; before dedup; ~tokens = characters / "
+             f"{CHARS_PER_TOKEN_GUESS:g}):"]
+    return "\n".join(lines + ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows])
+
+
+def _score_tables(config: Config, inputs: Mapping, work_dir: str) -> tuple[list[str], object]:
+    """(the score tables to select from, the committed stage that read the documents: score, or download
+    when clean runs on its own and scores into `work_dir` first)."""
+    from stages import score
+    if "score" in inputs:
+        return score.shards_of(inputs["score"]), inputs["score"]
+    from stages.score import graph as score_graph, table
+    scored = storage.join(work_dir, "score")
+    score_graph.run(config, documents.shards_of(inputs["download"]), scored)
+    return sorted(storage.glob(storage.join(scored, table.SHARDS))), inputs["download"]
 
 
 def summary(out) -> str:

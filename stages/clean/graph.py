@@ -54,37 +54,43 @@ import time
 import apache_beam as beam
 
 from stages import beam_runner
-from stages.clean import contamination, minhash
+from stages.clean import contamination, minhash, select
 from stages.clean import tally as tally_lib
-from stages.clean.config import Config, build_filters
-from stages.clean.document import clean_document, duplicate_key
+from stages.clean.config import Config, build_filters, scoring_filters
+from stages.clean.document import decide_document
 from stages.clean.order import doc_order
 from stages.io import documents, storage
+from stages.score import table
 
 log = logging.getLogger(__name__)
 
 BATCH_DOCS = 1024            # documents per (bucket, batch) element
 BUFFER_CHARS = 64 * 2**20    # flush every bucket's batch when this much text is buffered in one worker
-SIGNATURE_DOCS = 256         # documents hashed together by one numpy pass (minhash.MinHasher.band_keys)
 BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) element
 
 
 def run(config: Config, paths: list[str], out_dir: str, work_dir: str | None = None) -> None:
-    if config.minhash:
-        hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
+    """`paths`: the score tables (stages/score/table.py) of one source."""
     if problem := config.contamination.problem():
         raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
+    cut = None
+    if config.keep_top is not None and config.keep_top.keep_fraction is not None:
+        start = time.time()
+        ranked = select.survivors(config, paths)
+        cut = select.cutoff(config.keep_top, ranked)
+        log.info("clean: keep_top ranks %d documents the filters kept by %s in %.1f s; keeps %d", len(ranked),
+                 config.keep_top.score, time.time() - start, select.count(config.keep_top.keep_fraction, len(ranked)))
     with beam_runner.spill_dir(config.runner, "clean", work_dir) as spill_dir:
-        _build_and_run(config, paths, out_dir, spill_dir)
+        _build_and_run(config, paths, out_dir, spill_dir, cut)
 
 
-def _build_and_run(config: Config, paths: list[str], out_dir: str, spill_dir: str | None) -> None:
+def _build_and_run(config: Config, paths: list[str], out_dir: str, spill_dir: str | None, cut) -> None:
     with beam_runner.pipeline(config.runner) as p:
         cleaned = (p
                    | "Inputs" >> beam.Create(paths)
                    | "Spread" >> beam.Reshuffle()
-                   | "Clean" >> beam.ParDo(CleanShard(config, spill_dir)).with_outputs("tally", "bands",
-                                                                                      main="batches"))
+                   | "Clean" >> beam.ParDo(CleanShard(config, spill_dir, cut)).with_outputs(
+                       "tally", "bands", main="batches"))
         every_bucket = p | "Buckets" >> beam.Create([(b, []) for b in range(config.num_shards)])
         batches = (cleaned.batches, every_bucket) | "AllBuckets" >> beam.Flatten()
         if config.minhash:
@@ -109,15 +115,17 @@ def _build_and_run(config: Config, paths: list[str], out_dir: str, spill_dir: st
 
 
 class CleanShard(beam.DoFn):
-    """One input shard -> batches of kept documents by bucket, and the shard's Tally. With `spill_dir`, each
-    batch (and band batch) goes to a file there and the element carries its path (`spill`)."""
+    """One score table (stages/score/table.py) -> batches of kept documents by bucket, and the shard's Tally.
+    With `spill_dir`, each batch (and band batch) goes to a file there and the element carries its path
+    (`spill`). It decides, never measures: every filter's attributes, the duplicate key, the band keys and
+    the contamination matches are the score table's."""
 
-    def __init__(self, config: Config, spill_dir: str | None = None):
-        self.config, self.spill_dir = config, spill_dir
+    def __init__(self, config: Config, spill_dir: str | None = None, cut: tuple | None = None):
+        self.config, self.spill_dir, self.cut = config, spill_dir, cut   # cut: select.cutoff's
 
     def setup(self):
         self.filters = build_filters(self.config)
-        self.hasher = hasher(self.config) if self.config.minhash else None
+        self.positions = {type(f).__name__: i for i, f in enumerate(scoring_filters(self.config))}
 
     def process(self, path: str):
         for tag, (key, batch) in self._process(path):
@@ -134,52 +142,40 @@ class CleanShard(beam.DoFn):
         tally = tally_lib.Tally(config.samples_per_reason)
         buffers: dict[int, list] = {}
         buffered = 0
-        unsigned: list[tuple[tuple, str]] = []   # (node, text) of kept documents not yet hashed
         bands: dict[int, list] = {}              # partition -> [(band key, node), ...]
-        for doc in documents.read(path):
-            raw = doc["text"]
-            chars = len(raw) if isinstance(raw, str) else 0
+        for row in table.read(path):
+            chars = row["chars_in"]
             tally.docs_in += 1
             tally.chars_in += chars
-            rewrites: list[str] = []
-            reason, doc = clean_document(doc, config, self.filters, rewrites)
+            reason, doc = decide_document(row, self.filters, self.positions)
+            if not reason and config.keep_top is not None and not select.kept(config.keep_top, row, self.cut):
+                reason = config.keep_top.reason
             if reason:
                 tally.drop(reason, doc, chars)
                 continue
-            key = duplicate_key(doc["text"])
+            key = row["dup_key"]
             bucket = int.from_bytes(key[:8], "big") % config.num_shards
-            doc.pop("error", None)   # "" (falsy) came through as good; kept documents have a null error
             batch = buffers.setdefault(bucket, [])
-            batch.append((key, chars, doc, tuple(rewrites)))
+            batch.append((key, chars, doc, tuple(row["rewrites"] or ()), row["contaminated"]))
             buffered += len(doc["text"])
-            if self.hasher is not None:
-                unsigned.append((minhash.node(doc.get("id"), key), doc["text"]))
-                if len(unsigned) >= SIGNATURE_DOCS:
-                    yield from self._bands(unsigned, bands, final=False)
-                    unsigned = []
+            if config.minhash:
+                n = minhash.node(doc.get("id"), key)
+                for band_key in row["bands"] or ():
+                    part = int.from_bytes(band_key[1:9], "big") % config.num_shards
+                    bands.setdefault(part, []).append((band_key, n))
+                    if len(bands[part]) >= BAND_BATCH:
+                        yield "bands", (part, bands.pop(part))
             if len(batch) >= BATCH_DOCS:
                 yield "batches", (bucket, buffers.pop(bucket))
             if buffered >= BUFFER_CHARS:
                 yield from (("batches", item) for item in sorted(buffers.items()))
                 buffers, buffered = {}, 0
         yield from (("batches", item) for item in sorted(buffers.items()))
-        if self.hasher is not None:
-            yield from self._bands(unsigned, bands, final=True)
+        yield from (("bands", item) for item in sorted(bands.items()))
         wall = time.time() - start
         log.info("clean: %s: %d docs in %.1f s (%.0f docs/s), %d dropped before dedup", path,
                  tally.docs_in, wall, tally.docs_in / max(wall, 1e-9), sum(tally.dropped.values()))
         yield "tally", (None, tally)
-
-    def _bands(self, unsigned: list, bands: dict[int, list], final: bool):
-        """Adds the band keys of `unsigned` to `bands`; emits full partitions (all of them when final)."""
-        nodes = [n for n, _ in unsigned]
-        for n, keys in zip(nodes, self.hasher.band_keys([text for _, text in unsigned])):
-            for band_key in keys or ():
-                part = int.from_bytes(band_key[1:9], "big") % self.config.num_shards
-                bands.setdefault(part, []).append((band_key, n))
-        for part in sorted(bands):
-            if final or len(bands[part]) >= BAND_BATCH:
-                yield "bands", (part, bands.pop(part))
 
 
 def hasher(config: Config) -> minhash.MinHasher:
@@ -273,16 +269,16 @@ class WriteShard(beam.DoFn):
         batches = grouped["docs"]
         near = {key for keys in grouped["near"] for key in keys}   # keys of near duplicates to drop
         tally = tally_lib.Tally(self.config.samples_per_reason)
-        # key -> (order, chars_in, doc, rewrites) of the copy with the smallest `survivor_order`
-        survivors: dict[bytes, tuple[tuple, int, dict, tuple[str, ...]]] = {}
-        kept: list[tuple[dict, int, tuple[str, ...]]] = []
+        # key -> (order, chars_in, doc, rewrites, items) of the copy with the smallest `survivor_order`
+        survivors: dict[bytes, tuple[tuple, int, dict, tuple[str, ...], list | None]] = {}
+        kept: list[tuple[dict, int, tuple[str, ...], list | None]] = []   # (doc, chars_in, rewrites, items)
         for batch in batches:
-            for key, chars, doc, rewrites in unspilled(batch):
+            for key, chars, doc, rewrites, items in unspilled(batch):
                 if not self.config.dedup:
                     if key in near:
                         tally.drop("near_duplicate", doc, chars)
                     else:
-                        kept.append((doc, chars, rewrites))
+                        kept.append((doc, chars, rewrites, items))
                     continue
                 order = survivor_order(doc, chars, rewrites)
                 other = survivors.get(key)
@@ -291,37 +287,37 @@ class WriteShard(beam.DoFn):
                     continue
                 if other is not None:
                     tally.drop("duplicate", other[2], other[1])
-                survivors[key] = (order, chars, doc, rewrites)
-        for key, (_, chars, doc, rewrites) in survivors.items():
+                survivors[key] = (order, chars, doc, rewrites, items)
+        for key, (_, chars, doc, rewrites, items) in survivors.items():
             if key in near:
                 tally.drop("near_duplicate", doc, chars)
             else:
-                kept.append((doc, chars, rewrites))
+                kept.append((doc, chars, rewrites, items))
         if self.index is not None:
-            start = time.time()
             kept, found = self._check_contamination(kept, tally)
-            log.info("clean: bucket %d: checked for contamination in %.2f s", bucket, time.time() - start)
             yield beam.pvalue.TaggedOutput("contamination", found)
         # Rows equal under doc_order are equal in every column, so their order cannot show in the file.
         kept.sort(key=lambda kept_doc: doc_order(kept_doc[0]))
-        for doc, _, rewrites in kept:
+        for doc, _, rewrites, _ in kept:
             tally.keep(len(doc["text"]), rewrites)
         path = storage.join(self.out_dir, documents.shard_name(bucket, self.config.num_shards))
-        documents.write(path, [doc for doc, _, _ in kept])
+        documents.write(path, [doc for doc, _, _, _ in kept])
         yield tally
 
     def _check_contamination(self, kept: list, tally: tally_lib.Tally) -> tuple[list, contamination.Found]:
         """(the documents to write: all of `kept`, or the clean ones with `drop`; which yardstick items the
-        kept documents share an n-gram with)."""
+        kept documents share an n-gram with, as the score table found them)."""
         found, out = contamination.Found.of(self.index), []
-        matched = self.index.matches_many([doc["text"] for doc, _, _ in kept])   # in chunks: numpy per chunk
-        for (doc, chars, rewrites), items in zip(kept, matched):
+        for doc, chars, rewrites, items in kept:
+            if items is None:
+                raise ValueError(f"the score table has no contamination matches for document {doc.get('id')!r}, "
+                                 "while clean checks the yardsticks: rerun score")
             if items:
                 found.add(self.index, doc.get("id"), items)
                 if self.config.contamination.drop:
                     tally.drop(contamination.REASON, doc, chars)
                     continue
-            out.append((doc, chars, rewrites))
+            out.append((doc, chars, rewrites, items))
         return out, found
 
 

@@ -37,7 +37,7 @@ _MARKUP = re.compile(r"([\\`*_\[\]<>&|~])")
 
 def write(out_dir: str, stats: dict, config: Config, download=None) -> None:
     """Writes removed.png and report.md for the clean output in `out_dir` (`stats`: its stats.json;
-    `download`: the committed download stage, whose stats.json names the download errors)."""
+    `download`: the committed score (or download) stage, whose stats.json names the download errors)."""
     order = ordered_reasons(stats, steps(config, download_errors(download)))
     samples = {reason: read_samples(out_dir, reason) for _, reason in order}
     storage.write_bytes(storage.join(out_dir, "removed.png"), chart(stats, order))
@@ -59,6 +59,8 @@ def steps(config: Config, errors: tuple[str, ...] = ()) -> list[tuple[str, tuple
     for f in build_filters(config):
         reasons = getattr(f, "reasons", None)
         out.append((type(f).__name__, tuple(reasons()) if reasons else ()))
+    if config.keep_top is not None:
+        out.append(("KeepTop", config.keep_top.reasons()))
     return out + [("dedup", ("duplicate",)), ("minhash", ("near_duplicate",)),
                   ("contamination", (contamination.REASON,))]
 
