@@ -39,8 +39,9 @@ import operator
 import re
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from stages.clean import filters
 from stages.clean import words as words_lib
 
 if TYPE_CHECKING:      # numpy loads when a repetition check runs: clean.Config imports this module for the
@@ -98,7 +99,16 @@ class _SplitsWords:
 class GopherRepetition(_SplitsWords):
     """Drops documents that repeat themselves (Gopher, Rae et al. 2021, table A1): duplicated
     paragraphs and lines (as a fraction of the count and of the characters), the most frequent 2-,
-    3-, 4-gram of words, and the characters in repeated 5- to 10-grams. A threshold of 0 is off."""
+    3-, 4-gram of words, and the characters in repeated 5- to 10-grams. A threshold of 0 is off
+    (but for the n-grams', where 0 drops a document with any n-gram, resp. any repeated one).
+
+    Measured (filters.py): attrs are `chars` and each rule's value, under its reason's name:
+    `dup_para_frac` (repeated paragraphs / paragraphs), `dup_para_char_frac` (their characters / chars),
+    the same of lines, `top_{n}_gram` (the characters of the commonest n-gram times its count / chars)
+    for each n of `top_n_grams`, and `duplicated_{n}_n_grams` (characters in repeated n-grams / chars) for
+    each n of `dup_n_grams`; an n-gram's value is None when the text has fewer than n words, and every
+    value is None for an empty text. The n's are scoring, their fractions and the four others thresholds.
+    """
 
     dup_line_frac: float = 0.3
     dup_para_frac: float = 0.3
@@ -109,6 +119,14 @@ class GopherRepetition(_SplitsWords):
                                                   (10, 0.10))
     splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
 
+    THRESHOLDS: ClassVar[tuple[str, ...]] = ("dup_line_frac", "dup_para_frac", "dup_line_char_frac",
+                                             "dup_para_char_frac")
+    PAIRED: ClassVar[tuple[str, ...]] = ("top_n_grams", "dup_n_grams")     # (n: scoring, fraction: threshold)
+    _FRACTIONS: ClassVar[tuple[str, ...]] = ("dup_para_frac", "dup_para_char_frac", "dup_line_frac",
+                                             "dup_line_char_frac")         # check's order
+    _GRAM_KEYS: ClassVar[dict[str, re.Pattern]] = {"top_n_grams": re.compile(r"top_(\d+)_gram"),
+                                                   "dup_n_grams": re.compile(r"duplicated_(\d+)_n_grams")}
+
     def __post_init__(self):
         _check_splitter(self)
         _in_unit_interval(self, "dup_line_frac", "dup_para_frac", "dup_line_char_frac", "dup_para_char_frac")
@@ -118,6 +136,18 @@ class GopherRepetition(_SplitsWords):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be pairs (n >= 1, fraction in "
                                  "[0, 1]), e.g. ((2, 0.2), (3, 0.18))")
             object.__setattr__(self, name, pairs)
+        # derived once (not fields: equality, hashing and the keys see the fields only): each attr's kind
+        # and n, in measure's order, and each n's (lowest, highest) limit, which `_RepetitionAttrs` reads
+        keys = {"chars": ("chars", 0), "dup_para_frac": ("para", 0), "dup_para_char_frac": ("para", 0),
+                "dup_line_frac": ("line", 0), "dup_line_char_frac": ("line", 0)}
+        keys.update({f"top_{n}_gram": ("top", n) for n, _ in self.top_n_grams})
+        keys.update({f"duplicated_{n}_n_grams": ("dup", n) for n, _ in self.dup_n_grams})
+        limits: dict[tuple[str, int], list[float]] = {}
+        for kind, pairs in (("top", self.top_n_grams), ("dup", self.dup_n_grams)):
+            for n, limit in pairs:
+                limits.setdefault((kind, n), []).append(limit)
+        object.__setattr__(self, "_keys", keys)
+        object.__setattr__(self, "_limits", {k: (min(v), max(v)) for k, v in limits.items()})
 
     def reasons(self) -> tuple[str, ...]:
         return ("empty", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
@@ -125,40 +155,98 @@ class GopherRepetition(_SplitsWords):
                 *(f"duplicated_{n}_n_grams" for n, _ in self.dup_n_grams))
 
     def check(self, doc: dict) -> str | None:
-        text = doc["text"]
-        chars = len(text)
+        # the statistics as far as the rules get, each n-gram's exact value only where its upper bound
+        # trips the rule (`_RepetitionAttrs`)
+        return self._decide(_RepetitionAttrs(self, doc["text"], bounded=True))
+
+    def measure(self, doc: dict) -> tuple[dict, dict]:
+        return _RepetitionAttrs(self, doc["text"], bounded=False).every(), doc
+
+    def decide(self, attrs: dict) -> str | None:
+        """`check`'s reason from `measure`'s attrs; a ValueError when they were measured for other n's."""
+        for name, pattern in self._GRAM_KEYS.items():
+            wanted = sorted({n for n, _ in getattr(self, name)})
+            measured = sorted(int(m[1]) for m in map(pattern.fullmatch, attrs) if m)
+            if measured != wanted:
+                raise ValueError(f"GopherRepetition.{name}={getattr(self, name)!r} reads n = {wanted}, but "
+                                 f"these attrs were measured for n = {measured}: measure with the same n's "
+                                 "(they are in its scoring_key)")
+        return self._decide(attrs)
+
+    def _decide(self, attrs: dict) -> str | None:
         # datatrove 0.10.1 drops an empty text as "empty" before any rule (0.10.0 divided by its length:
         # ZeroDivisionError). The clean stage drops empty texts itself before any filter (document.py), so
         # this decides only for a caller of `check` (a benchmark); the stage's output is unchanged.
-        if not chars:
+        if not attrs["chars"]:
             return "empty"
-        paragraphs = _paragraphs(text)
-        repeats, repeat_chars = _duplicates(paragraphs)
-        if self.dup_para_frac and repeats / len(paragraphs) > self.dup_para_frac:
-            return "dup_para_frac"
-        if self.dup_para_char_frac and repeat_chars / chars > self.dup_para_char_frac:
-            return "dup_para_char_frac"
-        lines, repeats, repeat_chars = _line_duplicates(text)
-        if self.dup_line_frac and repeats / lines > self.dup_line_frac:
-            return "dup_line_frac"
-        if self.dup_line_char_frac and repeat_chars / chars > self.dup_line_char_frac:
-            return "dup_line_char_frac"
-        words = _splitter(self.splitter)(text)
-        grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
-        # upper bounds of every n's value of both rules, in one numpy pass (`_NGrams.scan`): the exact
-        # value is needed only where the bound trips the rule (a bound is at least the value, so
-        # `value / chars > limit` implies `bound / chars > limit`)
-        tops, repeats = ({}, {}) if grams is None else grams.scan([n for n, _ in self.top_n_grams],
-                                                                  [n for n, _ in self.dup_n_grams])
+        for key in self._FRACTIONS:
+            limit = getattr(self, key)
+            if limit and attrs[key] > limit:
+                return key
         for n, limit in self.top_n_grams:
-            if len(words) >= n and tops.get(n, math.inf) / chars > limit and \
-                    _top_n_gram_chars(words, n, grams) / chars > limit:
+            value = attrs[f"top_{n}_gram"]
+            if value is not None and value > limit:
                 return f"top_{n}_gram"
         for n, limit in self.dup_n_grams:
-            if len(words) >= n and repeats.get(n, 0) / chars > limit and \
-                    _repeated_chars(words, n, grams, (chars, limit)) / chars > limit:
+            value = attrs[f"duplicated_{n}_n_grams"]
+            if value is not None and value > limit:
                 return f"duplicated_{n}_n_grams"
         return None
+
+
+class _RepetitionAttrs(filters.LazyAttrs):
+    """GopherRepetition's attrs of one text, each computed when read.
+
+    With `bounded` (`check`), an n-gram's value is exact only where its upper bound (`_NGrams.scan`, one
+    numpy pass for every n) is above the lowest of that n's limits; elsewhere it is the bound, which no
+    limit of that n drops either (a bound is at least the value, so `value / chars > limit` implies
+    `bound / chars > limit`), and the walk of repeated n-grams stops once past the highest of that n's
+    limits, where every limit drops it. So `_decide` gives check's answer, but only the exact values
+    (`bounded=False`: `measure`) are the statistics."""
+
+    def __init__(self, f: GopherRepetition, text: str, bounded: bool):
+        self.f, self.text, self.chars, self.bounded = f, text, len(text), bounded
+        self._para = self._line = self._scan = None     # on first read (a cached_property costs more)
+
+    def __getitem__(self, key: str):
+        kind, n = self.f._keys[key]
+        chars = self.chars
+        if kind == "chars":
+            return chars
+        if not chars:
+            return None
+        if kind == "para":
+            if self._para is None:
+                repeats, repeat_chars = _duplicates(paragraphs := _paragraphs(self.text))
+                self._para = repeats / len(paragraphs), repeat_chars / chars
+            return self._para[key == "dup_para_char_frac"]
+        if kind == "line":
+            if self._line is None:
+                lines, repeats, repeat_chars = _line_duplicates(self.text)
+                self._line = repeats / lines, repeat_chars / chars
+            return self._line[key == "dup_line_char_frac"]
+        if self._scan is None:
+            words = _splitter(self.f.splitter)(self.text)
+            grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
+            self._scan = words, grams, (({}, {}) if grams is None else grams.scan(
+                [n for n, _ in self.f.top_n_grams], [n for n, _ in self.f.dup_n_grams]))   # upper bounds
+        words, grams, (tops, repeats) = self._scan
+        if len(words) < n:
+            return None
+        low, high = self.f._limits[kind, n]
+        if kind == "top":
+            bound = tops.get(n, math.inf)
+            if self.bounded and not bound / chars > low:
+                return bound / chars
+            return _top_n_gram_chars(words, n, grams) / chars
+        bound = repeats.get(n, 0)
+        if not bound or (self.bounded and not bound / chars > low):
+            return bound / chars
+        limit = (chars, high) if self.bounded else (1, math.inf)     # (1, inf): no early exit
+        return _repeated_chars(words, n, grams, limit) / chars
+
+    def every(self) -> dict:
+        return {key: self[key] for key in self.f._keys}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +254,13 @@ class GopherQuality(_SplitsWords):
     """Drops documents that do not read like prose (Gopher): too few or too many words, words too
     short or too long on average, too many `#` or ellipses per word, lines that are mostly bullets
     or end in an ellipsis, too few words with a letter, fewer than `min_stop_words` distinct English
-    stop words. A word count or ratio of 0 is off."""
+    stop words. A word count or ratio of 0 is off.
+
+    Measured (filters.py): attrs are `words` (the words not made only of punctuation), `mean_word_length`
+    (of those; None without any), `hash_ratio` and `ellipsis_ratio` (`#` and `...`/`…` per word, every
+    word counted), `bullet_lines_ratio` and `end_ellipsis_lines_ratio` (of the lines), `alpha_words_ratio`
+    (words with a letter / words) and `stop_words` (distinct ones). Every field but `splitter` is a
+    threshold."""
 
     min_doc_words: int = 50
     max_doc_words: int = 100_000
@@ -178,6 +272,11 @@ class GopherQuality(_SplitsWords):
     min_alpha_words_ratio: float = 0.8      # datatrove's max_non_alpha_words_ratio (a minimum, as it says)
     min_stop_words: int = 2
     splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
+
+    THRESHOLDS: ClassVar[tuple[str, ...]] = ("min_doc_words", "max_doc_words", "min_avg_word_length",
+                                             "max_avg_word_length", "max_symbol_word_ratio",
+                                             "max_bullet_lines_ratio", "max_ellipsis_lines_ratio",
+                                             "min_alpha_words_ratio", "min_stop_words")
 
     def __post_init__(self):
         _check_splitter(self)
@@ -193,43 +292,87 @@ class GopherQuality(_SplitsWords):
                 "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words")
 
     def check(self, doc: dict) -> str | None:
-        text = doc["text"]
-        words = _splitter(self.splitter)(text)
-        n_words = len(words) or 1
-        no_letter, symbolic = _letterless(words)
-        symbols = list(filter(symbolic.__contains__, words))    # words made only of punctuation
-        n_real = len(words) - len(symbols)
-        if self.min_doc_words and n_real < self.min_doc_words:
+        return self.decide(_QualityAttrs(doc["text"], self.splitter))   # statistics as far as the rules get
+
+    def measure(self, doc: dict) -> tuple[dict, dict]:
+        return _QualityAttrs(doc["text"], self.splitter).every(), doc
+
+    def decide(self, attrs: dict) -> str | None:
+        if self.min_doc_words and attrs["words"] < self.min_doc_words:
             return "gopher_short_doc"
-        if self.max_doc_words and n_real > self.max_doc_words:
+        if self.max_doc_words and attrs["words"] > self.max_doc_words:
             return "gopher_long_doc"
-        if n_real:   # datatrove takes the mean of nothing (nan), which passes both bounds
-            mean_length = (sum(map(len, words)) - sum(map(len, symbols))) / n_real
-            if self.min_avg_word_length and mean_length < self.min_avg_word_length:
-                return "gopher_below_avg_threshold"
-            if self.max_avg_word_length and mean_length > self.max_avg_word_length:
-                return "gopher_above_avg_threshold"
-        if self.max_symbol_word_ratio and text.count("#") / n_words > self.max_symbol_word_ratio:
+        if self.min_avg_word_length or self.max_avg_word_length:
+            mean_length = attrs["mean_word_length"]
+            if mean_length is not None:   # datatrove's mean of no word is nan, which passes both bounds
+                if self.min_avg_word_length and mean_length < self.min_avg_word_length:
+                    return "gopher_below_avg_threshold"
+                if self.max_avg_word_length and mean_length > self.max_avg_word_length:
+                    return "gopher_above_avg_threshold"
+        if self.max_symbol_word_ratio and attrs["hash_ratio"] > self.max_symbol_word_ratio:
             return "gopher_too_many_hashes"
-        if (self.max_symbol_word_ratio
-                and (text.count("...") + text.count("…")) / n_words > self.max_symbol_word_ratio):
+        if self.max_symbol_word_ratio and attrs["ellipsis_ratio"] > self.max_symbol_word_ratio:
             return "gopher_too_many_ellipsis"
-        lines = text.splitlines() or [""]
-        if self.max_bullet_lines_ratio:
-            bullets = sum(1 for line in lines if line.lstrip().startswith(("•", "-")))
-            if bullets / len(lines) > self.max_bullet_lines_ratio:
-                return "gopher_too_many_bullets"
-        if self.max_ellipsis_lines_ratio:
-            trailing = sum(1 for line in lines if line.rstrip().endswith(("...", "…")))
-            if trailing / len(lines) > self.max_ellipsis_lines_ratio:
-                return "gopher_too_many_end_ellipsis"
-        if self.min_alpha_words_ratio:
-            with_letter = len(words) - sum(map(no_letter.__contains__, words))
-            if with_letter / n_words < self.min_alpha_words_ratio:
-                return "gopher_below_alpha_threshold"
-        if self.min_stop_words and len(set(STOP_WORDS).intersection(words)) < self.min_stop_words:
+        if self.max_bullet_lines_ratio and attrs["bullet_lines_ratio"] > self.max_bullet_lines_ratio:
+            return "gopher_too_many_bullets"
+        if (self.max_ellipsis_lines_ratio
+                and attrs["end_ellipsis_lines_ratio"] > self.max_ellipsis_lines_ratio):
+            return "gopher_too_many_end_ellipsis"
+        if self.min_alpha_words_ratio and attrs["alpha_words_ratio"] < self.min_alpha_words_ratio:
+            return "gopher_below_alpha_threshold"
+        if self.min_stop_words and attrs["stop_words"] < self.min_stop_words:
             return "gopher_enough_stop_words"     # datatrove's name for "not enough stop words"
         return None
+
+
+class _QualityAttrs(filters.LazyAttrs):
+    """GopherQuality's attrs of one text, each computed when read (see GopherQuality)."""
+
+    KEYS = ("words", "mean_word_length", "hash_ratio", "ellipsis_ratio", "bullet_lines_ratio",
+            "end_ellipsis_lines_ratio", "alpha_words_ratio", "stop_words")
+
+    def __init__(self, text: str, splitter: str):
+        # the words, which the first rule reads: the distinct ones without a letter, those made only of
+        # punctuation (symbols) and the rest (real words)
+        self.text, self.all_words = text, _splitter(splitter)(text)
+        self.no_letter, symbolic = _letterless(self.all_words)
+        self.symbols = list(filter(symbolic.__contains__, self.all_words))
+        self.n_real = len(self.all_words) - len(self.symbols)
+        self._lines: list[str] | None = None     # on first read
+
+    def _all_lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self.text.splitlines() or [""]
+        return self._lines
+
+    def words(self) -> int:
+        return self.n_real
+
+    def mean_word_length(self) -> float | None:
+        if not self.n_real:
+            return None
+        return (sum(map(len, self.all_words)) - sum(map(len, self.symbols))) / self.n_real
+
+    def hash_ratio(self) -> float:
+        return self.text.count("#") / (len(self.all_words) or 1)
+
+    def ellipsis_ratio(self) -> float:
+        return (self.text.count("...") + self.text.count("…")) / (len(self.all_words) or 1)
+
+    def bullet_lines_ratio(self) -> float:
+        lines = self._all_lines()
+        return sum(1 for line in lines if line.lstrip().startswith(("•", "-"))) / len(lines)
+
+    def end_ellipsis_lines_ratio(self) -> float:
+        lines = self._all_lines()
+        return sum(1 for line in lines if line.rstrip().endswith(("...", "…"))) / len(lines)
+
+    def alpha_words_ratio(self) -> float:
+        words = self.all_words
+        return (len(words) - sum(map(self.no_letter.__contains__, words))) / (len(words) or 1)
+
+    def stop_words(self) -> int:
+        return len(set(STOP_WORDS).intersection(self.all_words))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +455,11 @@ class FineWebQuality(_SplitsWords):
     """FineWeb's own rules (Penedo et al. 2024), over the non-blank lines: too few lines ending in
     terminal punctuation (`line_punct_ratio`), too many lines of at most `short_line_length`
     characters (`short_line_ratio`), too many characters in duplicated lines (`char_dup_ratio`),
-    too many line breaks per word (`list_ratio`)."""
+    too many line breaks per word (`list_ratio`).
+
+    Measured (filters.py): attrs are `lines` (non-blank), `line_punct_ratio` and `short_line_ratio` (of
+    them; None without any), `char_dup_ratio` and `list_ratio`. `short_line_length` and `splitter` are
+    scoring (they change a statistic), the other fields thresholds."""
 
     line_punct_thr: float = 0.12
     line_punct_exclude_zero: bool = False
@@ -321,6 +468,9 @@ class FineWebQuality(_SplitsWords):
     char_duplicates_ratio: float = 0.01
     new_line_ratio: float = 0.3
     splitter: str = words_lib.DEFAULT       # the word splitter (words.SPLITTERS)
+
+    THRESHOLDS: ClassVar[tuple[str, ...]] = ("line_punct_thr", "line_punct_exclude_zero", "short_line_thr",
+                                             "char_duplicates_ratio", "new_line_ratio")
 
     def __post_init__(self):
         _check_splitter(self)
@@ -331,20 +481,51 @@ class FineWebQuality(_SplitsWords):
         return ("empty", "line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio")
 
     def check(self, doc: dict) -> str | None:
-        text = doc["text"]
-        lines = [line for line in text.split("\n") if line.strip()]
-        if not lines:
+        return self.decide(_FineWebAttrs(doc["text"], self))   # statistics as far as the rules get
+
+    def measure(self, doc: dict) -> tuple[dict, dict]:
+        return _FineWebAttrs(doc["text"], self).every(), doc
+
+    def decide(self, attrs: dict) -> str | None:
+        if not attrs["lines"]:
             return "empty"
-        ratio = sum(1 for line in lines if line.endswith(_TERMINAL)) / len(lines)
+        ratio = attrs["line_punct_ratio"]
         if ratio < self.line_punct_thr and not (ratio == 0 and self.line_punct_exclude_zero):
             return "line_punct_ratio"
-        if sum(1 for line in lines if len(line) <= self.short_line_length) / len(lines) > self.short_line_thr:
+        if attrs["short_line_ratio"] > self.short_line_thr:
             return "short_line_ratio"
-        if _duplicates(lines)[1] / max(len(text) - text.count("\n"), 1) > self.char_duplicates_ratio:
+        if attrs["char_dup_ratio"] > self.char_duplicates_ratio:
             return "char_dup_ratio"
-        if text.count("\n") / max(len(_splitter(self.splitter)(text)), 1) > self.new_line_ratio:
+        if attrs["list_ratio"] > self.new_line_ratio:
             return "list_ratio"
         return None
+
+
+class _FineWebAttrs(filters.LazyAttrs):
+    """FineWebQuality's attrs of one text, each computed when read (see FineWebQuality)."""
+
+    KEYS = ("lines", "line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio")
+
+    def __init__(self, text: str, f: FineWebQuality):
+        self.text, self.f = text, f
+        self.non_blank = [line for line in text.split("\n") if line.strip()]     # what the first rule reads
+
+    def lines(self) -> int:
+        return len(self.non_blank)
+
+    def line_punct_ratio(self) -> float | None:
+        lines = self.non_blank
+        return sum(1 for line in lines if line.endswith(_TERMINAL)) / len(lines) if lines else None
+
+    def short_line_ratio(self) -> float | None:
+        lines, short = self.non_blank, self.f.short_line_length
+        return sum(1 for line in lines if len(line) <= short) / len(lines) if lines else None
+
+    def char_dup_ratio(self) -> float:
+        return _duplicates(self.non_blank)[1] / max(len(self.text) - self.text.count("\n"), 1)
+
+    def list_ratio(self) -> float:
+        return self.text.count("\n") / max(len(_splitter(self.f.splitter)(self.text)), 1)
 
 
 _TERMINAL = tuple(TERMINAL_PUNCTUATION)
