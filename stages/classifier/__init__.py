@@ -17,11 +17,12 @@ order). Both None (and no `pretrained`): the stage is off, writes a report sayin
 Training (fastText's own `train_supervised`; the full build, `FASTTEXT_TRAINER`): each document becomes one
 line (`scoring.to_line`, the same function scoring uses) with its label. Documents whose
 `sha256(f"{seed}:{id}")` fraction is under `holdout_fraction` are held out (never trained on); the rest
-are shuffled with `seed` and trained on with one thread and fastText's `seed`, so two runs write the same
-model bytes. Hyperparameters default to DCLM's (`baselines/train_fasttext_classifier.py` in
-github.com/mlfoundations/dclm: lr 0.1, dim 100, epoch 5, minCount 1; wordNgrams 2, the "bigram" of its
-published classifier's name; fastText's 2M hash buckets). Later classifiers of the same team used dim 256,
-epoch 3, minCount 3 (`mlfoundations-dev` fastText runs): set them in the config to follow those.
+are shuffled with `seed` and trained on with one thread and fastText's `seed`, in a process of its own
+(`fit` says why), so two runs write the same model bytes. Hyperparameters default to DCLM's training
+script (`baselines/train_fasttext_classifier.py` in github.com/mlfoundations/dclm: lr 0.1, dim 100, epoch
+5, minCount 1) with wordNgrams 2 (the "bigram" of its published classifier's name) and fastText's 2M hash
+buckets; DCLM publishes no other setting for that classifier. Later classifiers of the same team used dim
+256, epoch 3, minCount 3 (the `mlfoundations-dev` fastText runs on the hub): set them to follow those.
 
 The positives pass the contamination check against the yardsticks like any training text (stages/clean/
 contamination.py, `contamination`: the pipeline sets what is checked from yardsticks.Config, `follow`): a
@@ -58,9 +59,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -84,6 +88,7 @@ LABEL_PREFIX = "__label__"
 THRESHOLD = 0.5                   # precision and recall predict positive at score >= this
 NGRAMS = 20                       # most positive and most negative n-grams listed
 NGRAM_SAMPLE_CHARS = 20_000_000   # training text whose word pairs are weighed as bigrams (ngrams.py)
+FRESH_MEMORY = 1 << 14            # training's allocations from this size on are fresh, zeroed pages (`fit`)
 NAME_ONE = ("name a fastText classifier file, e.g. DCLM's "
             "openhermes_reddit_eli5_vs_rw_v2_bigram_200k_train.bin")
 
@@ -294,12 +299,11 @@ def _trained(config: Config, out_dir: str, tmp: str) -> dict:
         f.writelines(f"{LABEL_PREFIX}{label} {line}\n" for label, line in lines)
     log.info("classifier: training on %s (held out %s)", counts["train"], counts["holdout"])
     start = time.perf_counter()
-    model = fasttext.train_supervised(input=path, **hyperparameters(config), thread=1, seed=config.seed,
-                                      verbose=0)
-    log.info("classifier: trained in %.1f s", time.perf_counter() - start)
     local = os.path.join(tmp, MODEL_FILE)
-    model.save_model(local)
+    fit(path, local, config, f"{counts['train']} documents")
+    log.info("classifier: trained in %.1f s", time.perf_counter() - start)
     storage.upload(local, storage.join(out_dir, MODEL_FILE))
+    model = fasttext.load_model(local)
     sample = _sample([line for _, line in lines], NGRAM_SAMPLE_CHARS)
     found = {"mode": "trained", "positive_label": config.positive_label,
              "negative_label": config.negative_label, "docs_read": docs_read, "contamination": contamination,
@@ -358,6 +362,29 @@ def _evaluated(found: dict, model, local: str, held: list[tuple[str, str]], conf
 
 TEXT_TO_LINE = ("scoring.to_line: the text's lines joined by spaces (DCLM's "
                 "\" \".join(text.strip().splitlines())), words starting with \"__label__\" removed")
+
+
+def fit(train_file: str, model_file: str, config: Config, what: str = "the training file") -> None:
+    """Trains with `fasttext.train_supervised` on `train_file` (one labelled line per document) and saves the
+    model to `model_file`, in a process of its own whose allocations of `FRESH_MEMORY` bytes or more are
+    fresh pages (glibc's mmap threshold, pinned). Why: with one thread, fastText initializes only the first
+    tenth of the input matrix (DenseMatrix::uniformThread, block 0) and, in the build installed, leaves the
+    rest as allocated. Fresh pages are zero, but memory the process held before is not: in one process, a
+    second training measurably started from other weights (other model bytes, or "Encountered NaN"), while
+    every fresh process gives the same bytes. A refusal names the data and the hyperparameters when fastText
+    fails ("Encountered NaN": a learning rate too high for the data)."""
+    kwargs = {"input": train_file, **hyperparameters(config), "thread": 1, "seed": config.seed, "verbose": 0}
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t]
+    tunables.append(f"glibc.malloc.mmap_threshold={FRESH_MEMORY}")
+    env = dict(os.environ, GLIBC_TUNABLES=":".join(tunables))
+    code = ("import fasttext, json, sys; "
+            "fasttext.train_supervised(**json.loads(sys.argv[1])).save_model(sys.argv[2])")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs), model_file], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise Refusal(f"classifier: fastText could not train on {what} with {hyperparameters(config)}: "
+                      f"{why}; if it says NaN, lower classifier.Config.lr={config.lr}")
 
 
 def hyperparameters(config: Config) -> dict:

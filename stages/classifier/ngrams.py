@@ -15,7 +15,8 @@ the model, only hashed rows, so they are taken from text: the distinct word pair
 text), each hashed as fastText hashes them (`bigram_rows`, checked against fastText's own predictions in
 the tests). Two bigrams can share a row (a hash collision; rare with 2M rows), and then share a weight.
 Only features seen at least `MIN_COUNT` times are listed (the vocabulary's counts for words, counts in
-`lines` for bigrams): a feature seen once has a weight from one document. A quantized model (.ftz) keeps
+`lines` for bigrams): a rare feature's weight comes from a few documents, or from the common bigram it
+shares a hash row with. A quantized model (.ftz) keeps
 no plain matrices: nothing is listed for it. "</s>", the end-of-line token every line holds, is not
 listed.
 """
@@ -30,7 +31,7 @@ import numpy as np
 
 from stages.classifier.scoring import LABEL_PREFIX
 
-MIN_COUNT = 2
+MIN_COUNT = 5       # a rarer feature's weight comes from a handful of documents (or a shared hash row)
 EOS = "</s>"
 METHOD = ("weight = (output[positive] - output[other]) . input row: the log-odds a feature adds, a "
           "document's log-odds being the mean of its features' weights (words: the model's vocabulary; "

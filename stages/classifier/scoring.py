@@ -131,7 +131,7 @@ def model_header(path: str) -> dict:
     50 MB; the labels come after every word); the matrices are never read. ValueError when the file is
     not a fastText model of the version this reads (12, every release since 0.9)."""
     with storage.open(path, "rb") as f:
-        reader = _Reader(f)
+        reader = _Reader(f, f"{path} is not a fastText model file: it ends inside the header")
         magic, version = reader.unpack("<ii")
         if (magic, version) != (_MAGIC, _VERSION):
             raise ValueError(f"{path} is not a fastText model file (magic {magic}, version {version}; "
@@ -153,14 +153,14 @@ def model_header(path: str) -> dict:
 class _Reader:
     """Reads a binary stream in 1 MB chunks: fixed-size fields and zero-terminated strings."""
 
-    def __init__(self, f):
-        self.f, self.buf, self.pos = f, b"", 0
+    def __init__(self, f, short: str):
+        self.f, self.buf, self.pos, self.short = f, b"", 0, short     # short: the error at a premature end
 
     def _fill(self, need: int) -> None:
         while len(self.buf) - self.pos < need:
             chunk = self.f.read(1 << 20)
             if not chunk:
-                raise ValueError("the fastText model file ends inside its header")
+                raise ValueError(self.short)
             self.buf = self.buf[self.pos:] + chunk
             self.pos = 0
 
