@@ -383,8 +383,9 @@ def fit(train_file: str, model_file: str, config: Config, what: str = "the train
                           capture_output=True, text=True)
     if done.returncode:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        fix = f"; training diverged: lower classifier.Config.lr={config.lr}" if "NaN" in why else ""
         raise Refusal(f"classifier: fastText could not train on {what} with {hyperparameters(config)}: "
-                      f"{why}; if it says NaN, lower classifier.Config.lr={config.lr}")
+                      f"{why}{fix}")
 
 
 def hyperparameters(config: Config) -> dict:

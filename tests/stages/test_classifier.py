@@ -9,6 +9,7 @@ against hand-computed and fastText-computed values.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -317,6 +318,14 @@ def test_a_class_that_gives_no_documents_is_refused(tmp_path):
                                contamination=NO_YARDSTICKS)
     with pytest.raises(Refusal, match=r"classifier: positives: download.Files\(paths=\('.*empty.jsonl',\)"
                                       r".*\) gave 0 documents \(1 units read, 2 records without text\)"):
+        classifier.run(config, {}, str(tmp_path / "out"), str(tmp_path / "work"))
+
+
+def test_a_diverging_training_is_refused_naming_the_learning_rate(separable, tmp_path):
+    config = dataclasses.replace(separable[0], lr=1000.0)
+    with pytest.raises(Refusal, match=r"fastText could not train on \{'positives': \d+, 'negatives': \d+\} "
+                                      r"documents with .*: RuntimeError: Encountered NaN.; training "
+                                      r"diverged: lower classifier.Config.lr=1000.0"):
         classifier.run(config, {}, str(tmp_path / "out"), str(tmp_path / "work"))
 
 
