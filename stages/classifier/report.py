@@ -8,6 +8,7 @@ documents of both classes to draw it from).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from stages.classifier import metrics
@@ -65,9 +66,18 @@ def write(out_dir: str, report: dict, labels: Sequence[int] = (), scores: Sequen
         lines += [f"Not listed: {ngrams['skipped']}.", ""]
     for title, key in ((f"Most `{pos}`", "most_positive"), ("Most against it", "most_negative")):
         lines += [f"**{title}**", "", "| n-gram | weight | count |", "|---|---:|---:|"]
-        lines += [f"| `{row['ngram']}` | {row['weight']:+.4g} | {row['count']:,} |" for row in ngrams[key]]
+        lines += [f"| {_code(row['ngram'])} | {row['weight']:+.4g} | {row['count']:,} |"
+                  for row in ngrams[key]]
         lines.append("")
     storage.write_text(storage.join(out_dir, "report.md"), "\n".join(lines))
+
+
+def _code(text: str) -> str:
+    """`text` as a code span in a table cell: "|" escaped, and a span fence longer than any run of backticks
+    in it (a web page's word can hold both)."""
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text.replace('|', chr(92) + '|')}{pad}{fence}"
 
 
 def _figure(value: float | None) -> str:

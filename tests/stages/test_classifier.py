@@ -22,6 +22,7 @@ import pytest
 
 from stages import classifier, yardsticks
 from stages.classifier import metrics, ngrams, scoring
+from stages.classifier.report import _code as report_code
 from stages.clean.config import Contamination
 from stages.download.sources import Files
 from stages.io.refusal import Refusal
@@ -93,6 +94,8 @@ def test_a_separable_set_is_separated_on_held_out_documents(separable):
     with open(os.path.join(out, "report.md")) as f:
         text = f.read()
     assert "ROC AUC 1.000" in text or re.search(r"ROC AUC 0\.9[5-9]\d", text)
+    assert report_code("a|b") == "`a\\|b`" and report_code("x`y") == "``x`y``"      # a table cell's code span
+    assert report_code("`") == "`` ` ``"
     assert os.path.getsize(os.path.join(out, "roc.png")) > 1000
     assert classifier.summary(_Committed(out)).startswith(f"trained on {report['train']['positives']:,} + ")
 
@@ -162,13 +165,26 @@ def test_the_scorer_gives_fastTexts_own_predictions_and_pickles_without_the_mode
     scores = scorer.score_many(texts)
     assert scores.dtype == np.float64 and scores.tolist() == expected
     assert scores[0] > 0.5 > scores[1]
-    # One text at a time (what a fastText build without multi-line predict gets) gives the same
-    assert [scorer.score_many([t])[0] for t in texts] == expected
+    # A fastText build without multi-line predict (fasttext-predict's) is asked one text at a time: the same
+    one_at_a_time = _WithoutMultiline(model)
+    assert scoring.probabilities(one_at_a_time, texts, "hq").tolist() == expected and one_at_a_time.calls == 7
     state = pickle.dumps(scorer)
     assert len(state) < 500 and pickle.loads(state).score_many(texts).tolist() == expected
     assert classifier.load_scorer(os.path.join(out, "model.bin"), "hq") == scorer
     with pytest.raises(ValueError, match=r"has no label 'good'; its labels are \['(hq|cc)', '(hq|cc)'\]"):
         classifier.load_scorer(out, "good").score_many(["x"])
+
+
+class _WithoutMultiline:
+    """A fastText model as a predict-only build would bind it: `predict` one line at a time, counted."""
+
+    def __init__(self, model):
+        self.labels, self.f, self._model, self.calls = model.labels, object(), model, 0
+
+    def predict(self, line, k=1):
+        assert isinstance(line, str)
+        self.calls += 1
+        return self._model.predict(line, k=k)
 
 
 def test_to_line_joins_lines_as_dclm_does_and_drops_words_fasttext_would_read_as_labels(separable):
