@@ -5,6 +5,7 @@
     classifier.run(classifier.Config(pretrained="openhermes_reddit_eli5_vs_rw_v2_bigram_200k_train.bin"), ...)
     scorer = classifier.scorer(committed)        # None when the stage is off
     scorer.score_many(texts)                     # (N,) float64: the probability of `positive_label`
+    PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests/stages/test_classifier.py      # its tests
 
 DCLM's recipe (DataComp-LM, Li et al. 2024): positives are instruction-style answers (OpenHermes 2.5 and
 Reddit ELI5), negatives random web pages, a fastText classifier on word unigrams and bigrams, and the pages
@@ -52,7 +53,11 @@ Errors before work (`check`, one line): a class whose files hold no record, a pr
 exist or has no `positive_label` label (its labels listed), training without fastText's trainer (the command
 that installs it), tasks checked without their package. In the config (ValueError naming the field): one
 class without the other, both classes from the same source config, max_docs < 2. At run time (`Refusal`): a
-class that gave 0 documents, or none left to train on.
+class that gave 0 documents, or none left to train on (all contaminated, or all held out), and a training
+that diverged (fastText's "Encountered NaN": lower `lr`).
+
+Memory: both classes' texts are held while training (DCLM's 2 x 200k documents: a few GB), as DCLM's own
+script does; fastText then holds its model ((words + bucket) x dim floats: 0.8 GB at the defaults).
 """
 
 from __future__ import annotations
