@@ -26,7 +26,10 @@ from stages.io import committed
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "download": ("stages.download", ()),
     # every document measured once (filters' statistics, duplicate keys, MinHash, contamination, model scores)
-    "score": ("stages.score", ("download",)),
+    # a fastText quality classifier (DCLM's recipe) trained on two named sources, or a published one: off unless
+    # classifier.Config names them; its probability becomes the score table's `quality` column
+    "classifier": ("stages.classifier", ()),
+    "score": ("stages.score", ("download", "classifier")),
     # selection: the thresholds over score's table, dedup among the survivors, the contamination drop
     "clean": ("stages.clean", ("score",)),
     "tokenizer": ("stages.tokenizer", ("clean",)),
@@ -44,14 +47,17 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
 # A stage whose code is, in part, another stage's: score measures with clean's filters, normalization, MinHash
 # and contamination index (the same code must measure what clean decides on, so the two nodes of cleaning share
 # one package). Its import contract allows that stage besides those it reads (tests/test_layers.py).
-SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",)}
+# The classifier reads its two classes with download's source readers and checks its positives with clean's
+# contamination index (and so sits with the Beam stages in RUNS_ON: clean's config names Beam's runner; fastText
+# does its work).
+SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",), "classifier": ("download", "clean")}
 
 # What each stage's work runs on, which decides the heavy libraries it may import: only "jax" stages import
 # JAX, Flax, Optax or Orbax, only "beam" stages import Apache Beam, the others neither (export reads
 # checkpoints with TensorStore and writes numpy). With STAGES it gives every stage's import contract:
 # setup.cfg's [importlinter] section, checked against this file by tests/test_layers.py.
 RUNS_ON: dict[str, str] = {
-    "download": "beam", "score": "beam", "clean": "beam", "tokenizer": "sentencepiece", "shard": "beam",
+    "download": "beam", "classifier": "beam", "score": "beam", "clean": "beam", "tokenizer": "sentencepiece", "shard": "beam",
     "yardsticks": "sentencepiece", "train": "jax", "evaluate": "jax", "export": "tensorstore",
 }
 

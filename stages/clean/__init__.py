@@ -209,11 +209,11 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     scored = inputs.get("score")
     if scored is None:
         return ""
-    from stages import score
     from stages.clean import select
+    from stages.score import table
     keep_top = config.keep_top or KeepTop(score="random", keep_fraction=1.0)
     try:
-        ranked = select.survivors(dataclasses.replace(config, keep_top=keep_top), score.shards_of(scored))
+        ranked = select.survivors(dataclasses.replace(config, keep_top=keep_top), table.shards_of(scored))
     except ValueError as e:      # the ranking's score is not in the table
         return f"clean: a run would stop here: {e}"
     by = f"by {keep_top.score}" if config.keep_top else "at random (no clean.KeepTop)"
@@ -240,10 +240,10 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
 def _score_tables(config: Config, inputs: Mapping, work_dir: str) -> tuple[list[str], object]:
     """(the score tables to select from, the committed stage that read the documents: score, or download
     when clean runs on its own and scores into `work_dir` first)."""
-    from stages import score
+    from stages.score import table
     if "score" in inputs:
-        return score.shards_of(inputs["score"]), inputs["score"]
-    from stages.score import graph as score_graph, table
+        return table.shards_of(inputs["score"]), inputs["score"]
+    from stages.score import graph as score_graph
     scored = storage.join(work_dir, "score")
     score_graph.run(config, documents.shards_of(inputs["download"]), scored)
     return sorted(storage.glob(storage.join(scored, table.SHARDS))), inputs["download"]

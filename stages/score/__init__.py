@@ -1,14 +1,15 @@
 """The score stage: measure every downloaded document once, so that clean's thresholds can change without it.
 
     make stage STAGE=score                       # (normally it runs as clean's upstream)
-    score.run(score.Config(clean=clean.Config()), {"download": downloaded}, out_dir, work_dir)   # on its own
+    score.run(score.Config(clean=clean.Config()), {"download": downloaded, "classifier": trained}, out_dir, work)
 
 Reads download's `docs-*.parquet` and writes, per download shard, a score table (stages/score/table.py):
 
     scores-XXXXX-of-YYYYY.parquet   one row per downloaded document, in download's order: the text clean
                                     would write, each filter's measured attributes (`filters.measure`), the
                                     exact-duplicate key, MinHash band keys, the yardstick items it shares an
-                                    n-gram with, and the model scores (the quality classifier's)
+                                    n-gram with, and the model scores (`quality`: the classifier stage's
+                                    probability of its positive label, when classifier.Config names one)
     stats.json                      {docs, fixed: {reason: docs}, shards, errors: download's error counts}
 
 Cleaning is two nodes: this one measures (normalization, every switched-on filter's statistics, language id,
@@ -37,9 +38,9 @@ from stages.clean import filters
 from stages.clean.config import Config as CleanConfig
 from stages.clean.config import scoring_filters
 from stages.io import documents, storage
-from stages.score import table
+from stages.score.table import shards_of
 
-__all__ = ["CONFIGURABLES", "VERSION", "Config", "check", "follow", "key_inputs", "keyed", "run", "summary"]
+__all__ = ["CONFIGURABLES", "VERSION", "Config", "check", "follow", "key_inputs", "keyed", "run", "shards_of", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,18 @@ def key_inputs(config: Config) -> dict | None:
     return clean.key_inputs(config.clean)
 
 
+def check_upstream(config: Config, upstream: dict) -> str:
+    """What clean's selection would refuse of the scores this stage writes, before any work: a ranking by
+    `quality` with the classifier off."""
+    keep_top, found = config.clean.keep_top, upstream.get("classifier")
+    if keep_top is not None and keep_top.score == "quality" and found is not None and found.off:
+        return ("clean.KeepTop.score='quality' ranks by the quality classifier, which is off: name its classes "
+                "(classifier.Config.positives = @positives/download.Files(), classifier.Config.negatives = "
+                "@negatives/download.Files()) or a published model (classifier.Config.pretrained), or rank "
+                "with clean.KeepTop.score='random'")
+    return ""
+
+
 def check(config: Config) -> str:
     """clean's check: what would fail the first document (a filter's library or model missing)."""
     return clean.check(config.clean)
@@ -96,7 +109,9 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     paths = documents.shards_of(inputs["download"])
     log.info("score: %d download shards -> score tables in %s", len(paths), out_dir)
     start = time.time()
-    graph.run(config.clean, paths, out_dir)
+    from stages import classifier
+    model = classifier.scorer(inputs["classifier"]) if "classifier" in inputs else None   # None: off
+    graph.run(config.clean, paths, out_dir, model)
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
     download_stats = inputs["download"].file("stats.json") if "stats.json" in inputs["download"].files else None
     stats["errors"] = storage.read_json(download_stats).get("errors", {}) if download_stats else {}
@@ -104,14 +119,6 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     wall = time.time() - start
     log.info("score: %d docs in %.1f s (%.0f docs/s); fixed: %s", stats["docs"], wall,
              stats["docs"] / max(wall, 1e-9), stats["fixed"])
-
-
-def shards_of(committed) -> list[str]:
-    """The score tables a committed score stage lists, in download's shard order."""
-    paths = committed.paths(table.SHARDS)
-    if not paths:
-        raise FileNotFoundError(f"{committed.stage} output {committed.path} lists no {table.SHARDS} shards")
-    return paths
 
 
 def summary(out) -> str:

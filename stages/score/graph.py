@@ -6,7 +6,7 @@
     -> CombineGlobally(add) -> stats.json
 
 A shard is streamed: documents are measured one at a time (`clean.document.score_document`) and the
-columns computed for many at once (MinHash band keys, contamination matches) a chunk of `CHUNK_DOCS`
+columns computed for many at once (MinHash band keys, contamination matches, the classifier's `quality`) a chunk of `CHUNK_DOCS`
 documents at a time, so a worker holds one chunk, never a shard. Each output file is its input shard's
 alone, so a retried bundle rewrites the same bytes.
 """
@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 CHUNK_DOCS = 256        # documents whose band keys and contamination matches are computed together
 
 
-def run(config: Config, paths: list[str], out_dir: str) -> None:
+def run(config: Config, paths: list[str], out_dir: str, model=None) -> None:
+    """`model`: a quality classifier's `Scorer` (stages/classifier/scoring.py), or None for no `quality`."""
     if config.minhash:
         hasher(config)   # a bad minhash_* setting fails here, naming itself, before Beam starts
     if problem := config.contamination.problem():
@@ -40,7 +41,7 @@ def run(config: Config, paths: list[str], out_dir: str) -> None:
         _ = (p
              | "Inputs" >> beam.Create(list(enumerate(paths)))
              | "Spread" >> beam.Reshuffle()
-             | "Score" >> beam.ParDo(ScoreShard(config, out_dir, len(paths)))
+             | "Score" >> beam.ParDo(ScoreShard(config, out_dir, len(paths), model))
              | "Add" >> beam.CombineGlobally(add_counts)
              | "Stats" >> beam.Map(write_stats, out_dir, len(paths)))
 
@@ -48,8 +49,8 @@ def run(config: Config, paths: list[str], out_dir: str) -> None:
 class ScoreShard(beam.DoFn):
     """(index, download shard) -> its score table; emits the shard's counts."""
 
-    def __init__(self, config: Config, out_dir: str, count: int):
-        self.config, self.out_dir, self.count = config, out_dir, count
+    def __init__(self, config: Config, out_dir: str, count: int, model=None):
+        self.config, self.out_dir, self.count, self.model = config, out_dir, count, model
 
     def setup(self):
         self.filters = scoring_filters(self.config)
@@ -89,6 +90,9 @@ class ScoreShard(beam.DoFn):
         if self.index is not None and scored:
             for row, items in zip(scored, self.index.matches_many(texts)):
                 row["contaminated"] = list(items)
+        if self.model is not None and scored:
+            for row, p in zip(scored, self.model.score_many(texts)):
+                row["quality"] = float(p)
         return chunk
 
 

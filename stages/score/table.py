@@ -45,6 +45,14 @@ COLUMNS = tuple(TYPES)
 MODEL_SCORES = ("quality",)          # the score columns a model computes (clean.ScoreFilter's `score`)
 
 
+def shards_of(committed) -> list[str]:
+    """The score tables a committed score stage lists, in download's shard order."""
+    paths = committed.paths(SHARDS)
+    if not paths:
+        raise FileNotFoundError(f"{committed.stage} output {committed.path} lists no {SHARDS} shards")
+    return paths
+
+
 def shard_name(index: int, count: int) -> str:
     return documents.shard_name(index, count, PREFIX)
 

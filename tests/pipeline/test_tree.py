@@ -13,7 +13,7 @@ FAKE = "tests.pipeline.fake_stage"
 # The real tree's shape under other names (gin registers a configurable once per name, and the real stages'
 # names must keep their real configurables for the tests after these)
 STAGES = {"fetch": (FAKE, ()), "wash": (FAKE, ("fetch",)), "vocab": (FAKE, ("wash",)),
-          "cut": (FAKE, ("wash", "vocab")), "fit": (FAKE, ("cut", "vocab")), "score": (FAKE, ("fit", "cut"))}
+          "cut": (FAKE, ("wash", "vocab")), "fit": (FAKE, ("cut", "vocab")), "judge": (FAKE, ("fit", "cut"))}
 PER_SOURCE = ("fetch", "wash", "cut")
 
 
@@ -46,8 +46,11 @@ TWO = _sources("code", "web")
 
 def test_the_tree_of_two_sources():
     t = dag.tree(("code", "web"))
-    assert list(t.nodes) == ["download[code]", "download[web]", "clean[code]", "clean[web]", "tokenizer",
-                             "shard[code]", "shard[web]", "yardsticks", "train", "evaluate", "export"]
+    assert list(t.nodes) == ["download[code]", "download[web]", "classifier", "score[code]", "score[web]",
+                             "clean[code]", "clean[web]", "tokenizer", "shard[code]", "shard[web]", "yardsticks",
+                             "train", "evaluate", "export"]
+    assert t.upstream("score[web]") == ("download[web]", "classifier")     # one classifier scores every source
+    assert t.upstream("clean[web]") == ("score[web]",)
     assert t.upstream("shard[web]") == ("clean[web]", "tokenizer")
     assert t.upstream("tokenizer") == ("clean[code]", "clean[web]")
     assert t.upstream("evaluate") == ("train", "shard[code]", "shard[web]", "tokenizer", "yardsticks",
@@ -63,9 +66,9 @@ def test_the_tree_of_two_sources():
 
 def test_a_weight_change_reruns_only_training_and_what_follows(tree_run):
     assert tree_run(*TWO) == sorted(["fetch[code]", "fetch[web]", "wash[code]", "wash[web]", "vocab",
-                                    "cut[code]", "cut[web]", "fit", "score"])
+                                    "cut[code]", "cut[web]", "fit", "judge"])
     assert tree_run(*TWO) == []
-    assert tree_run(*TWO, "fit.Config.value = 3") == ["fit", "score"]
+    assert tree_run(*TWO, "fit.Config.value = 3") == ["fit", "judge"]
 
 
 def test_one_sources_cleaning_reruns_its_chain_and_what_reads_it_never_the_other_sources_text(tree_run):
@@ -73,7 +76,7 @@ def test_one_sources_cleaning_reruns_its_chain_and_what_reads_it_never_the_other
     # The tokenizer samples every source's clean text, so it follows; every shard then holds new token ids.
     # The other source's download and clean are never touched.
     assert tree_run(*TWO, "code/wash.Config.value = 5") == sorted(
-        ["wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "score"])
+        ["wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "judge"])
 
 
 def test_adding_a_source_reuses_the_chain_a_one_source_run_built(tree_run):
@@ -81,13 +84,13 @@ def test_adding_a_source_reuses_the_chain_a_one_source_run_built(tree_run):
     # one named source: its chain's keys are a one-source run's (its stages read each other by stage name)
     ran = tree_run(*TWO)
     assert "fetch[web]" not in ran and "wash[web]" not in ran
-    assert ran == sorted(["fetch[code]", "wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "score"])
+    assert ran == sorted(["fetch[code]", "wash[code]", "vocab", "cut[code]", "cut[web]", "fit", "judge"])
 
 
 def test_force_and_stage_name_a_sources_node_or_every_sources(tree_run, tmp_path, capsys):
     tree_run(*TWO)
-    assert tree_run(*TWO, force=["cut[web]"]) == ["cut[web]", "fit", "score"]
-    assert tree_run(*TWO, force=["cut"]) == ["cut[code]", "cut[web]", "fit", "score"]
+    assert tree_run(*TWO, force=["cut[web]"]) == ["cut[web]", "fit", "judge"]
+    assert tree_run(*TWO, force=["cut"]) == ["cut[code]", "cut[web]", "fit", "judge"]
     assert tree_run(*TWO, targets=["wash[code]"], force=["wash[code]"]) == ["wash[code]"]
     names = [f'{s}.Config.name = "{s}"' for s in STAGES]
     root = f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"'
@@ -112,7 +115,8 @@ def test_the_prose_code_run_file_keys_follow_the_tree():
     recleaned = config.load(gin, ["code/clean.Config.min_chars = 300"])
     changed = [n for n, sp in recleaned.stages.items() if sp.key != keys[n]]
     assert "clean[code]" in changed
-    assert not {"download[code]", "download[prose]", "clean[prose]"} & set(changed)
+    assert not {"download[code]", "download[prose]", "clean[prose]", "score[prose]"} & set(changed)
+    assert "score[code]" not in changed       # a threshold: code's selection reruns, never its scoring
     assert checks.cannot_run(plan, ["train", "evaluate"]) == ""       # what a run checks before work
     for source in ("code", "prose"):      # each source's shard guards one training sequence
         guard = plan.stages[f"shard[{source}]"].config.min_val_tokens
@@ -120,6 +124,7 @@ def test_the_prose_code_run_file_keys_follow_the_tree():
     one = config.load(["gin/tiny.gin"])
     assert keys["download[prose]"] == one.stages["download"].key
     assert keys["clean[prose]"] == one.stages["clean"].key
+    assert keys["score[prose]"] == one.stages["score"].key
 
 
 def test_a_binding_in_a_scope_no_stage_reads_is_one_error_line():

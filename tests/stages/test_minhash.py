@@ -209,8 +209,8 @@ def test_spilled_groups_give_the_bytes_of_groups_held_in_memory(runs, tmp_path, 
     three = runs[1]
     spills, dirs, built = [], [], graph._build_and_run
 
-    def watched(config, paths, out_dir, spill_dir):
-        built(config, paths, out_dir, spill_dir)
+    def watched(config, paths, out_dir, spill_dir, cut):
+        built(config, paths, out_dir, spill_dir, cut)
         spills.append(sorted(os.listdir(spill_dir)))
         dirs.append(spill_dir)
     monkeypatch.setattr(graph, "_build_and_run", watched)
@@ -221,8 +221,8 @@ def test_spilled_groups_give_the_bytes_of_groups_held_in_memory(runs, tmp_path, 
     assert spills and len(spills[0]) >= 6 and all(name.endswith(".pkl") for name in spills[0])
     assert not os.path.exists(dirs[0])
     assert dirs[0].startswith(os.path.join(str(tmp_path), "clean"))     # in the stage's work dir, not /tmp
-    monkeypatch.setattr(graph, "_build_and_run", lambda config, paths, out_dir, spill_dir: built(
-        config, paths, out_dir, None))
+    monkeypatch.setattr(graph, "_build_and_run", lambda config, paths, out_dir, spill_dir, cut: built(
+        config, paths, out_dir, None, cut))
     held = _run(str(tmp_path / "held"), [docs[0::3], docs[1::3], docs[2::3]], "three", num_shards=3,
                 samples_per_reason=3)
     assert spilled.files == held.files == three.files
