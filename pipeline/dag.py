@@ -26,8 +26,8 @@ from stages.io import committed
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "download": ("stages.download", ()),
     # every document measured once (filters' statistics, duplicate keys, MinHash, contamination, model scores)
-    # a fastText quality classifier (DCLM's recipe) trained on two named sources, or a published one: off unless
-    # classifier.Config names them; its probability becomes the score table's `quality` column
+    # a fastText quality classifier (DCLM's recipe) trained on two named sources, or a published one: off
+    # unless classifier.Config names them; its probability becomes the score table's `quality` column
     "classifier": ("stages.classifier", ()),
     "score": ("stages.score", ("download", "classifier")),
     # selection: the thresholds over score's table, dedup among the survivors, the contamination drop
@@ -44,9 +44,9 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "export": ("stages.export", ("train", "tokenizer", "shard", "evaluate", "clean")),
 }
 
-# A stage whose code is, in part, another stage's: score measures with clean's filters, normalization, MinHash
-# and contamination index (the same code must measure what clean decides on, so the two nodes of cleaning share
-# one package). Its import contract allows that stage besides those it reads (tests/test_layers.py).
+# A stage whose code is, in part, another stage's: score measures with clean's filters, normalization,
+# MinHash and contamination index (the same code must measure what clean decides on, so the two nodes of
+# cleaning share one package). Its import contract allows that stage besides those it reads (tests/test_layers.py).
 # The classifier reads its two classes with download's source readers and checks its positives with clean's
 # contamination index (and so sits with the Beam stages in RUNS_ON: clean's config names Beam's runner; fastText
 # does its work).
@@ -57,7 +57,8 @@ SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",), "classifier": ("
 # checkpoints with TensorStore and writes numpy). With STAGES it gives every stage's import contract:
 # setup.cfg's [importlinter] section, checked against this file by tests/test_layers.py.
 RUNS_ON: dict[str, str] = {
-    "download": "beam", "classifier": "beam", "score": "beam", "clean": "beam", "tokenizer": "sentencepiece", "shard": "beam",
+    "download": "beam", "classifier": "beam", "score": "beam", "clean": "beam", "tokenizer": "sentencepiece",
+    "shard": "beam",
     "yardsticks": "sentencepiece", "train": "jax", "evaluate": "jax", "export": "tensorstore",
 }
 

@@ -119,8 +119,8 @@ class KeepTop:
     `score`: "quality", the quality classifier's probability of its positive label (classifier.Config; the
     score stage writes it), or "random", a uniform draw from a hash of the document's id and text with
     `seed` (a random sample of the same size: the baseline a ranking must beat).
-    `keep_fraction` f keeps exactly f * N documents (to the nearest integer, halves up), the highest scores first, ties broken by
-    (id, text hash) (rows equal in both count as one rank each; exact dedup then keeps one of them); or
+    `keep_fraction` f keeps exactly f * N documents (to the nearest integer, halves up), the highest
+    scores first, ties broken by (id, text hash) (rows equal in both count as one rank each; exact dedup then keeps one of them); or
     `threshold` keeps those scoring at least it. One of the two; a change of either reruns clean, never
     score."""
 
@@ -250,7 +250,8 @@ def scoring_filters(config: Config) -> tuple[filters.Filter, ...]:
     fraction measured even when `min_alpha_fraction` is 0 (off), so that switching it on is a threshold
     change, not a new score table. A filter's thresholds (`filters.thresholds`) never change what it
     measures, so these instances' thresholds are whatever the config's are."""
-    return (filters.Length(config.min_chars, config.max_chars), filters.AlphaFraction(config.min_alpha_fraction),
+    return (filters.Length(config.min_chars, config.max_chars),
+            filters.AlphaFraction(config.min_alpha_fraction),
             *(f for f in (getattr(config, name) for name in RECIPE) if f is not None))
 
 

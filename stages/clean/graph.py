@@ -79,7 +79,8 @@ def run(config: Config, paths: list[str], out_dir: str, work_dir: str | None = N
         ranked = select.survivors(config, paths)
         cut = select.cutoff(config.keep_top, ranked)
         log.info("clean: keep_top ranks %d documents the filters kept by %s in %.1f s; keeps %d", len(ranked),
-                 config.keep_top.score, time.time() - start, select.count(config.keep_top.keep_fraction, len(ranked)))
+                 config.keep_top.score, time.time() - start,
+                 select.count(config.keep_top.keep_fraction, len(ranked)))
     with beam_runner.spill_dir(config.runner, "clean", work_dir) as spill_dir:
         _build_and_run(config, paths, out_dir, spill_dir, cut)
 
@@ -310,8 +311,8 @@ class WriteShard(beam.DoFn):
         found, out = contamination.Found.of(self.index), []
         for doc, chars, rewrites, items in kept:
             if items is None:
-                raise ValueError(f"the score table has no contamination matches for document {doc.get('id')!r}, "
-                                 "while clean checks the yardsticks: rerun score")
+                raise ValueError(f"the score table has no contamination matches for document "
+                                 f"{doc.get('id')!r}, while clean checks the yardsticks: rerun score")
             if items:
                 found.add(self.index, doc.get("id"), items)
                 if self.config.contamination.drop:

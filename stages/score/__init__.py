@@ -40,7 +40,8 @@ from stages.clean.config import scoring_filters
 from stages.io import documents, storage
 from stages.score.table import shards_of
 
-__all__ = ["CONFIGURABLES", "VERSION", "Config", "check", "follow", "key_inputs", "keyed", "run", "shards_of", "summary"]
+__all__ = ["CONFIGURABLES", "VERSION", "Config", "check", "check_upstream", "follow", "key_inputs", "keyed", "run",
+           "shards_of", "summary"]
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@
     -> CombineGlobally(add) -> stats.json
 
 A shard is streamed: documents are measured one at a time (`clean.document.score_document`) and the
-columns computed for many at once (MinHash band keys, contamination matches, the classifier's `quality`) a chunk of `CHUNK_DOCS`
-documents at a time, so a worker holds one chunk, never a shard. Each output file is its input shard's
+columns computed for many at once (MinHash band keys, contamination matches, the classifier's `quality`) a
+chunk of `CHUNK_DOCS` documents at a time, so a worker holds one chunk, never a shard. Each output file is its input shard's
 alone, so a retried bundle rewrites the same bytes.
 """
 
