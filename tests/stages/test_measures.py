@@ -11,7 +11,10 @@ and every threshold set exactly at a document's measured value and one float ste
 stored or compared differently from `check` shows there). Also: attrs are JSON and decide the same after
 a round trip; a threshold change leaves `measure` and `scoring_key` unchanged; a scoring change changes
 `scoring_key`; the n-gram values are exact (not `check`'s upper bounds); and decide refuses attrs measured
-for other n's. LanguageID's cases need fastText and the lid.176 model (skipped without them).
+for other n's. Where `check` is `decide` over lazily computed attrs (filters.LazyAttrs), the invariant
+cannot see a rule changed in both, so each rule is also pinned on its own (`pinned_rules`): a threshold
+at a document's value keeps it, one step past that value drops it for that rule's reason. LanguageID's
+cases need fastText and the lid.176 model (skipped without them).
 """
 
 from __future__ import annotations
@@ -280,9 +283,14 @@ def embedded_docs():
 
 @pytest.fixture(scope="module")
 def cc_docs():
-    if CC_SAMPLE is None:
-        pytest.skip("the Common Crawl sample (../shared/data/cc-main-2019-30-sample.jsonl.gz) is absent")
-    return _cc_docs()
+    """The Common Crawl pages, or [] when the sample is absent (`web`: a test that needs them skips)."""
+    return _cc_docs() if CC_SAMPLE else []
+
+
+def web(cc_docs: list[dict]) -> list[dict]:
+    if not cc_docs:
+        pytest.skip(f"the Common Crawl sample (../shared/data/{CC_NAME}) is absent")
+    return cc_docs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +312,7 @@ def test_measure_then_decide_is_check_on_the_embedded_corpus(embedded_docs):
 
 def test_measure_then_decide_is_check_on_web_pages(cc_docs):
     checker = Checker()
-    for doc in cc_docs:
+    for doc in web(cc_docs):
         checker.check(CONFIGS, doc)
     reached = _every_reason_reached(checker, CONFIGS)
     assert {"too_short", "too_long", "too_few_alpha", "dup_para_frac", "dup_line_char_frac", "top_2_gram",
@@ -318,7 +326,7 @@ def test_measure_then_decide_is_check_on_web_pages(cc_docs):
 @needs_lid
 def test_language_id_measures_once_and_decides_as_apply(cc_docs):
     checker = Checker()
-    for doc in cc_docs[::2]:
+    for doc in web(cc_docs)[::2]:
         measured = checker.check(LID_CONFIGS, doc)
         assert len(measured) == 3       # the default, threshold 0 and 1 share one scoring key
     assert _every_reason_reached(checker, LID_CONFIGS) == {"language", "language_score"}
@@ -328,7 +336,7 @@ def test_language_id_measures_once_and_decides_as_apply(cc_docs):
 def test_language_id_at_its_boundaries(cc_docs):
     """A score keeps the document when it is above (`>`) the threshold: at its score a document is dropped,
     one float step below it kept."""
-    checked = sum(boundaries(f, doc) for doc in cc_docs[::8] for f in (LID_CONFIGS[0], LID_CONFIGS[3]))
+    checked = sum(boundaries(f, doc) for doc in web(cc_docs)[::8] for f in (LID_CONFIGS[0], LID_CONFIGS[3]))
     assert checked > 100
     for doc in cc_docs[::8]:
         attrs, _ = filters.measure(langid.LanguageID(), doc)
@@ -346,11 +354,11 @@ def test_thresholds_at_measured_values_decide_as_check(embedded_docs, cc_docs):
                 GR(top_n_grams=((1, 0.3), (2, 0.05), (2, 0.25)),
                    dup_n_grams=((3, 0.2), (12, 0.02), (3, 0.05)))]
     checked = pinned = 0
-    for doc in embedded_docs[::10] + cc_docs[::10]:
+    for doc in embedded_docs[::10] + (cc_docs[::10] or embedded_docs[5::10]):
         for f in defaults:
             checked += boundaries(f, doc)
             pinned += pinned_rules(f, doc) if type(f) in OFF else 0
-    assert checked > 1500 and pinned > 1500, (checked, pinned)
+    assert checked > 1500 and pinned > 1000, (checked, pinned)
 
 
 def test_n_gram_values_are_exact_not_bounds(cc_docs):
@@ -360,7 +368,7 @@ def test_n_gram_values_are_exact_not_bounds(cc_docs):
     f = GR(top_n_grams=((1, 0.2), (2, 0.2), (3, 0.18)), dup_n_grams=((2, 0.1), (5, 0.15), (10, 0.1)))
     split = quality._splitter(f.splitter)
     over_a_limit = 0
-    for doc in cc_docs[::4]:
+    for doc in web(cc_docs)[::4]:
         attrs, _ = filters.measure(f, doc)
         ws, chars = split(doc["text"]), len(doc["text"])
         for n, _ in f.top_n_grams:      # the commonest n-gram (the first seen of a tie), joined by spaces
