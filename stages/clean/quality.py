@@ -22,6 +22,12 @@ per process, on the first document (`_splitter`), never into the dataclass. Fine
 counted blank lines in its line ratios (0.10.1: every terminal punctuation mark, `<`/`>`, blank
 lines dropped). This module follows 0.10.1, the datatrove a benchmark installs today.
 
+Measured (filters.py, issue 38): each filter but C4 (a rewriter, measured by its reason) has
+`measure(doc) -> (attrs, doc)` with every statistic its rules compare, and `decide(attrs)` with the rules,
+which give `check`'s reason; its class docstring lists the attrs. Gopher quality's and FineWeb's `check`
+is `decide` over statistics computed when read (`filters.LazyAttrs`); Gopher repetition's keeps its own
+rules, for the upper bounds below, while `measure` computes every exact value.
+
 Speed: everything that walks characters or words runs in C (`str.count`, `str.split`, `re`, `Counter`,
 `set`, `map`) or numpy (`_NGrams.scan`: one sort of the hashes of every n-gram Gopher repetition
 counts, which bounds each rule's value from above); the exact values (the top n-gram, the walk in
@@ -136,18 +142,13 @@ class GopherRepetition(_SplitsWords):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be pairs (n >= 1, fraction in "
                                  "[0, 1]), e.g. ((2, 0.2), (3, 0.18))")
             object.__setattr__(self, name, pairs)
-        # derived once (not fields: equality, hashing and the keys see the fields only): each attr's kind
-        # and n, in measure's order, and each n's (lowest, highest) limit, which `_RepetitionAttrs` reads
-        keys = {"chars": ("chars", 0), "dup_para_frac": ("para", 0), "dup_para_char_frac": ("para", 0),
-                "dup_line_frac": ("line", 0), "dup_line_char_frac": ("line", 0)}
-        keys.update({f"top_{n}_gram": ("top", n) for n, _ in self.top_n_grams})
-        keys.update({f"duplicated_{n}_n_grams": ("dup", n) for n, _ in self.dup_n_grams})
-        limits: dict[tuple[str, int], list[float]] = {}
-        for kind, pairs in (("top", self.top_n_grams), ("dup", self.dup_n_grams)):
-            for n, limit in pairs:
-                limits.setdefault((kind, n), []).append(limit)
-        object.__setattr__(self, "_keys", keys)
-        object.__setattr__(self, "_limits", {k: (min(v), max(v)) for k, v in limits.items()})
+        # derived once (not fields: equality, hashing and the keys see the fields only): the n-gram rules in
+        # check's order, as (attr, limit), and every attr in measure's order
+        rules = [(f"top_{n}_gram", limit) for n, limit in self.top_n_grams]
+        rules += [(f"duplicated_{n}_n_grams", limit) for n, limit in self.dup_n_grams]
+        object.__setattr__(self, "_gram_rules", tuple(rules))
+        object.__setattr__(self, "_attrs", tuple(dict.fromkeys(("chars", *self._FRACTIONS,
+                                                                *(key for key, _ in rules)))))
 
     def reasons(self) -> tuple[str, ...]:
         return ("empty", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
@@ -155,12 +156,58 @@ class GopherRepetition(_SplitsWords):
                 *(f"duplicated_{n}_n_grams" for n, _ in self.dup_n_grams))
 
     def check(self, doc: dict) -> str | None:
-        # the statistics as far as the rules get, each n-gram's exact value only where its upper bound
-        # trips the rule (`_RepetitionAttrs`)
-        return self._decide(_RepetitionAttrs(self, doc["text"], bounded=True))
+        # `decide`'s rules on the statistics as far as they get, each n-gram's exact value computed only where
+        # its upper bound trips its rule (written out rather than `decide` over `filters.LazyAttrs`: this is
+        # the costliest filter, and a call per rule read costs it ~2%)
+        text = doc["text"]
+        chars = len(text)
+        # datatrove 0.10.1 drops an empty text as "empty" before any rule (0.10.0 divided by its length:
+        # ZeroDivisionError). The clean stage drops empty texts itself before any filter (document.py), so
+        # this decides only for a caller of `check` (a benchmark); the stage's output is unchanged.
+        if not chars:
+            return "empty"
+        para_frac, para_char_frac = _paragraph_fractions(text)
+        if self.dup_para_frac and para_frac > self.dup_para_frac:
+            return "dup_para_frac"
+        if self.dup_para_char_frac and para_char_frac > self.dup_para_char_frac:
+            return "dup_para_char_frac"
+        line_frac, line_char_frac = _line_fractions(text)
+        if self.dup_line_frac and line_frac > self.dup_line_frac:
+            return "dup_line_frac"
+        if self.dup_line_char_frac and line_char_frac > self.dup_line_char_frac:
+            return "dup_line_char_frac"
+        # upper bounds of every n's value of both rules (`_scan`): the exact value is needed only where the
+        # bound trips the rule (a bound is at least the value, so `value / chars > limit` implies
+        # `bound / chars > limit`)
+        words, grams, tops, repeats = self._scan(text)
+        for n, limit in self.top_n_grams:
+            if len(words) >= n and tops.get(n, math.inf) / chars > limit and \
+                    _top_n_gram_chars(words, n, grams) / chars > limit:
+                return f"top_{n}_gram"
+        for n, limit in self.dup_n_grams:
+            if len(words) >= n and repeats.get(n, 0) / chars > limit and \
+                    _repeated_chars(words, n, grams, (chars, limit)) / chars > limit:
+                return f"duplicated_{n}_n_grams"
+        return None
 
     def measure(self, doc: dict) -> tuple[dict, dict]:
-        return _RepetitionAttrs(self, doc["text"], bounded=False).every(), doc
+        text = doc["text"]
+        chars = len(text)
+        attrs = dict.fromkeys(self._attrs)           # None: an empty text, or fewer words than n
+        attrs["chars"] = chars
+        if not chars:
+            return attrs, doc
+        attrs["dup_para_frac"], attrs["dup_para_char_frac"] = _paragraph_fractions(text)
+        attrs["dup_line_frac"], attrs["dup_line_char_frac"] = _line_fractions(text)
+        words, grams, _, repeats = self._scan(text)
+        for n, _ in self.top_n_grams:
+            if len(words) >= n:
+                attrs[f"top_{n}_gram"] = _top_n_gram_chars(words, n, grams) / chars
+        for n, _ in self.dup_n_grams:
+            if len(words) >= n:       # the whole walk, no early exit; a bound of 0 is the count (no repeat)
+                repeated = _repeated_chars(words, n, grams) if repeats.get(n) else 0
+                attrs[f"duplicated_{n}_n_grams"] = repeated / chars
+        return attrs, doc
 
     def decide(self, attrs: dict) -> str | None:
         """`check`'s reason from `measure`'s attrs; a ValueError when they were measured for other n's."""
@@ -171,82 +218,26 @@ class GopherRepetition(_SplitsWords):
                 raise ValueError(f"GopherRepetition.{name}={getattr(self, name)!r} reads n = {wanted}, but "
                                  f"these attrs were measured for n = {measured}: measure with the same n's "
                                  "(they are in its scoring_key)")
-        return self._decide(attrs)
-
-    def _decide(self, attrs: dict) -> str | None:
-        # datatrove 0.10.1 drops an empty text as "empty" before any rule (0.10.0 divided by its length:
-        # ZeroDivisionError). The clean stage drops empty texts itself before any filter (document.py), so
-        # this decides only for a caller of `check` (a benchmark); the stage's output is unchanged.
         if not attrs["chars"]:
             return "empty"
         for key in self._FRACTIONS:
             limit = getattr(self, key)
             if limit and attrs[key] > limit:
                 return key
-        for n, limit in self.top_n_grams:
-            value = attrs[f"top_{n}_gram"]
+        for key, limit in self._gram_rules:      # top_n_grams', then dup_n_grams', in their order
+            value = attrs[key]
             if value is not None and value > limit:
-                return f"top_{n}_gram"
-        for n, limit in self.dup_n_grams:
-            value = attrs[f"duplicated_{n}_n_grams"]
-            if value is not None and value > limit:
-                return f"duplicated_{n}_n_grams"
+                return key
         return None
 
-
-class _RepetitionAttrs(filters.LazyAttrs):
-    """GopherRepetition's attrs of one text, each computed when read.
-
-    With `bounded` (`check`), an n-gram's value is exact only where its upper bound (`_NGrams.scan`, one
-    numpy pass for every n) is above the lowest of that n's limits; elsewhere it is the bound, which no
-    limit of that n drops either (a bound is at least the value, so `value / chars > limit` implies
-    `bound / chars > limit`), and the walk of repeated n-grams stops once past the highest of that n's
-    limits, where every limit drops it. So `_decide` gives check's answer, but only the exact values
-    (`bounded=False`: `measure`) are the statistics."""
-
-    def __init__(self, f: GopherRepetition, text: str, bounded: bool):
-        self.f, self.text, self.chars, self.bounded = f, text, len(text), bounded
-        self._para = self._line = self._scan = None     # on first read (a cached_property costs more)
-
-    def __getitem__(self, key: str):
-        kind, n = self.f._keys[key]
-        chars = self.chars
-        if kind == "chars":
-            return chars
-        if not chars:
-            return None
-        if kind == "para":
-            if self._para is None:
-                repeats, repeat_chars = _duplicates(paragraphs := _paragraphs(self.text))
-                self._para = repeats / len(paragraphs), repeat_chars / chars
-            return self._para[key == "dup_para_char_frac"]
-        if kind == "line":
-            if self._line is None:
-                lines, repeats, repeat_chars = _line_duplicates(self.text)
-                self._line = repeats / lines, repeat_chars / chars
-            return self._line[key == "dup_line_char_frac"]
-        if self._scan is None:
-            words = _splitter(self.f.splitter)(self.text)
-            grams = _NGrams(words) if len(words) > 1 else None     # the n-gram hashes, once for every n
-            self._scan = words, grams, (({}, {}) if grams is None else grams.scan(
-                [n for n, _ in self.f.top_n_grams], [n for n, _ in self.f.dup_n_grams]))   # upper bounds
-        words, grams, (tops, repeats) = self._scan
-        if len(words) < n:
-            return None
-        low, high = self.f._limits[kind, n]
-        if kind == "top":
-            bound = tops.get(n, math.inf)
-            if self.bounded and not bound / chars > low:
-                return bound / chars
-            return _top_n_gram_chars(words, n, grams) / chars
-        bound = repeats.get(n, 0)
-        if not bound or (self.bounded and not bound / chars > low):
-            return bound / chars
-        limit = (chars, high) if self.bounded else (1, math.inf)     # (1, inf): no early exit
-        return _repeated_chars(words, n, grams, limit) / chars
-
-    def every(self) -> dict:
-        return {key: self[key] for key in self.f._keys}
+    def _scan(self, text: str) -> tuple:
+        """(the words, their `_NGrams` (None for fewer than two), upper bounds of each n's value of the top
+        n-gram rule, and of the repeated n-grams rule): the n-gram hashes and one numpy pass for every n."""
+        words = _splitter(self.splitter)(text)
+        grams = _NGrams(words) if len(words) > 1 else None
+        tops, repeats = ({}, {}) if grams is None else grams.scan([n for n, _ in self.top_n_grams],
+                                                                  [n for n, _ in self.dup_n_grams])
+        return words, grams, tops, repeats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -576,6 +567,21 @@ def _paragraphs(text: str) -> list[str]:
     each "\n\n" is a whole run), which is several times faster than the regular expression."""
     text = text.strip()
     return _PARAGRAPHS.split(text) if "\n\n\n" in text else text.split("\n\n")
+
+
+def _paragraph_fractions(text: str) -> tuple[float, float]:
+    """(repeated paragraphs / paragraphs, their characters / the text's): Gopher repetition's
+    `dup_para_frac` and `dup_para_char_frac` (text non-empty)."""
+    paragraphs = _paragraphs(text)
+    repeats, repeat_chars = _duplicates(paragraphs)
+    return repeats / len(paragraphs), repeat_chars / len(text)
+
+
+def _line_fractions(text: str) -> tuple[float, float]:
+    """(repeated lines / lines, their characters / the text's): Gopher repetition's `dup_line_frac` and
+    `dup_line_char_frac` (text non-empty)."""
+    lines, repeats, repeat_chars = _line_duplicates(text)
+    return repeats / lines, repeat_chars / len(text)
 
 
 def _line_duplicates(text: str) -> tuple[int, int, int]:
