@@ -110,8 +110,8 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
                 config = _build(f"{name}.Config", registry, gin_files, gin_params)
                 seen = built | {s: _build(f"{s}.Config", registry, gin_files, gin_params)
                                 for s in dag.PER_SOURCE}
-        # fields one binding of another stage sets: clean's contamination check follows yardsticks.Config.tasks,
-        # score measures what the source's own clean.Config decides on
+        # fields one binding of another stage sets: clean's contamination check follows
+        # yardsticks.Config.tasks, score measures what the source's own clean.Config decides on
         if follow := getattr(module, "follow", None):
             config = follow(config, seen)
         if resolve := getattr(module, "resolve", None):      # a config completed from outside (init_from)

@@ -46,10 +46,10 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 # A stage whose code is, in part, another stage's: score measures with clean's filters, normalization,
 # MinHash and contamination index (the same code must measure what clean decides on, so the two nodes of
-# cleaning share one package). Its import contract allows that stage besides those it reads (tests/test_layers.py).
-# The classifier reads its two classes with download's source readers and checks its positives with clean's
-# contamination index (and so sits with the Beam stages in RUNS_ON: clean's config names Beam's runner; fastText
-# does its work).
+# cleaning share one package). Its import contract allows that stage besides those it reads
+# (tests/test_layers.py). The classifier reads its two classes with download's source readers and checks its
+# positives with clean's contamination index (and so sits with the Beam stages in RUNS_ON: clean's config
+# names Beam's runner; fastText does its work).
 SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",), "classifier": ("download", "clean")}
 
 # What each stage's work runs on, which decides the heavy libraries it may import: only "jax" stages import

@@ -2,7 +2,7 @@
 
     make stage STAGE=clean OVERRIDES='clean.Config.min_chars=100'    # selection alone: score is cached
     clean.run(clean.Config(min_chars=100), {"score": scored}, out_dir, work_dir)
-    clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)   # both passes at once
+    clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)  # both passes at once
 
 Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_dir`:
 
@@ -81,8 +81,9 @@ from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
 from stages.io.refusal import Refusal
 
-__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "KeepTop", "build_filters",
-           "check", "plan_inputs", "clean_document", "duplicate_key", "follow", "key_inputs", "run", "summary"]
+__all__ = ["CONFIGURABLES", "FILTERS", "RECIPE", "VERSION", "Config", "Contamination", "KeepTop",
+           "build_filters", "check", "plan_inputs", "clean_document", "duplicate_key", "follow", "key_inputs",
+           "run", "summary"]
 
 log = logging.getLogger(__name__)
 

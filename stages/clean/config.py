@@ -120,9 +120,9 @@ class KeepTop:
     score stage writes it), or "random", a uniform draw from a hash of the document's id and text with
     `seed` (a random sample of the same size: the baseline a ranking must beat).
     `keep_fraction` f keeps exactly f * N documents (to the nearest integer, halves up), the highest
-    scores first, ties broken by (id, text hash) (rows equal in both count as one rank each; exact dedup then keeps one of them); or
-    `threshold` keeps those scoring at least it. One of the two; a change of either reruns clean, never
-    score."""
+    scores first, ties broken by (id, text hash) (rows equal in both count as one rank each; exact dedup
+    then keeps one of them); or `threshold` keeps those scoring at least it. One of the two; a change of
+    either reruns clean, never score."""
 
     score: str = "quality"
     keep_fraction: float | None = None
@@ -133,8 +133,8 @@ class KeepTop:
         if self.score not in SCORES:
             raise ValueError(f"score={self.score!r} is not a score; valid: {', '.join(map(repr, SCORES))}")
         if (self.keep_fraction is None) == (self.threshold is None):
-            raise ValueError(f"keep_fraction={self.keep_fraction!r}, threshold={self.threshold!r}: set exactly "
-                             "one (clean.KeepTop.keep_fraction = 0.1 keeps the top 10%)")
+            raise ValueError(f"keep_fraction={self.keep_fraction!r}, threshold={self.threshold!r}: set "
+                             "exactly one (clean.KeepTop.keep_fraction = 0.1 keeps the top 10%)")
         if self.keep_fraction is not None and not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction={self.keep_fraction!r} must be in (0, 1]")
 

@@ -1,7 +1,7 @@
 """One document through cleaning (pure; the Beam graphs call these inside their workers).
 
     reason, doc = clean_document(doc, config, build_filters(config))    # None: kept (the two passes at once)
-    row = score_document(doc, config, scoring_filters(config))          # the score stage: measure, never decide
+    row = score_document(doc, config, scoring_filters(config))        # the score stage: measure, never decide
     reason, sample = decide_document(row, build_filters(config))       # clean's selection: thresholds only
     duplicate_key(doc["text"])                                            # equal keys: exact duplicates
 
@@ -67,15 +67,18 @@ def score_document(doc: dict, config: Config, scoring: tuple[filters.Filter, ...
         return row | {"fixed": "empty", "text": ""}
     doc = {**doc, "text": text}
     attrs, before, rewrites = {}, [], []
-    for position, f in enumerate(scoring):
+    # Past max_chars only the length is measured: Length drops it first whatever the other thresholds, and
+    # a 10 MB line is never walked by the costlier filters (which makes max_chars a scoring setting:
+    # score.keyed)
+    for position, f in enumerate(scoring[:1] if len(text) > config.max_chars else scoring):
         attrs[type(f).__name__], new = filters.measure(f, doc)
         if new["text"] != doc["text"]:
             before.append([position, doc["text"][:SAMPLE_CHARS]])
             changes = getattr(f, "changes", None)
             rewrites.extend(changes(doc, new) if changes else (type(f).__name__,))
         doc = new
-    return row | {"text": doc["text"], "chars": len(doc["text"]), "metadata": doc.get("metadata"), "fixed": None,
-                  "attrs": json.dumps(attrs, sort_keys=True, allow_nan=False),
+    return row | {"text": doc["text"], "chars": len(doc["text"]), "metadata": doc.get("metadata"),
+                  "fixed": None, "attrs": json.dumps(attrs, sort_keys=True, allow_nan=False),
                   "before": json.dumps(before, ensure_ascii=False) if before else None,
                   "rewrites": rewrites, "dup_key": duplicate_key(doc["text"])}
 

@@ -8,9 +8,9 @@
 A document's rank is (-score, id, text hash): the highest score first, ties broken by a total order over
 what the document is, so the cut never depends on how Beam bundled the work. `keep_fraction` f keeps
 exactly f * N ranks (to the nearest integer, halves up: `count`) of the N documents the filters kept; the
-cut is computed before the Beam graph by reading the score tables' small columns (never the text: attributes, id, hash, score; about 100 bytes a
-document in memory at once for the ranks, so ~10 GB at 1e8 documents: past that, an approximate quantile
-would be the step to take). `threshold` needs no cut.
+cut is computed before the Beam graph by reading the score tables' small columns (never the text:
+attributes, id, hash, score; about 100 bytes a document in memory at once for the ranks, so ~10 GB at 1e8
+documents: past that, an approximate quantile would be the step to take). `threshold` needs no cut.
 """
 
 from __future__ import annotations

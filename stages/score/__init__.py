@@ -1,7 +1,8 @@
 """The score stage: measure every downloaded document once, so that clean's thresholds can change without it.
 
     make stage STAGE=score                       # (normally it runs as clean's upstream)
-    score.run(score.Config(clean=clean.Config()), {"download": downloaded, "classifier": trained}, out_dir, work)
+    score.run(score.Config(clean=clean.Config()), {"download": downloaded, "classifier": trained},
+              out_dir, work)
 
 Reads download's `docs-*.parquet` and writes, per download shard, a score table (stages/score/table.py):
 
@@ -40,8 +41,8 @@ from stages.clean.config import scoring_filters
 from stages.io import documents, storage
 from stages.score.table import shards_of
 
-__all__ = ["CONFIGURABLES", "VERSION", "Config", "check", "check_upstream", "follow", "key_inputs", "keyed", "run",
-           "shards_of", "summary"]
+__all__ = ["CONFIGURABLES", "VERSION", "Config", "check", "check_upstream", "follow", "key_inputs", "keyed",
+           "run", "shards_of", "summary"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ class Config:
 
     def __post_init__(self):
         if not isinstance(self.clean, CleanConfig):
-            raise ValueError(f"clean={self.clean!r} must be a clean.Config (score follows clean's config; bind "
-                             "clean.Config, never score.Config)")
+            raise ValueError(f"clean={self.clean!r} must be a clean.Config (score follows clean's config; "
+                             "bind clean.Config, never score.Config)")
 
 
 CONFIGURABLES = (Config,)
@@ -75,6 +76,7 @@ def keyed(config: Config) -> dict:
     check = c.contamination
     return {"normalize": {"unicode_nfc": c.unicode_nfc, "remove_control_chars": c.remove_control_chars,
                           "tidy_whitespace": c.tidy_whitespace},
+            "max_chars": c.max_chars,       # a longer text is measured for its length alone
             "filters": [filters.scoring_key(f) for f in scoring_filters(c)],
             "minhash": {"ngram": c.minhash_ngram, "bands": c.minhash_bands, "rows": c.minhash_rows,
                         "seed": c.minhash_seed} if c.minhash else None,
@@ -92,10 +94,10 @@ def check_upstream(config: Config, upstream: dict) -> str:
     `quality` with the classifier off."""
     keep_top, found = config.clean.keep_top, upstream.get("classifier")
     if keep_top is not None and keep_top.score == "quality" and found is not None and found.off:
-        return ("clean.KeepTop.score='quality' ranks by the quality classifier, which is off: name its classes "
-                "(classifier.Config.positives = @positives/download.Files(), classifier.Config.negatives = "
-                "@negatives/download.Files()) or a published model (classifier.Config.pretrained), or rank "
-                "with clean.KeepTop.score='random'")
+        return ("clean.KeepTop.score='quality' ranks by the quality classifier, which is off: name its "
+                "classes (classifier.Config.positives = @positives/download.Files(), "
+                "classifier.Config.negatives = @negatives/download.Files()) or a published model "
+                "(classifier.Config.pretrained), or rank with clean.KeepTop.score='random'")
     return ""
 
 
@@ -114,7 +116,8 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     model = classifier.scorer(inputs["classifier"]) if "classifier" in inputs else None   # None: off
     graph.run(config.clean, paths, out_dir, model)
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
-    download_stats = inputs["download"].file("stats.json") if "stats.json" in inputs["download"].files else None
+    download_stats = (inputs["download"].file("stats.json") if "stats.json" in inputs["download"].files
+                      else None)
     stats["errors"] = storage.read_json(download_stats).get("errors", {}) if download_stats else {}
     storage.write_json(storage.join(out_dir, "stats.json"), stats)
     wall = time.time() - start

@@ -7,8 +7,8 @@
 
 A shard is streamed: documents are measured one at a time (`clean.document.score_document`) and the
 columns computed for many at once (MinHash band keys, contamination matches, the classifier's `quality`) a
-chunk of `CHUNK_DOCS` documents at a time, so a worker holds one chunk, never a shard. Each output file is its input shard's
-alone, so a retried bundle rewrites the same bytes.
+chunk of `CHUNK_DOCS` documents at a time, so a worker holds one chunk, never a shard. Each output file is
+its input shard's alone, so a retried bundle rewrites the same bytes.
 """
 
 from __future__ import annotations
@@ -107,4 +107,5 @@ def add_counts(many) -> dict:
 
 def write_stats(counts: dict, out_dir: str, shards: int) -> None:
     storage.write_json(storage.join(out_dir, "stats.json"),
-                       {"docs": counts["docs"], "fixed": dict(sorted(counts["fixed"].items())), "shards": shards})
+                       {"docs": counts["docs"], "fixed": dict(sorted(counts["fixed"].items())),
+                        "shards": shards})

@@ -14,9 +14,9 @@ One file per download shard, `scores-00003-of-00016.parquet`, its rows in that s
     chars           characters of `text` (what a kept document adds to chars_kept; make plan's ladder)
     fixed           the reason no threshold can change: download's error, `null_text`, `empty`; else null
     attrs           JSON {filter class: its `filters.measure` attributes}, every filter scoring measured
-    before          JSON [[filter position, the first 500 characters before that filter rewrote the text], ...]
-                    (null when nothing rewrote it): the text a rejected sample shows when an earlier filter
-                    drops the document
+    before          JSON [[filter position, the first 500 characters before that filter rewrote the text],
+                    ...] (null when nothing rewrote it): the text a rejected sample shows when an earlier
+                    filter drops the document
     rewrites        the kinds of rewrite the text got (`filters.Rewriter`), in filter order
     dup_key         `clean.duplicate_key` of `text` (16 bytes)
     bands           its MinHash LSH band keys (null: no shingle, or minhash off)

@@ -47,9 +47,9 @@ TWO = _sources("code", "web")
 def test_the_tree_of_two_sources():
     t = dag.tree(("code", "web"))
     assert list(t.nodes) == ["download[code]", "download[web]", "classifier", "score[code]", "score[web]",
-                             "clean[code]", "clean[web]", "tokenizer", "shard[code]", "shard[web]", "yardsticks",
-                             "train", "evaluate", "export"]
-    assert t.upstream("score[web]") == ("download[web]", "classifier")     # one classifier scores every source
+                             "clean[code]", "clean[web]", "tokenizer", "shard[code]", "shard[web]",
+                             "yardsticks", "train", "evaluate", "export"]
+    assert t.upstream("score[web]") == ("download[web]", "classifier")    # one classifier scores every source
     assert t.upstream("clean[web]") == ("score[web]",)
     assert t.upstream("shard[web]") == ("clean[web]", "tokenizer")
     assert t.upstream("tokenizer") == ("clean[code]", "clean[web]")

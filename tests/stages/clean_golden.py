@@ -1,6 +1,7 @@
 """What clean wrote before it was split into score and selection, to hold the split to it byte for byte.
 
-    PYTHONPATH=$PWD .venv/bin/python -m tests.stages.clean_golden     # rewrites tests/data/clean_before_split.json
+    # rewrites tests/data/clean_before_split.json
+    PYTHONPATH=$PWD .venv/bin/python -m tests.stages.clean_golden
 
 `tests/data/clean_before_split.json` was written by this module run on the one-pass clean stage (commit
 96936bb, clean VERSION 8), for the inputs and configs below: per config, each output file's content digest
@@ -34,7 +35,8 @@ def _lines(name: str) -> list[dict]:
 def shards() -> list[list[dict]]:
     """Real web text (tests/data/cc_excerpts.jsonl, langid_excerpts.jsonl) in three download shards, with
     exact copies under other ids, near copies (a line added), download errors, empty and tiny texts."""
-    web = [{"id": d["id"], "text": d["text"], "url": d.get("url"), "source": "cc"} for d in _lines("cc_excerpts.jsonl")]
+    web = [{"id": d["id"], "text": d["text"], "url": d.get("url"), "source": "cc"}
+           for d in _lines("cc_excerpts.jsonl")]
     lang = [{"id": f"lang-{i}", "text": d["text"], "source": "langid"}
             for i, d in enumerate(_lines("langid_excerpts.jsonl"))]
     copies = [{**d, "id": f"copy-{i}", "text": "  " + d["text"] + "\n\n"} for i, d in enumerate(web[:12])]
@@ -47,16 +49,17 @@ def shards() -> list[list[dict]]:
     from stages import yardstick_data
     from stages.yardstick_data import texts
     item = next(iter(texts.texts(yardstick_data.REFERENCE_SETS, (), None).values()))[0][1]
-    leaked = [{**web[30], "id": f"leak-{i}", "text": web[30]["text"] + "\n\n" + item + "\n" * i} for i in range(2)]
+    leaked = [{**web[30], "id": f"leak-{i}", "text": web[30]["text"] + "\n\n" + item + "\n" * i}
+              for i in range(2)]
     every = web + lang + copies + near + odd + leaked
     return [every[0::3], every[1::3], every[2::3]]
 
 
 def configs() -> dict[str, clean.Config]:
-    recipe = dict(url_filter=urls.URLFilter(), language_id=langid.LanguageID(),
-                  gopher_repetition=quality.GopherRepetition(), gopher_quality=quality.GopherQuality(),
-                  c4_quality=quality.C4Quality(), fineweb_quality=quality.FineWebQuality(),
-                  pii_masking=pii.PIIMasker())
+    recipe = {"url_filter": urls.URLFilter(), "language_id": langid.LanguageID(),
+              "gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
+              "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality(),
+              "pii_masking": pii.PIIMasker()}
     return {"defaults": clean.Config(num_shards=3),
             "fineweb": clean.Config(num_shards=3, samples_per_reason=3, **recipe,
                                     contamination=clean.Contamination(drop=True)),

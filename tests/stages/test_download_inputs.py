@@ -66,7 +66,7 @@ def test_adding_removing_or_rewriting_an_input_changes_the_key_and_nothing_else_
         after = _keys(glob)
         return [s for s in before if before[s] != after[s]]
 
-    everything = [s for s in before if s != "classifier"]     # all but the classifier, which reads no download
+    everything = [s for s in before if s != "classifier"]    # all but the classifier, which reads no download
     (data / "c.jsonl").write_bytes(_records("c", 1))                      # added
     assert changed() == everything
     (data / "c.jsonl").unlink()                                           # removed again: the old key

@@ -54,7 +54,8 @@ def _clean(root, scored, config: clean.Config, key):
 
 @pytest.fixture(scope="module")
 def golden_runs(tmp_path_factory):
-    """{config name: (the score output, the clean output)} of clean_golden's configs, through the two nodes."""
+    """{config name: (the score output, the clean output)} of clean_golden's configs, through the two
+    nodes."""
     root = str(tmp_path_factory.mktemp("cache"))
     download = _download(root)
     out = {}
@@ -91,14 +92,15 @@ def test_a_score_table_row_holds_the_document_as_clean_would_write_it(golden_run
     for path in documents.shards_of(cleaned):
         for doc in documents.read(path):
             row = rows[doc["id"]]
-            assert (row["text"], row["metadata"], row["chars"]) == (doc["text"], doc["metadata"], len(doc["text"]))
+            assert (row["text"], row["metadata"], row["chars"]) == (doc["text"], doc["metadata"],
+                                                                    len(doc["text"]))
             assert row["dup_key"] == clean.duplicate_key(doc["text"]) and row["contaminated"] == []
 
 
 def test_a_threshold_changes_the_clean_key_and_never_the_score_key():
     def keys(*overrides):
-        plan = pipeline_config.load([f"{REPO}/gin/tiny.gin"], ["clean.Config.gopher_quality = @clean.GopherQuality()",
-                                                                *overrides])
+        plan = pipeline_config.load([f"{REPO}/gin/tiny.gin"],
+                                    ["clean.Config.gopher_quality = @clean.GopherQuality()", *overrides])
         return plan.stages["score"].key, plan.stages["clean"].key
     base = keys()
     for threshold in ("clean.Config.min_chars = 100", "clean.GopherQuality.min_doc_words = 20",
@@ -109,7 +111,8 @@ def test_a_threshold_changes_the_clean_key_and_never_the_score_key():
         changed = keys(*threshold.split("\n"))
         assert changed[0] == base[0] and changed[1] != base[1], threshold
     for measured in ("clean.GopherQuality.splitter = 'fast'", "clean.Config.minhash_seed = 2",
-                     "clean.Config.fineweb_quality = @clean.FineWebQuality()", "clean.Config.tidy_whitespace = False"):
+                     "clean.Config.fineweb_quality = @clean.FineWebQuality()",
+                     "clean.Config.tidy_whitespace = False"):
         changed = keys(measured)
         assert changed[0] != base[0] and changed[1] != base[1], measured
 
@@ -159,7 +162,8 @@ def test_keep_fraction_keeps_exactly_its_quantile_of_a_known_distribution(golden
         cleaned = tmp_path / f"clean-{fraction}"
         graph.run(config, paths, str(cleaned), str(tmp_path / "work"))
         stats = json.loads((cleaned / "stats.json").read_text())
-        return {d["id"] for p in sorted(cleaned.glob("docs-*.parquet")) for d in documents.read(str(p))}, stats
+        return ({d["id"] for p in sorted(cleaned.glob("docs-*.parquet")) for d in documents.read(str(p))},
+                stats)
     passed, _ = kept(1.0)              # what the filters keep: every one of them
     assert len(passed) > 20
     by_quality = sorted(passed, key=lambda i: -qualities[i])
@@ -190,6 +194,7 @@ def test_a_killed_scoring_run_reruns_to_identical_bytes(golden_runs, tmp_path, m
     rerun = _score(str(tmp_path), download, config, key="k")
     undisturbed = runs["fineweb"][0]
     def content(done):
-        return {name: [r for r in table.read(done.file(name))] if name.endswith(".parquet")
-                else storage.read_text(done.file(name)) for name in sorted(done.files) if not name.startswith("_")}
+        return {name: list(table.read(done.file(name))) if name.endswith(".parquet")
+                else storage.read_text(done.file(name))
+                for name in sorted(done.files) if not name.startswith("_")}
     assert content(rerun) == content(undisturbed)
