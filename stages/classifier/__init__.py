@@ -197,6 +197,15 @@ def key_inputs(config: Config) -> dict | None:
     return out
 
 
+def keyed(config: Config) -> Config:
+    """What the key covers: the config less what cannot change the output: the defaults when the stage is
+    off, and never `contamination.drop` (clean's switch; positives that match are always dropped here), so
+    a clean setting never reruns the classifier or the scoring that reads it."""
+    if config.off:
+        return Config()
+    return dataclasses.replace(config, contamination=dataclasses.replace(config.contamination, drop=False))
+
+
 def follow(config: Config, configs: Mapping) -> Config:
     """`config` with its contamination check on what is scored (`configs["yardsticks"]`: yardsticks.Config's
     reference sets and tasks) where clean.Contamination names no list of its own, as `clean.follow` does."""
