@@ -4,7 +4,6 @@ samples."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -17,8 +16,9 @@ from flax import nnx
 
 from stages.io import llmc, storage
 from stages.io.refusal import Refusal
-from stages.train import checkpoint, data, loop, model, scoring
+from stages.train import data, loop, scoring
 from stages.train.configs import ModelConfig
+from stages.train.trained import restore
 from stages.yardsticks import score, tokenized
 
 log = logging.getLogger(__name__)
@@ -161,23 +161,6 @@ def _batch_loss(graphdef, params, batch, **options):
     out = loop.forward_loss(graphdef, params, batch, **options)
     count = batch.shape[0] * (batch.shape[1] - 1)
     return out["loss"] * count, count
-
-
-def restore(train, summary, *, moe_capacity_factor: float | None = 0.0):
-    """The trained model, rebuilt from the train summary's model config and its final checkpoint. A mixture
-    of experts routes with `moe_capacity_factor`: 0 (the default) dropless, every assignment, as the exported
-    model does in transformers, vLLM and llama.cpp; a factor drops past each expert's capacity (training's
-    forward pass at its own factor); None keeps training's."""
-    mcfg = ModelConfig.from_json(summary["model"])
-    if mcfg.n_experts and moe_capacity_factor is not None:
-        mcfg = dataclasses.replace(mcfg, moe_capacity_factor=moe_capacity_factor)
-    abstract = nnx.eval_shape(lambda: model.Transformer(mcfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    ckpt = checkpoint.Checkpointer(storage.join(train.path, "checkpoint"), keep=1, every=1, async_save=False)
-    state = ckpt.restore(ckpt.latest_step(), {"params": abstract_params}, partial=True)
-    params = state["params"]
-    ckpt.close()
-    return nnx.merge(graphdef, params), graphdef, params
 
 
 def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:

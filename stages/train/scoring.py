@@ -1,8 +1,7 @@
 """Log-likelihoods of token sequences under the trained model, batched and packed (lm-eval's semantics).
 
-    from stages.evaluate import measure
-    from stages.train import scoring
-    net, _, _ = measure.restore(train, summary)
+    from stages.train import scoring, trained
+    net, _, _ = trained.restore(train, summary)
     scorer = scoring.Scorer(net, prefix_id=eos_id)        # rows=8, length=net.config.max_seq_len
     scorer = scoring.Scorer(net, prefix_id=eos_id, length=256, max_length=2048)   # lm-eval's max_length
     scorer.loglikelihood([(context_ids, continuation_ids), ...])   # -> [(sum_logprob, is_greedy), ...]
@@ -63,7 +62,7 @@ IN_FLIGHT = 2            # batches dispatched before the oldest one's results ar
 class Scorer:
     """Scores (context, continuation) requests and rolling documents with one model.
 
-    net: the restored `model.Transformer` (`measure.restore`), or training's own (`nnx.merge(graphdef,
+    net: the restored `model.Transformer` (`trained.restore`), or training's own (`nnx.merge(graphdef,
     params)`, its params sharded on `mesh`). prefix_id: the token a rolling document's first window is
     conditioned on (lm-eval's prefix token; use the shard manifest's eos_id, which is what precedes a
     document in training). rows, length: the one (rows, length) shape every batch has; rows defaults to 8

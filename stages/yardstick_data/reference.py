@@ -7,9 +7,10 @@ from stages.yardstick_data import reference
     reference.bits_per_byte(scorer, sp.encode, docs)        # {"bpb", "low", "high", "docs", "bytes"}
 
 Each document is scored with rolling windows (every token predicted once, `Scorer.loglikelihood_rolling`);
-its negative log-likelihood in nats, over ln 2, is its bits. The set's figure is total bits / total UTF-8
-bytes of the documents' TEXT (never counted from tokens, so two tokenizers are scored over the same bytes),
-with a 95% bootstrap interval over documents (fixed seed).
+its negative log-likelihood in nats, over ln 2, is its bits (`document_bits`: the one per-document figure,
+which the perplexity stage's column divides by each document's bytes too). The set's figure is total bits /
+total UTF-8 bytes of the documents' TEXT (never counted from tokens, so two tokenizers are scored over the
+same bytes), with a 95% bootstrap interval over documents (fixed seed).
 
 The embedded default's set (`EMBEDDED`) is Aesop's fables in George Fyler Townsend's 1867 translation
 (public domain; see data/README.md), read straight from this package: no download, clean or tokenizer
@@ -61,16 +62,27 @@ def bits_per_byte(scorer, encode: Callable[[str], list[int]], documents: Sequenc
     if not texts or empty:
         raise ValueError(f"reference documents: {len(texts)} given, empty ones {empty[:5]}; every document "
                          f"needs text")
-    logprobs = scorer.loglikelihood_rolling_many([encode(text) for text in texts])
-    return bits_per_byte_of(logprobs, nbytes, seed=seed, resamples=resamples)
+    bits = document_bits(scorer, [encode(text) for text in texts])
+    return bits_per_byte_of(bits, nbytes, seed=seed, resamples=resamples)
 
 
-def bits_per_byte_of(logprobs, nbytes, *, seed: int = SEED, resamples: int = RESAMPLES) -> dict:
-    """{"bpb", "low", "high", "docs", "bytes"} from each document's summed log-prob (nats) and UTF-8 bytes."""
+def document_bits(scorer, documents: Sequence[Sequence[int]]) -> np.ndarray:
+    """(N,) float64: each tokenized document's bits under `scorer` (`scoring.Scorer`, duck-typed): every
+    token predicted once (`loglikelihood_rolling_many`: rolling windows of the scorer's length, the first
+    after its prefix token, all documents' windows packed together), minus the summed log-prob (nats) over
+    ln 2. A document of no tokens has 0 bits."""
+    import numpy as np
+
+    logprobs = scorer.loglikelihood_rolling_many([list(ids) for ids in documents]) if documents else []
+    return -np.asarray(logprobs, np.float64).reshape(len(documents)) / math.log(2)
+
+
+def bits_per_byte_of(bits, nbytes, *, seed: int = SEED, resamples: int = RESAMPLES) -> dict:
+    """{"bpb", "low", "high", "docs", "bytes"} from each document's bits (`document_bits`) and UTF-8 bytes."""
     import numpy as np
 
     nbytes = np.asarray(nbytes, np.float64)                                              # (N,)
-    bits = -np.asarray(logprobs, np.float64) / math.log(2)                               # (N,)
+    bits = np.asarray(bits, np.float64)                                                  # (N,)
     low, high = bootstrap_ratio(bits, nbytes, seed=seed, resamples=resamples)
     return {"bpb": float(bits.sum() / nbytes.sum()), "low": low, "high": high, "docs": len(bits),
             "bytes": int(nbytes.sum())}

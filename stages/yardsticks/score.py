@@ -28,12 +28,12 @@ def score(scorer, yardsticks) -> dict:
     "truncated_continuations": n} of a `tokenized.Yardsticks` (no tasks: only reference_bpb)."""
     names = list(yardsticks.reference)
     documents = [doc for name in names for doc in yardsticks.reference[name]]
-    logprobs = scorer.loglikelihood_rolling_many([list(doc.ids) for doc in documents]) if documents else []
+    bits = reference.document_bits(scorer, [doc.ids for doc in documents])               # (N,)
     out: dict = {"reference_bpb": {}}
     start = 0
     for name in names:
         docs = yardsticks.reference[name]
-        out["reference_bpb"][name] = reference.bits_per_byte_of(logprobs[start:start + len(docs)],
+        out["reference_bpb"][name] = reference.bits_per_byte_of(bits[start:start + len(docs)],
                                                                 [doc.bytes for doc in docs])
         start += len(docs)
     if yardsticks.tasks:
