@@ -98,8 +98,10 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
 
     settings = _build("pipeline.Settings", registry, gin_files, gin_params)
     built = {name: _build(f"{name}.Config", registry, gin_files, gin_params) for name in dag.STAGES}
-    tree = dag.tree(_sources(built))
-    if problem := _stray_scope(tree.sources):
+    sources = _sources(built)
+    reference = _selects_by_reference(built, sources, registry, gin_files, gin_params)
+    tree = dag.tree(sources, reference=reference)
+    if problem := _stray_scope(tree.sources + ((dag.REFERENCE,) if reference else ())):
         raise ConfigError(problem)
     stages: dict[str, StagePlan] = {}
     for node, (name, ups) in tree.nodes.items():
@@ -108,8 +110,12 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
         if source := dag.source_of(node):        # a source's own stage: its gin scope's bindings apply
             with gin.config_scope(source):
                 config = _build(f"{name}.Config", registry, gin_files, gin_params)
+                # the reference run's stages all follow its scope; a source's, its own stages
                 seen = built | {s: _build(f"{s}.Config", registry, gin_files, gin_params)
-                                for s in dag.PER_SOURCE}
+                                for s in (dag.STAGES if source == dag.REFERENCE else dag.PER_SOURCE)}
+        if source == dag.REFERENCE and name == "clean" and config.keep_top and config.keep_top.score == "bpb":
+            # the ranking by the reference model is the main run's: the reference's own data has none
+            config = dataclasses.replace(config, keep_top=None)
         # fields one binding of another stage sets: clean's contamination check follows
         # yardsticks.Config.tasks, score measures what the source's own clean.Config decides on
         if follow := getattr(module, "follow", None):
@@ -119,6 +125,10 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
                 config = resolve(config, _bound(name, module))
             except (OSError, ValueError) as e:
                 raise ConfigError(f"{node}: {e}") from None
+        if source == dag.REFERENCE and getattr(config, "mixture", None) is not None:
+            raise ConfigError(f"{node}: the reference model trains on its one source (reference/download"
+                              ".Config.source), not the run's mixture: set "
+                              "reference/train.Config.mixture = None")
         configs = {s: stages[s].config for s in tree.closure(node) if s != node} | {node: config}
         stages[node] = StagePlan(node, config, module.VERSION, tuple(stages[u] for u in ups),
                                  config_gin=key_gin(node, configs, registry),
@@ -196,6 +206,17 @@ def _sources(built: dict[str, Any]) -> tuple[str, ...]:
         if fn := getattr(dag.module(name), "named_sources", None):
             found.update(fn(config))
     return tuple(sorted(found))
+
+
+def _selects_by_reference(built: dict[str, Any], sources: tuple[str, ...], registry: dict[str, type],
+                          files: tuple, params: tuple) -> bool:
+    """Whether some source's clean.Config keeps documents by the reference model's bits per byte
+    (`clean.KeepTop.score = "bpb"`): then the run holds the reference model's run (dag.REFERENCE)."""
+    cleans = [built["clean"]]
+    for source in sources:
+        with gin.config_scope(source):
+            cleans.append(_build("clean.Config", registry, files, params))
+    return any(c.keep_top is not None and c.keep_top.score == "bpb" for c in cleans)
 
 
 def _bound(stage: str, module) -> frozenset[str]:

@@ -30,8 +30,11 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     # unless classifier.Config names them; its probability becomes the score table's `quality` column
     "classifier": ("stages.classifier", ()),
     "score": ("stages.score", ("download", "classifier")),
+    # bits per byte of every scored document under the reference model (REFERENCE below: train and tokenizer
+    # are the reference run's); only in a run that selects by it (OPTIONAL)
+    "perplexity": ("stages.perplexity", ("score", "train", "tokenizer")),
     # selection: the thresholds over score's table, dedup among the survivors, the contamination drop
-    "clean": ("stages.clean", ("score",)),
+    "clean": ("stages.clean", ("score", "perplexity")),
     "tokenizer": ("stages.tokenizer", ("clean",)),
     "shard": ("stages.shard", ("clean", "tokenizer")),
     # what every variant is scored on, tokenized once per tokenizer: training scores a subset in the loop
@@ -57,7 +60,8 @@ SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",), "classifier": ("
 # checkpoints with TensorStore and writes numpy). With STAGES it gives every stage's import contract:
 # setup.cfg's [importlinter] section, checked against this file by tests/test_layers.py.
 RUNS_ON: dict[str, str] = {
-    "download": "beam", "classifier": "beam", "score": "beam", "clean": "beam", "tokenizer": "sentencepiece",
+    "download": "beam", "classifier": "beam", "score": "beam", "perplexity": "jax", "clean": "beam",
+    "tokenizer": "sentencepiece",
     "shard": "beam",
     "yardsticks": "sentencepiece", "train": "jax", "evaluate": "jax", "export": "tensorstore",
 }
@@ -65,7 +69,19 @@ RUNS_ON: dict[str, str] = {
 
 # The stages each source has its own instance of: what it reads, how it is cleaned, its tokens in shards.
 # The tokenizer is one for all (trained on a sample of every source), and so is everything after the shards.
-PER_SOURCE = ("download", "score", "clean", "shard")
+PER_SOURCE = ("download", "score", "perplexity", "clean", "shard")
+
+# A model feeding a data stage. A run that selects documents by a reference model's perplexity
+# (clean.KeepTop.score = "bpb") holds a second, smaller run: the reference model's, every stage training
+# needs, each a node `<stage>[reference]` configured in gin scope `reference`
+# (`reference/download.Config.source = ...`, `reference/train.Config.steps = ...`; unscoped bindings apply
+# unless the scope overrides them), reading its own chain by stage name, so its keys are those of a one-source
+# run of that configuration. The stages in READS_REFERENCE read those nodes (perplexity: the reference's train
+# and tokenizer), and OPTIONAL stages exist only in such a run; without one, the tree and every key are what
+# they were before perplexity existed.
+REFERENCE = "reference"
+READS_REFERENCE: dict[str, tuple[str, ...]] = {"perplexity": ("train", "tokenizer")}
+OPTIONAL = ("perplexity",)
 
 
 def module(stage: str) -> ModuleType:
@@ -139,26 +155,56 @@ class Tree:
                             if self.sources else ""))
 
     def input_names(self, node: str) -> dict[str, str]:
+        # (the reference run's nodes are read by stage name, as a one-source run reads them)
         """Each node `node` reads -> the name its stage sees it by (the `inputs` key of `run`, and the
         upstream name its cache key covers): the stage's name, unless `node` is not a source's own and reads
         every source's instance of it (the tokenizer reads clean[code] and clean[web] by those names; in a
         mixture of one source, clean[web] alone, so training finds the source its mixture weighs). So a
         source's own chain has the keys it would have in a one-source run of that source."""
-        return {u: (u if source_of(u) and not source_of(node) else stage_of(u)) for u in self.upstream(node)}
+        return {u: (u if source_of(u) and source_of(u) != REFERENCE and not source_of(node) else stage_of(u))
+                for u in self.upstream(node)}
 
 
-def tree(sources: tuple[str, ...] = ()) -> Tree:
-    """The nodes of a run with these sources (none: the one-source run, each stage its own node)."""
+def tree(sources: tuple[str, ...] = (), reference: bool = False) -> Tree:
+    """The nodes of a run with these sources (none: the one-source run, each stage its own node); with
+    `reference`, the reference model's run first (REFERENCE) and the OPTIONAL stages that read it."""
     def instances(stage: str, source: str) -> tuple[str, ...]:
         if stage not in PER_SOURCE or not sources:
             return (stage,)
         return (node_name(stage, source),) if source else tuple(node_name(stage, s) for s in sources)
 
+    def present(stage: str) -> bool:
+        return reference or stage not in OPTIONAL
+
     nodes: dict[str, tuple[str, tuple[str, ...]]] = {}
+    if reference:
+        chain = set(reference_chain())
+        for stage, (_, ups) in STAGES.items():
+            if stage in chain:
+                nodes[node_name(stage, REFERENCE)] = (stage, tuple(node_name(u, REFERENCE) for u in ups
+                                                                   if u in chain))
     for stage, (_, ups) in STAGES.items():
+        if not present(stage):
+            continue
         for source in (sources if stage in PER_SOURCE and sources else ("",)):
-            nodes[node_name(stage, source)] = (stage, tuple(n for u in ups for n in instances(u, source)))
+            reads = []
+            for u in ups:
+                if u in READS_REFERENCE.get(stage, ()):
+                    reads.append(node_name(u, REFERENCE))
+                elif present(u):
+                    reads.extend(instances(u, source))
+            nodes[node_name(stage, source)] = (stage, tuple(reads))
     return Tree(tuple(sources), nodes)
+
+
+def reference_chain() -> list[str]:
+    """The stages of the reference run, in DAG order: what the stages READS_REFERENCE names need, less the
+    OPTIONAL ones (the reference's own data is not selected by a reference)."""
+    need = {u for ups in READS_REFERENCE.values() for u in ups}
+    for stage in reversed(list(STAGES)):
+        if stage in need:
+            need.update(u for u in STAGES[stage][1] if u not in OPTIONAL)
+    return [s for s in STAGES if s in need]
 
 
 def upstream(stage: str) -> tuple[str, ...]:

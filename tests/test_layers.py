@@ -347,6 +347,6 @@ def test_status_and_a_fully_cached_run_import_no_heavy_library_numpy_or_luigi(tm
     assert heavy == [], f"{command} imported {heavy}:\n{text}"
     # The status table: one row per stage, `name  key[:12]  status  size  wall  path`.
     rows = re.findall(r"^(\w+)\s+[0-9a-f]{12}\s+(\w+)\s", text, re.M)
-    assert rows == [(name, "cached") for name in dag.STAGES], text
+    assert rows == [(name, "cached") for name in dag.tree().nodes], text
     if command == "run":
         assert "0 stage(s) ran" in text, text

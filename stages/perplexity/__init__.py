@@ -38,8 +38,9 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from stages.io import documents, storage
+from stages.io import storage
 from stages.perplexity import column
+from stages.score import table
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,10 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 
 def document_shards(found) -> list[str]:
     """The parquet shards (each with an `id` and a `text` column) of the "score" input, in order: a list of
-    paths as given, or a committed stage's document shards (`documents.shards_of`: docs-*.parquet)."""
+    paths as given, or a committed score stage's tables (stages/score/table.py: scores-*.parquet)."""
     if isinstance(found, (list, tuple)):
         return [str(path) for path in found]
-    return documents.shards_of(found)
+    return table.shards_of(found)
 
 
 def summary(out) -> str:

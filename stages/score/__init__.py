@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from stages import clean
+from stages.clean import checks as clean_checks
 from stages.clean import filters
 from stages.clean.config import Config as CleanConfig
 from stages.clean.config import scoring_filters
@@ -67,7 +67,7 @@ CONFIGURABLES = (Config,)
 def follow(config: Config, configs: Mapping) -> Config:
     """`config` measuring what clean's config switches on: `configs["clean"]` (the node's own, with its
     source's scoped bindings), its contamination check following yardsticks (`clean.follow`)."""
-    return dataclasses.replace(config, clean=clean.follow(configs["clean"], configs))
+    return dataclasses.replace(config, clean=clean_checks.follow(configs["clean"], configs))
 
 
 def keyed(config: Config) -> dict:
@@ -86,7 +86,7 @@ def keyed(config: Config) -> dict:
 
 def key_inputs(config: Config) -> dict | None:
     """clean's: the URL filter's list files and the word splitters' fingerprints (`clean.key_inputs`)."""
-    return clean.key_inputs(config.clean)
+    return clean_checks.key_inputs(config.clean)
 
 
 def check_upstream(config: Config, upstream: dict) -> str:
@@ -103,7 +103,7 @@ def check_upstream(config: Config, upstream: dict) -> str:
 
 def check(config: Config) -> str:
     """clean's check: what would fail the first document (a filter's library or model missing)."""
-    return clean.check(config.clean)
+    return clean_checks.check(config.clean)
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

@@ -22,7 +22,7 @@ from stages import beam_runner
 from stages.clean import contamination
 from stages.clean.config import Config, scoring_filters
 from stages.clean.document import score_document
-from stages.clean.graph import hasher
+from stages.clean.minhash import hasher
 from stages.io import documents, storage
 from stages.score import table
 

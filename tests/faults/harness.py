@@ -59,7 +59,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHECKPOINTS = "train.Config.checkpoint_every = 3"
 DAGS = {"tiny": TINY.with_params(CHECKPOINTS),                # the one-source tiny DAG
         "mixture": MIXTURE.with_params(CHECKPOINTS)}          # the prose + code tree: nodes like clean[code]
-STAGES = list(dag.STAGES)
+STAGES = list(dag.tree().nodes)     # a one-source run without a reference model
 POINTS = ("random", "commit", "gcs")
 OUT = os.path.join(REPO, "benchmarks", "out", "faults.json")
 TIMEOUT_S = 600         # one run of the pipeline; the whole tiny DAG takes about 20 s

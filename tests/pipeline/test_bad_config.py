@@ -292,7 +292,7 @@ def assert_one_error_line_before_work(case: Case, tmp_path) -> None:
     if case.root == "fresh":
         assert not os.path.exists(root), f"{root} was made: {os.listdir(root)}"
     elif os.path.isdir(root):
-        ran = [s for s in dag.STAGES if os.path.exists(os.path.join(root, s))]
+        ran = [s for s in dag.tree().nodes if os.path.exists(os.path.join(root, s))]
         assert not ran, f"stage directories were made under {root}: {ran}"
 
 
@@ -333,7 +333,7 @@ def test_the_shipped_configs_pass_the_checks_before_a_run(gin, tmp_path):
     assert checks.unwritable(plan.cache_root) == ""
     assert checks.cannot_run(plan, ["train", "evaluate"]) == ""
     if "twins" in gin or gin == "gin/tiny.gin":          # offline, their keys (and so the cache) can be read
-        assert cli._to_run(plan, args) == list(dag.STAGES)
+        assert cli._to_run(plan, args) == list(dag.tree().nodes)
     assert not os.path.exists(root)                    # the write probe made nothing, not even the root
 
 

@@ -37,7 +37,7 @@ def _damage(root: str, key: str, how: str) -> None:
 def test_a_damaged_stage_is_rebuilt_and_what_was_built_from_it_is_kept(fake_dag, how):  # noqa: F811
     base, runs = fake_dag
     plan = config.load([], base)
-    assert tasks.build([plan], dag.sinks(list(dag.STAGES))).ok
+    assert tasks.build([plan], dag.sinks(list(dag.tree().nodes))).ok
     runs()
     key = plan.stages["b"].key
     _damage(plan.cache_root, key, how)

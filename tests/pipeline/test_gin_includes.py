@@ -47,7 +47,7 @@ def test_folders_named_like_gin_directories_where_the_run_starts_change_nothing(
     assert out.returncode == 0, out.stderr[-3000:]
     keys = [line.split()[1] for line in out.stdout.splitlines()[1:]]
     plan = config.load([os.path.join(REPO, "gin", gin)], [f'pipeline.Settings.cache_root="{root}"'])
-    assert keys == [plan.stages[s].key[:12] for s in dag.STAGES]
+    assert keys == [plan.stages[s].key[:12] for s in dag.tree().nodes]
     assert plan.stages["clean"].config.min_chars != 12345
     assert sorted(os.listdir(work)) == ["data", "model", "recipe"]     # status wrote nothing there
 
