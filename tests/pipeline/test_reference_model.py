@@ -19,7 +19,7 @@ import pytest
 
 from pipeline import config, dag
 from stages.clean import select
-from stages.io import documents
+from stages.io import documents, storage
 from stages.perplexity import column
 from stages.score import table
 from tests.conftest import REPO
@@ -76,7 +76,7 @@ def test_clean_keeps_the_half_the_reference_model_finds_likeliest_and_a_new_frac
     survivors = select.survivors(plan.stages["clean"].config, tables, columns)
     values = sorted(rank[0] for rank, _ in survivors)              # bpb (rank: -score = bpb), lowest first
     k = select.count(0.5, len(values))
-    stats = json.loads(open(cleaned.file("stats.json")).read())
+    stats = json.loads(storage.read_text(cleaned.file("stats.json")))
     assert stats["dropped"]["high_bpb"] == len(values) - k and k > 20
     by_id = {i: b for path in columns for i, b in zip(*column.read(path))}
     kept = [by_id[d["id"]] for path in documents.shards_of(cleaned) for d in documents.read(path)]
