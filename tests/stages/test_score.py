@@ -135,6 +135,21 @@ def test_a_threshold_sweep_reruns_clean_and_never_score(tmp_path):
     assert second["download"] == first["download"] and second["score"] == first["score"]
     assert len([d for d in second["clean"] if not d.startswith(".")]) == \
         len([d for d in first["clean"] if not d.startswith(".")]) + 1
+    # make plan on the scored source: the documents and tokens a keep fraction would keep, from the tables
+    planned = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--gin", f"{REPO}/gin/tiny.gin",
+                              "--overrides", f"pipeline.Settings.cache_root = '{tmp_path}' "
+                              "clean.Config.keep_top = @clean.KeepTop() clean.KeepTop.score = 'random' "
+                              "clean.KeepTop.keep_fraction = 0.3"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    table_lines = planned.stdout.split("selection (score tables of ", 1)[1].splitlines()[1:7]
+    rows = {line[:22].strip(): line[22:].split() for line in table_lines}
+    kept, docs = int(rows["by the filters"][0].replace(",", "")), {}
+    for label in ("configured (top 30%)", "top 10% by random", "top 20% by random", "top 50% by random"):
+        docs[label] = int(rows[label][0].replace(",", ""))
+        assert int(rows[label][1].replace(",", "")) > 0                   # ~tokens
+    assert docs["configured (top 30%)"] == select.count(0.3, kept) and docs["top 10% by random"] == \
+        select.count(0.1, kept) and docs["top 50% by random"] == select.count(0.5, kept)
 
 
 def test_keep_fraction_keeps_exactly_its_quantile_of_a_known_distribution(golden_runs, tmp_path):
