@@ -1,10 +1,12 @@
-"""The clean stage: normalize download's documents, filter them, and drop exact duplicates.
+"""The clean stage: select from the score table by thresholds, then drop exact and near duplicates.
 
     make stage STAGE=clean OVERRIDES='clean.Config.min_chars=100'    # selection alone: score is cached
     clean.run(clean.Config(min_chars=100), {"score": scored}, out_dir, work_dir)
     clean.run(clean.Config(min_chars=100), {"download": downloaded}, out_dir, work_dir)  # both passes at once
 
-Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_dir`:
+Reads the score stage's tables (stages/score/table.py: every document measured once) and, with a reference
+model, the perplexity stage's bits-per-byte columns; writes into `out_dir` what the one-pass stage wrote
+before cleaning was split (tests/stages/test_score.py holds it to that, file by file):
 
     docs-XXXXX-of-YYYYY.parquet  kept documents (`stages.io.documents` schema, `error` null), sorted by id;
                                  shard b holds the texts whose hash % num_shards == b
@@ -21,8 +23,10 @@ Reads download's `docs-*.parquet` (`documents.shards_of`) and writes into `out_d
                                  that one holds whole when shorter than 13 words (contamination.py)
 
 Modules, one job each: config.py (`Config`, and the filters it switches on, in order: `build_filters`),
-document.py (one document: `clean_document`, `duplicate_key`), normalize.py, filters.py (the filter
-protocol, length and letters), FineWeb's recipe in urls.py, langid.py, quality.py and pii.py (each filter
+document.py (one document: `score_document` measures it, `decide_document` decides it, `clean_document` does
+both at once; `duplicate_key`), select.py (`KeepTop`: the exact top fraction of a score), checks.py (the key's
+inputs, `follow` and `check`, which the score stage shares), normalize.py, filters.py (the filter
+protocol: `measure` once, `decide` per threshold; length and letters), FineWeb's recipe in urls.py, langid.py, quality.py and pii.py (each filter
 a config of its own: `clean.GopherQuality.min_doc_words = 50`, switched on by
 `clean.Config.gopher_quality = @clean.GopherQuality()`), minhash.py, order.py, graph.py (the Beam graph),
 tally.py (stats.json, rejected/), report.py, contamination.py (the yardstick overlap check; its config,
@@ -38,6 +42,8 @@ order a document meets them:
                    recipe that the config switches on, in `config.RECIPE`'s order: URL filter, language
                    id, Gopher repetition, Gopher quality, C4 (which also rewrites kept texts to the lines
                    it keeps), FineWeb, PII masking (a rewriter that drops nothing)
+    low_quality, high_bpb, not_sampled
+                   outside the top fraction (or past the threshold) of `keep_top`'s score (select.py)
     duplicate      the same normalized text as a document with a smaller id (`dedup`)
     near_duplicate in a MinHash cluster (below) whose smallest id is another document (`minhash`)
     contaminated   shares a word 13-gram with a yardstick item (holds all of an item shorter than 13
@@ -146,6 +152,9 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     scored = inputs.get("score")
     if scored is None:
         return ""
+    if config.keep_top is not None and config.keep_top.score == "bpb" and inputs.get("perplexity") is None:
+        return ("selection: by the reference model's bits per byte, which are not computed yet (its run and "
+                "the perplexity stage come first); the ladder shows once they are cached")
     from stages.clean import select
     from stages.score import table
     keep_top = config.keep_top or KeepTop(score="random", keep_fraction=1.0)
