@@ -67,8 +67,11 @@ faults: .venv/installed .venv/olmo-eval-installed
 	REFINERY_FAULTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/train/test_stop.py -k both
 
 # The `bench` extra (datatrove, spaCy, NLTK) is for `make bench` only: `make test` never installs it.
+# datatrove's fastText filter asks for the distribution fasttext-numpy2-wheel by name (the bench extra installs
+# it); its module is the same `fasttext` as the classifier's trainer build, which is forced back after it.
 .venv/bench-installed: .venv/installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall fasttext-numpy2==0.10.4
 	touch $@
 
 # lint-imports checks the import contracts in setup.cfg ([importlinter]); it reads setup.cfg from here.

@@ -25,10 +25,10 @@ before cleaning was split (tests/stages/test_score.py holds it to that, file by 
 Modules, one job each: config.py (`Config`, and the filters it switches on, in order: `build_filters`),
 document.py (one document: `score_document` measures it, `decide_document` decides it, `clean_document` does
 both at once; `duplicate_key`), select.py (`KeepTop`: the exact top fraction of a score), checks.py (the key's
-inputs, `follow` and `check`, which the score stage shares), normalize.py, filters.py (the filter
-protocol: `measure` once, `decide` per threshold; length and letters), FineWeb's recipe in urls.py,
-langid.py, quality.py and pii.py (each filter a config of its own: `clean.GopherQuality.min_doc_words = 50`,
-switched on by `clean.Config.gopher_quality = @clean.GopherQuality()`), minhash.py, order.py, graph.py (the Beam graph),
+inputs, `follow` and `check`, which the score stage shares), normalize.py, filters.py (the filter protocol:
+`measure` once, `decide` per threshold; length and letters), FineWeb's recipe in urls.py, langid.py,
+quality.py and pii.py (each filter a config of its own: `clean.GopherQuality.min_doc_words = 50`, switched on
+by `clean.Config.gopher_quality = @clean.GopherQuality()`), minhash.py, order.py, graph.py (the Beam graph),
 tally.py (stats.json, rejected/), report.py, contamination.py (the yardstick overlap check; its config,
 `Contamination`, is in config.py, so that planning never imports the check's numpy index).
 
