@@ -156,7 +156,7 @@ def _harness_task(root) -> str:
 @pytest.mark.slow
 def test_the_tiny_dag_scores_the_default_tasks_with_intervals(tiny_run, tmp_path, monkeypatch):
     root = str(tmp_path / "cache")
-    tiny_run.copy_to(root, ("download", "clean", "tokenizer", "shard"))   # the same keys; yardsticks differ
+    tiny_run.copy_to(root, ("download", "classifier", "score", "clean", "tokenizer", "shard"))   # same keys
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     harness_task = _harness_task(tmp_path / "harness")
     params = [f'pipeline.Settings.cache_root = "{root}"', *TINY_DAG,

@@ -85,8 +85,8 @@ def test_a_tracked_run_logs_every_step_once_across_a_resume_with_the_config_and_
     assert "tracking" not in config["train"] and "launcher" not in config["train"]
     added = runs[2]["config"]
     assert added["stages"]["train"]["key"] == train.key
-    assert set(added["stages"]) == {"download", "clean", "tokenizer", "shard", "yardsticks", "train",
-                                    "evaluate", "export"}
+    assert set(added["stages"]) == {"download", "classifier", "score", "clean", "tokenizer", "shard",
+                                    "yardsticks", "train", "evaluate", "export"}
     # --stage evaluate built no export: the config names the key it will have, and says it is not built.
     assert added["stages"]["export"] == {"key": plan.stages["export"].key, "summary": tracked.NOT_BUILT}
     assert added["stages"]["evaluate"]["summary"].startswith("val loss ")
@@ -284,6 +284,6 @@ def test_the_wandb_config_names_every_stage_of_the_training_its_export_included(
     plan = TINY.plan(str(tmp_path / "cache"), *TRACKED)
     assert tracked.after(plan, "train") == ["train", "evaluate", "export"]
     stages = tracked.dag_config(plan, tracked.after(plan, "train"))["stages"]
-    assert set(stages) == set(plan.stages) == {"download", "clean", "tokenizer", "shard", "yardsticks",
-                                               "train", "evaluate", "export"}
+    assert set(stages) == set(plan.stages) == {"download", "classifier", "score", "clean", "tokenizer",
+                                               "shard", "yardsticks", "train", "evaluate", "export"}
     assert stages["export"] == {"key": plan.stages["export"].key, "summary": tracked.NOT_BUILT}
