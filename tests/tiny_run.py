@@ -36,7 +36,8 @@ SMALL = [
     "evaluate.Config.max_eval_batches = 2",
     "yardsticks.Config.max_items_per_task = 20",
 ]
-ALL = ["download", "classifier", "score", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate", "export"]
+ALL = ["download", "classifier", "score", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate",
+       "export"]
 # The prose + code mixture at the same sizes, with 24 code modules and 4 held-out ones, no downstream tasks
 # (the one-source tests score them): tests/test_mixture_end_to_end.py, and the fault harness's mixture cases
 MIX_GIN = os.path.join(REPO, "gin", "mixtures", "prose_code.gin")
