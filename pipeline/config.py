@@ -164,8 +164,11 @@ def _stray_scope(sources: tuple[str, ...]) -> str:
         if top and top not in sources and top not in referenced:
             name = f"{scope}/{selector}.{next(iter(params), '')}"
             known = f"its sources are {', '.join(sources)}" if sources else "it has one source and no scopes"
+            why = (f"; the reference model's run (scope {dag.REFERENCE!r}) is part of a run only when a "
+                   "clean.KeepTop ranks by its bits per byte (clean.KeepTop.score = 'bpb')"
+                   if top == dag.REFERENCE else "")
             return (f"{name} is bound in gin scope {top!r}, which no stage reads: {top!r} is not a source of "
-                    f"this run ({known}; train.Mixture names them) and no @{top}/... reference uses it")
+                    f"this run ({known}; train.Mixture names them) and no @{top}/... reference uses it{why}")
     return ""
 
 
