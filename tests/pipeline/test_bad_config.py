@@ -126,7 +126,7 @@ CASES = [
           'train.LaunchConfig.kind="slurm"'),
     _case("files_glob_matches_nothing", "download.Files.paths: '{dir}/none/*.txt' matches no files",
           "download.Config.source=@download.Files()", 'download.Files.paths=["{dir}/none/*.txt"]'),
-    _case("unknown_stage", "unknown stage 'tokeniser'; stages are: download, clean",
+    _case("unknown_stage", "unknown stage 'tokeniser'; stages are: download, classifier, score, clean",
           args=("--stage", "tokeniser")),
     _case("placeholders_left",
           ["leaves placeholders to fill in", "train.LaunchConfig.tpu_name = 'YOUR_TPU_SLICE'"],

@@ -225,7 +225,7 @@ def test_each_recipe_step_is_one_field_holding_its_filter_or_none():
         assert callable(f.check) and isinstance(f.reasons(), tuple), name
         assert clean.build_filters(clean.Config(**{name: f}))[-1] is f
     # and the contamination check, a config of its own that is not a filter (stages/clean/contamination.py)
-    assert (clean.Config, *clean.FILTERS.values(), clean.Contamination) == clean.CONFIGURABLES
+    assert (clean.Config, *clean.FILTERS.values(), clean.Contamination, clean.KeepTop) == clean.CONFIGURABLES
     # no filter parameter is restated in clean.Config, prefixed or not (gopher_min_doc_words)
     parameters = {p.name for cls in clean.FILTERS.values() for p in dataclasses.fields(cls)}
     assert not [(f, p) for f in fields for p in parameters if f == p or f.endswith("_" + p)]

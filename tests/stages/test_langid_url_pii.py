@@ -176,7 +176,7 @@ def test_a_missing_model_is_found_before_any_stage_runs(tmp_path):
                           "--gin-param", f'clean.LanguageID.model = "{tmp_path / "nope.ftz"}"'],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
-    assert re.fullmatch(r"error: clean: clean.LanguageID.model: .*nope.ftz does not exist;[^\n]*\n",
+    assert re.fullmatch(r"error: score: clean.LanguageID.model: .*nope.ftz does not exist;[^\n]*\n",
                         run.stderr)
     assert not root.exists() or not any(root.iterdir())                  # nothing ran, not even download
 
