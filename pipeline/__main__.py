@@ -155,7 +155,9 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
         fn = getattr(dag.module(stage), "plan", None)
         try:
             if fn is not None:
-                out.append(fn(plan.stages[stage].config, compile=compile))
+                text = fn(plan.stages[stage].config, compile=compile)
+                # a node of the reference run (train[reference]) says whose plan it is
+                out.append(f"{stage}: {text}" if dag.source_of(stage) == dag.REFERENCE else text)
         except ValueError as e:      # the config cannot be planned (a mesh that does not tile the chips)
             raise ValueError(f"{stage}: {e}") from None
         # what `run` would refuse from the upstream configs (export: a model no transformers class holds)
