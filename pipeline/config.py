@@ -179,8 +179,9 @@ def _one_source_twice(stages: dict[str, StagePlan], sources: tuple[str, ...]) ->
     Training would draw both weights from one corpus while the report named two."""
     seen: dict[str, str] = {}
     for source in sources:
-        data = json.dumps([cache.config_to_json(stages[dag.node_name(stage, source)].config, for_key=True)
-                           for stage in dag.PER_SOURCE], sort_keys=True)
+        nodes = [dag.node_name(stage, source) for stage in dag.PER_SOURCE]     # those in the tree
+        data = json.dumps([cache.config_to_json(stages[n].config, for_key=True)
+                           for n in nodes if n in stages], sort_keys=True)
         if (first := seen.setdefault(data, source)) == source:
             continue
         unbound = [s for s in (first, source) if not _has_scope(s)]

@@ -354,7 +354,7 @@ def test_a_cache_root_in_the_home_directory_is_expanded_there(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     paths = [line.split()[-1] for line in out.stdout.splitlines()[1:]]
-    assert len(paths) == len(dag.STAGES)
+    assert len(paths) == len(dag.tree().nodes)
     assert all(p.startswith(f"{home}/refinery/") for p in paths), out.stdout
     assert os.listdir(work) == []
 
