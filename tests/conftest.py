@@ -52,6 +52,13 @@ def run_files() -> list[str]:
                   for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
 
 
+def pytest_configure(config):
+    # pytest-xdist's default (`--loadscope-reorder`) hands out a `--dist loadfile` run's modules by their
+    # number of tests, most first, whatever the collection order: keep that order, HEAVY_FIRST's (below).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
     rank = {os.path.join(REPO, "tests", name): i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))       # stable: the rest keep their order
