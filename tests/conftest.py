@@ -1,8 +1,10 @@
 """Shared fixtures. Tests never reach the network; Beam runs in-process with FnApiRunner."""
 
+import fcntl
 import glob
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -78,10 +80,34 @@ def gcs_server():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """The whole tiny DAG (tests/tiny_run.py), run once per session on a cache of its own; tests copy its
-    commits (`tiny_run.copy_to(root)`) rather than computing the same keys again."""
+    commits (`tiny_run.copy_to(root)`) rather than computing the same keys again.
+
+    Once for all of `make test`'s workers too: the first to ask runs it under a lock in the directory they
+    share (`session_dir`), the others wait for it and read what it ran (or why it failed)."""
     from tests import tiny_run as tiny
 
-    return tiny.run_tiny(str(tmp_path_factory.mktemp("tiny") / "cache"))
+    where = session_dir(tmp_path_factory) / "tiny"
+    where.mkdir(exist_ok=True)
+    ran, failed = where / "ran.json", where / "failed.txt"
+    with open(where / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)             # released when the file closes
+        if failed.exists():
+            raise RuntimeError(f"(another worker's) {failed.read_text()}")
+        if not ran.exists():
+            try:
+                run = tiny.run_tiny(str(where / "cache"))
+            except RuntimeError as e:
+                failed.write_text(str(e))
+                raise
+            ran.write_text(json.dumps(run.ran))
+        return tiny.TinyRun(str(where / "cache"), json.loads(ran.read_text()))
+
+
+def session_dir(tmp_path_factory) -> pathlib.Path:
+    """The test session's base temporary directory, which every pytest-xdist worker of the session shares
+    (each worker's own base is a folder in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture
