@@ -111,25 +111,6 @@ def session_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture
-def compile_once(tmp_path):
-    """A sweep's trainings and evaluations of one shape compile each program once (JAX's persistent cache,
-    for this test only): compiling, not training, is most of a tiny run's time."""
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    settings = {"jax_compilation_cache_dir": str(tmp_path / "xla"),
-                "jax_persistent_cache_min_compile_time_secs": 0,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {name: getattr(jax.config, name) for name in settings}
-    for name, value in settings.items():
-        jax.config.update(name, value)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
-
-
-@pytest.fixture
 def gcs_bucket(gcs_server):
     """A fresh bucket on the emulator: yields `gs://<bucket>`."""
     from stages.io import storage

@@ -125,8 +125,7 @@ def test_status_shows_the_tree(mixture_run, capsys):
 
 
 @pytest.mark.slow
-def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trade_off(mixture_run, capsys,
-                                                                                       compile_once):
+def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trade_off(mixture_run, capsys):
     """gin/twins/code_share.gin on the data the mixture run built (the twin's data sizes are MIX_SMALL's),
     its two extreme shares (four trainings, not six: the middle share runs the same code): no data node runs
     again, each variant and seed trains and evaluates, and the report's own-split table holds each source's
@@ -153,8 +152,7 @@ def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trad
 
 
 @pytest.mark.slow
-def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys,
-                                                                                         compile_once):
+def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys):
     """gin/twins/mixsearch_prose_code.gin on the data the mixture run built: four proxies and the finalists
     (one seed) train and evaluate, no data node runs again, and the report has the proxies, the fits with
     their held-out error, the prediction with its interval and the measured finalists."""
