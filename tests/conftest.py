@@ -1,8 +1,10 @@
 """Shared fixtures. Tests never reach the network; Beam runs in-process with FnApiRunner."""
 
+import fcntl
 import glob
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -52,6 +54,13 @@ def run_files() -> list[str]:
                   for p in glob.glob(f"{REPO}/gin/{folder}*.gin"))
 
 
+def pytest_configure(config):
+    # pytest-xdist's default (`--loadscope-reorder`) hands out a `--dist loadfile` run's modules by their
+    # number of tests, most first, whatever the collection order: keep that order, HEAVY_FIRST's (below).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
     rank = {os.path.join(REPO, "tests", name): i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))       # stable: the rest keep their order
@@ -71,29 +80,34 @@ def gcs_server():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """The whole tiny DAG (tests/tiny_run.py), run once per session on a cache of its own; tests copy its
-    commits (`tiny_run.copy_to(root)`) rather than computing the same keys again."""
+    commits (`tiny_run.copy_to(root)`) rather than computing the same keys again.
+
+    Once for all of `make test`'s workers too: the first to ask runs it under a lock in the directory they
+    share (`session_dir`), the others wait for it and read what it ran (or why it failed)."""
     from tests import tiny_run as tiny
 
-    return tiny.run_tiny(str(tmp_path_factory.mktemp("tiny") / "cache"))
+    where = session_dir(tmp_path_factory) / "tiny"
+    where.mkdir(exist_ok=True)
+    ran, failed = where / "ran.json", where / "failed.txt"
+    with open(where / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)             # released when the file closes
+        if failed.exists():
+            raise RuntimeError(f"(another worker's) {failed.read_text()}")
+        if not ran.exists():
+            try:
+                run = tiny.run_tiny(str(where / "cache"))
+            except RuntimeError as e:
+                failed.write_text(str(e))
+                raise
+            ran.write_text(json.dumps(run.ran))
+        return tiny.TinyRun(str(where / "cache"), json.loads(ran.read_text()))
 
 
-@pytest.fixture
-def compile_once(tmp_path):
-    """A sweep's trainings and evaluations of one shape compile each program once (JAX's persistent cache,
-    for this test only): compiling, not training, is most of a tiny run's time."""
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    settings = {"jax_compilation_cache_dir": str(tmp_path / "xla"),
-                "jax_persistent_cache_min_compile_time_secs": 0,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {name: getattr(jax.config, name) for name in settings}
-    for name, value in settings.items():
-        jax.config.update(name, value)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+def session_dir(tmp_path_factory) -> pathlib.Path:
+    """The test session's base temporary directory, which every pytest-xdist worker of the session shares
+    (each worker's own base is a folder in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture

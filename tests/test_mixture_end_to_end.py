@@ -14,6 +14,9 @@ from tests.conftest import REPO
 from tests.tiny_run import MIX_GIN as GIN
 from tests.tiny_run import MIX_SMALL
 
+# The sweep twins' evaluations sample one prompt, as the mixture run's do (SMALL, tests/tiny_run.py): these
+# tests check scores and reports, and the mixture run has compiled that prompt's decoder programs already.
+ONE_PROMPT = next(p for p in MIX_SMALL if p.startswith("evaluate.Config.prompts"))
 TREE = ["download[code]", "download[prose]", "clean[code]", "clean[prose]", "tokenizer", "shard[code]",
         "shard[prose]", "yardsticks", "train", "evaluate", "export"]
 
@@ -125,8 +128,7 @@ def test_status_shows_the_tree(mixture_run, capsys):
 
 
 @pytest.mark.slow
-def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trade_off(mixture_run, capsys,
-                                                                                       compile_once):
+def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trade_off(mixture_run, capsys):
     """gin/twins/code_share.gin on the data the mixture run built (the twin's data sizes are MIX_SMALL's),
     its two extreme shares (four trainings, not six: the middle share runs the same code): no data node runs
     again, each variant and seed trains and evaluates, and the report's own-split table holds each source's
@@ -136,7 +138,7 @@ def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trad
     trained = len(storage.listdir(f"{root}/train"))
     twin = f"{REPO}/gin/twins/code_share.gin"
     variants = {v: ws for v, ws in sweep.variants([twin], []).items() if v in ("code=10%", "code=50%")}
-    params = [f'pipeline.Settings.cache_root = "{root}"', f"sweep.variants = {variants!r}"]
+    params = [f'pipeline.Settings.cache_root = "{root}"', f"sweep.variants = {variants!r}", ONE_PROMPT]
     assert cli.main(["sweep", "--gin", twin, *[a for p in params for a in ("--gin-param", p)]]) == 0
     out = capsys.readouterr().out
     assert {stage: len(storage.listdir(f"{root}/{stage}")) for stage in before} == before
@@ -153,8 +155,7 @@ def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trad
 
 
 @pytest.mark.slow
-def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys,
-                                                                                         compile_once):
+def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys):
     """gin/twins/mixsearch_prose_code.gin on the data the mixture run built: four proxies and the finalists
     (one seed) train and evaluate, no data node runs again, and the report has the proxies, the fits with
     their held-out error, the prediction with its interval and the measured finalists."""
@@ -162,7 +163,7 @@ def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_pr
     before = {stage: len(storage.listdir(f"{root}/{stage}")) for stage in ("download", "clean", "shard")}
     trained = set(storage.listdir(f"{root}/train"))
     twin = f"{REPO}/gin/twins/mixsearch_prose_code.gin"
-    params = [f'pipeline.Settings.cache_root = "{root}"', "mixsearch.seeds = 1"]
+    params = [f'pipeline.Settings.cache_root = "{root}"', "mixsearch.seeds = 1", ONE_PROMPT]
     assert cli.main(["mixsearch", "--gin", twin, *[a for p in params for a in ("--gin-param", p)]]) == 0
     out = capsys.readouterr().out
     assert {stage: len(storage.listdir(f"{root}/{stage}")) for stage in before} == before

@@ -34,6 +34,13 @@ SMALL = [
     "train.OptimizerConfig.warmup_steps = 2",
     "evaluate.Config.max_new_tokens = 6",
     "evaluate.Config.max_eval_batches = 2",
+    # What evaluation compiles, cut to what these tests check (that it runs and writes its files; the numbers
+    # are tests/stages/test_evaluate.py's, at the defaults): one prompt, one decoder program for its prefill
+    # and one for its steps, not three of each (the KV cache is as long as each prompt); requests of at most
+    # 256 tokens (the context cut from the left, lm-eval's rule): rows 64, 128 and 256 wide, not 512 too
+    # (the longest answer of these items is 160 tokens: 256 holds every one, none refused)
+    'evaluate.Config.prompts = ("The",)',
+    "evaluate.Config.max_length = 256",
     "yardsticks.Config.max_items_per_task = 20",
 ]
 ALL = ["download", "classifier", "score", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate",
