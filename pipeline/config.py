@@ -190,7 +190,8 @@ def _one_source_twice(stages: dict[str, StagePlan], sources: tuple[str, ...]) ->
                "of its own, so the unscoped bindings apply") if unbound else \
             "their scoped bindings change nothing that selects documents"
         return (f"train.Mixture weighs sources {first!r} and {source!r}, which are one source: their "
-                f"{', '.join(dag.PER_SOURCE)} configs are identical ({why}), so the model would read the "
+                f"{', '.join(s for s in dag.PER_SOURCE if dag.node_name(s, source) in stages)} configs are "
+                f"identical ({why}), so the model would read the "
                 f"same documents under both names. Give {name!r} its own data (e.g. "
                 f"{name}/download.Config.source = ...), or weigh one name")
     return ""
@@ -216,6 +217,8 @@ def _selects_by_reference(built: dict[str, Any], sources: tuple[str, ...], regis
                           files: tuple, params: tuple) -> bool:
     """Whether some source's clean.Config keeps documents by the reference model's bits per byte
     (`clean.KeepTop.score = "bpb"`): then the run holds the reference model's run (dag.REFERENCE)."""
+    if "clean" not in built:           # a DAG without the clean stage (tests' fake stages)
+        return False
     cleans = [built["clean"]]
     for source in sources:
         with gin.config_scope(source):

@@ -19,7 +19,7 @@ from tests.pipeline.test_bad_config import _case, assert_one_error_line_before_w
 CASES = [
     # An untrained punkt (NLTK's fallback) splits at abbreviations: refused, saying how to get the model.
     _case("nltk_splitter_without_punkt",
-          ["clean: clean.GopherQuality.splitter='nltk': word splitter 'nltk' needs punkt's trained English "
+          ["score: clean.GopherQuality.splitter='nltk': word splitter 'nltk' needs punkt's trained English "
            "model (tokenizers/punkt_tab/english)", words.PUNKT_DOWNLOAD],
           "clean.Config.gopher_quality = @clean.GopherQuality()", 'clean.GopherQuality.splitter = "nltk"'),
     # The check follows yardsticks.Config.tasks; a list of its own would report on what is not scored.

@@ -30,8 +30,9 @@ WEB_FILES = ("web/download.Config.source=@web/download.Files()",
 
 CASES = [
     _case("a_source_without_bindings_of_its_own",
-          ["train.Mixture weighs sources 'prose' and 'web', which are one source: their download, clean, "
-           "shard configs are identical ('web' has no gin binding of its own", "Give 'web' its own data"],
+          ["train.Mixture weighs sources 'prose' and 'web', which are one source: their download, score, "
+           "clean, shard configs are identical ('web' has no gin binding of its own",
+           "Give 'web' its own data"],
           CASE_WEB, gin_path=PROSE_CODE),
     _case("two_sources_bound_alike",
           ["sources 'code' and 'web', which are one source",
