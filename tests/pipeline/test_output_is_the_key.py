@@ -86,7 +86,7 @@ def test_config_gin_holds_what_the_key_covers_and_loads_to_the_same_keys(tmp_pat
     assert "evaluate.Config.max_new_tokens = 7" in gin_text and "train.ModelConfig.d_model = 128" in gin_text
     assert not any(word in gin_text for word in ("log_every", "LaunchConfig", "HardwareConfig", "Runner"))
     # Read as a run file, each stage's config.gin gives that stage's key and its upstream stages' keys.
-    for stage in dag.STAGES:
+    for stage in plan.stages:
         path = tmp_path / f"{stage}.gin"
         path.write_text(plan.stages[stage].config_gin)
         again = config.load([str(path)])
