@@ -17,8 +17,8 @@ from tests.tiny_run import MIX_SMALL
 # The sweep twins' evaluations sample one prompt, as the mixture run's do (SMALL, tests/tiny_run.py): these
 # tests check scores and reports, and the mixture run has compiled that prompt's decoder programs already.
 ONE_PROMPT = next(p for p in MIX_SMALL if p.startswith("evaluate.Config.prompts"))
-TREE = ["download[code]", "download[prose]", "clean[code]", "clean[prose]", "tokenizer", "shard[code]",
-        "shard[prose]", "yardsticks", "train", "evaluate", "export"]
+TREE = ["download[code]", "download[prose]", "classifier", "score[code]", "score[prose]", "clean[code]",
+        "clean[prose]", "tokenizer", "shard[code]", "shard[prose]", "yardsticks", "train", "evaluate", "export"]
 
 
 def _argv(root, *extra):
