@@ -18,7 +18,8 @@ from tests.tiny_run import MIX_SMALL
 # tests check scores and reports, and the mixture run has compiled that prompt's decoder programs already.
 ONE_PROMPT = next(p for p in MIX_SMALL if p.startswith("evaluate.Config.prompts"))
 TREE = ["download[code]", "download[prose]", "classifier", "score[code]", "score[prose]", "clean[code]",
-        "clean[prose]", "tokenizer", "shard[code]", "shard[prose]", "yardsticks", "train", "evaluate", "export"]
+        "clean[prose]", "tokenizer", "shard[code]", "shard[prose]", "yardsticks", "train", "evaluate",
+        "export"]
 
 
 def _argv(root, *extra):
