@@ -73,7 +73,7 @@ def test_the_whole_tree_runs_and_each_source_is_scored_on_its_own(mixture_run):
     assert stats["sources"]["code"]["share"] == stats["sources"]["prose"]["share"] == 0.5
     # the card names each source's stages with its own key
     card = storage.read_text(done["export"].file("README.md"))
-    for node in ("download[code]", "clean[prose]", "shard[code]"):
+    for node in ("score[code]", "clean[prose]", "shard[code]"):     # download[code]: two reads away now
         assert f"| {node} | `{plan.stages[node].key}` |" in card
 
 
