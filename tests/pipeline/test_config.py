@@ -24,7 +24,7 @@ def test_a_tokenizer_override_changes_the_keys_of_tokenizer_and_everything_after
 
 @pytest.mark.parametrize("binding", ["train.OptimizerConfig.learning_rate = 1e-3",
                                      "train.ModelConfig.n_layers = 2", "train.Config.steps = 70"])
-def test_a_training_override_changes_the_keys_of_train_and_evaluate_only(binding):
+def test_a_training_override_changes_the_keys_of_train_evaluate_and_export_only(binding):
     before, after = _keys(), _keys(binding)
     assert [s for s in before if before[s] != after[s]] == ["train", "evaluate", "export"]
 
