@@ -11,7 +11,8 @@
   (pipeline/config.py's `load`, which builds configs and runs nothing; a stage's `resolve`, which reads a
   checkpoint from outside the repository, is left out); `python -m <module> ...` names a module of this
   repository that runs as a program, with a subcommand and options it has.
-- Every repository path the pages name exists, and every relative link resolves.
+- Every repository path the pages name exists (a Python file named alone, `loop.py`, somewhere in it), and
+  every relative link resolves.
 
 A failure names the page, the command or path, and what would make it true.
 """
@@ -42,6 +43,8 @@ ARCHITECTURE = os.path.join("docs", "ARCHITECTURE.md")
 TINY = os.path.join("gin", "tiny.gin")
 # Modules the pages run that are not this repository's (their own docs say what they take).
 EXTERNAL = ("nltk.downloader",)
+# Files a page names that the user writes, not the repository (an lm-eval task's Python beside its YAML).
+USER_FILES = ("utils.py",)
 # The top-level folders whose paths a page may name (a path elsewhere, such as cache/..., is the user's).
 ROOTS = ("pipeline", "stages", "tests", "benchmarks", "gin", "docs")
 
@@ -474,16 +477,29 @@ def _ignored_roots() -> tuple[str, ...]:
 
 
 def paths(text: str) -> list[str]:
-    """The repository paths a page names: inline code spans that are a path under one of ROOTS, and such
-    paths in its prose (with an extension, so a word is not taken for one)."""
+    """The repository paths a page names: inline code spans that are a path under one of ROOTS or a Python
+    file's name (`loop.py`), and such paths in its prose (with an extension, so a word is not taken for
+    one)."""
     prose = _without_fences(text)
     root = "|".join(ROOTS)
-    spans = [s for s in re.findall(r"(?<!`)`([^`\s]+)`(?!`)", prose) if re.fullmatch(rf"(?:{root})/\S*", s)]
+    spans = [s for s in re.findall(r"(?<!`)`([^`\s]+)`(?!`)", prose)
+             if re.fullmatch(rf"(?:{root})/\S*|[\w{{}},]+\.py", s)]
     bare = re.findall(rf"(?<![\w/.`-])((?:{root})/[\w/.-]*\w\.(?:py|gin|md|json|cfg))(?![\w`])", prose)
     return list(dict.fromkeys(p for found in spans + bare for p in expand_braces(found)))
 
 
+@functools.cache
+def _python_files() -> frozenset[str]:
+    """The names of the repository's Python files (`planner.py`, `setup.py`), wherever they are, and those a
+    page names as the user's own (USER_FILES)."""
+    found = glob.glob(os.path.join(REPO, "*.py")) + [
+        p for root in ROOTS for p in glob.glob(os.path.join(REPO, root, "**", "*.py"), recursive=True)]
+    return frozenset(os.path.basename(p) for p in found) | frozenset(USER_FILES)
+
+
 def path_problem(path: str) -> str:
+    if "/" not in path:          # a module by its file name alone (`planner.py` in a stage's section)
+        return "" if path in _python_files() else f"{path} is no file of this repository"
     if path.startswith(_ignored_roots()):
         return ""
     pattern = re.sub(r"<[^>]*>|\.\.\.|…", "*", path)      # `gin/<name>.gin`, `stages/...`: any
@@ -512,11 +528,13 @@ def test_every_path_and_link_a_page_names_exists(page):
 
 
 def test_a_path_that_is_gone_is_named():
-    text = "`stages/io/storage.py`, `stages/train/{loop,gone}.py` and stages/io/old.py; `cache/train/<key>`"
+    text = ("`stages/io/storage.py`, `stages/train/{loop,gone}.py` and stages/io/old.py; "
+            "`cache/train/<key>`, `moe.py`, `elsewhere.py`")
     found = paths(text)
-    assert found == ["stages/io/storage.py", "stages/train/loop.py", "stages/train/gone.py",
-                     "stages/io/old.py"], found
-    assert [path_problem(p) for p in found[2:]] == ["stages/train/gone.py does not exist",
-                                                    "stages/io/old.py does not exist"]
+    assert found == ["stages/io/storage.py", "stages/train/loop.py", "stages/train/gone.py", "moe.py",
+                     "elsewhere.py", "stages/io/old.py"], found
+    assert [path_problem(p) for p in found] == ["", "", "stages/train/gone.py does not exist", "",
+                                                "elsewhere.py is no file of this repository",
+                                                "stages/io/old.py does not exist"]
     assert link_problems("docs/x.md", "[a](nowhere.md) [b](ARCHITECTURE.md) [c](https://x.org)") == \
         ["docs/x.md: the link (nowhere.md) leads nowhere"]
