@@ -32,14 +32,13 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Callable
-from fractions import Fraction
 
 from pipeline import checks, config, search_bindings, sweep, sweep_report
 from pipeline import plan as run_plan
 from pipeline.search_bindings import MEAN_BPB
+from stages import train as train_stage
 from stages.io import storage
 from stages.io.committed import by_source
-from stages.train.mixture import Mixture, apportion
 
 # numpy and the fit (pipeline/mixture_fit.py) are imported where used: the CLI imports this module for its gin
 # configurable, and a fully cached run imports no numpy (tests/test_layers.py)
@@ -89,11 +88,10 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_pla
 # ---------------------------------------------------------------------------------------------
 # Mixtures as whole rows of a batch
 
-def rows(weights: dict[str, float], global_batch: int) -> dict[str, int]:
-    """`weights` as whole rows of a `global_batch`-row batch (largest remainder): what a proxy trains on."""
-    exact = {name: Fraction(w).limit_denominator(10**9) for name, w in weights.items()}
-    total = sum(exact.values())
-    return apportion({name: w / total for name, w in exact.items()}, global_batch)
+def rows(train, weights: dict[str, float]) -> dict[str, int]:
+    """`weights` as whole rows of the batch of `train` (a train.Config; the largest remainder): what a proxy
+    trains on."""
+    return train_stage.one_phase(train, weights)[0]
 
 
 def binding(mix_rows: dict[str, int]) -> str:
@@ -103,19 +101,14 @@ def binding(mix_rows: dict[str, int]) -> str:
 def feasibility(plan: run_plan.Plan) -> Callable[[dict[str, float]], str]:
     """weights -> "" or why they cannot train: a share under one row, or a source read past
     train.Mixture.max_epochs by its committed shards' counts."""
-    from stages import train as train_stage
-
     train = plan.stages["train"].config
     return limits(train, train_stage.mixture_windows(train, by_source(checks.inputs(plan, "train"), "shard")))
 
 
 def limits(train, windows: dict[str, int]) -> Callable[[dict[str, float]], str]:
     """weights -> "" or why a run of `train` (a train.Config) at those weights, as whole rows, cannot train on
-    sources of `windows` training windows each (train.Mixture.problem)."""
-    def problem(weights: dict[str, float]) -> str:
-        mix = Mixture(phases=((0, rows(weights, train.global_batch)),), max_epochs=train.mixture.max_epochs)
-        return mix.problem(steps=train.steps, global_batch=train.global_batch, windows=windows)
-    return problem
+    sources of `windows` training windows each (train.one_phase)."""
+    return lambda weights: train_stage.one_phase(train, weights, windows)[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,9 +127,10 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     ran = {"data": _build([base], data, workers, scheduler, "the data half")}
     base = config.load(gin_files, params)         # the same plan, now with its shards committed
     problem = feasibility(base)
-    batch = base.stages["train"].config.global_batch
+    train = base.stages["train"].config
+    batch = train.global_batch
     drawn = mixture_fit.draw(sources, found.proxies, found.seed, problem, found.alpha)
-    draws = [rows(w, batch) for w in drawn]
+    draws = [rows(train, w) for w in drawn]
     proxies = [_run(gin_files, params, f"proxy {i + 1}", r) for i, r in enumerate(draws)]
     ran["proxies"] = _build([p.plan for p in proxies], ["evaluate"], workers, scheduler, "the proxies")
     results = sweep_report.collect(proxies)
@@ -149,10 +143,10 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     fits = {n: mixture_fit.Fit.of(w, [s[n]["value"] for s in scores]) for n in names}
     lower = sweep_report.lower_is_better(found.target)
     best_w = mixture_fit.optimum(fits[found.target], sources, lower_is_better=lower, feasible=problem)
-    predicted = rows(best_w, batch)
+    predicted = rows(train, best_w)
     target_values = [s[found.target]["value"] for s in scores]
     best_proxy = draws[int(np.argmin(target_values) if lower else np.argmax(target_values))]
-    uniform = rows(dict.fromkeys(sources, 1.0), batch)
+    uniform = rows(train, dict.fromkeys(sources, 1.0))
     finalists = [_run(gin_files, params, name, r, seed, found.seeds)
                  for name, r in zip(FINALISTS, (predicted, best_proxy, uniform))
                  for seed in range(found.seeds)]
@@ -160,7 +154,7 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     at = [predicted[s] / batch for s in sources]
     search = {
         "sources": list(sources), "settings": dataclasses.asdict(found), "global_batch": batch,
-        "steps": base.stages["train"].config.steps, "seq_len": base.stages["train"].config.seq_len,
+        "steps": train.steps, "seq_len": train.seq_len,
         "proxies": [{"rows": d, "weights": {s: d[s] / batch for s in sources},
                      "yardsticks": {n: s[n]["value"] for n in names}} for d, s in zip(draws, scores)],
         "fits": {n: {"loo_rmse": f.loo_rmse, "spread": f.spread, "coef": f.coef.tolist(),
