@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import gin
-from pipeline import cache, dag, gin_errors, search_bindings, typecheck  # noqa: F401 - sweep.*, mixsearch.*
+from pipeline import cache, dag, gin_errors, search_bindings, typecheck
 from pipeline.gin_errors import GIN_DIR, ConfigError
 from pipeline.plan import InputsError, Plan, StagePlan
 from stages import beam_runner
@@ -37,7 +37,7 @@ from stages.io import storage
 
 # What `load` returns and raises, importable from here as well as from their own modules.
 __all__ = ["GIN_DIR", "PLACEHOLDER", "ConfigError", "InputsError", "Plan", "Settings", "StagePlan", "key_gin",
-           "load", "placeholders"]
+           "load", "load_settings", "placeholders"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +137,23 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
         raise ConfigError(problem)
     cache_root = storage.absolute(settings.cache_root)   # a relative local path is relative to the cwd
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params, tree)
+
+
+def load_settings(gin_name: str, gin_files: Iterable[str],
+                  gin_params: Iterable[str] = ()) -> tuple[Any, Plan]:
+    """(the settings of a command that runs many plans, the plan of its base run): `gin_name` is "sweep" or
+    "mixsearch" (search_bindings.CONFIGURABLES), built from the same gin files and overrides as `load`'s
+    plan, the way a stage's Config is (each value checked against its field's type, then the class's own
+    validation). ConfigError, in one line naming the binding, what is valid and the gin files, otherwise.
+
+        found, plan = config.load_settings("sweep", ["gin/sweeps/lr.gin"])     # found.seeds, found.bindings()
+    """
+    if gin_name not in search_bindings.CONFIGURABLES:
+        raise ValueError(f"no settings named {gin_name!r}; they are: "
+                         f"{', '.join(search_bindings.CONFIGURABLES)}")
+    gin_files, gin_params = tuple(gin_files), tuple(p for p in gin_params if p.strip())
+    plan = load(gin_files, gin_params)          # parses the files: their bindings stand until the next load
+    return _build(gin_name, _register(), gin_files, gin_params), plan
 
 
 def _stray_scope(sources: tuple[str, ...]) -> str:
@@ -330,7 +347,8 @@ def _register() -> dict[str, type]:
     validation never sees unchecked values (a string where it compares numbers); `_plain` then
     type-checks every field and builds the real class, which validates itself.
     """
-    registry = {"pipeline.Settings": Settings, "beam_runner.Runner": beam_runner.Runner}
+    registry = {"pipeline.Settings": Settings, "beam_runner.Runner": beam_runner.Runner,
+                **search_bindings.CONFIGURABLES}     # `sweep.seeds`: a gin name without a module
     for name in dag.STAGES:
         for cls in getattr(dag.module(name), "CONFIGURABLES", ()):
             registry[f"{name}.{cls.__name__}"] = cls
@@ -339,7 +357,7 @@ def _register() -> dict[str, type]:
         if not _is_registered(gin_name):
             shadow = type(cls.__name__, (cls,), {"__post_init__": lambda self: None,
                                                  "__module__": cls.__module__})
-            gin.external_configurable(shadow, name=short, module=module)
+            gin.external_configurable(shadow, name=short, module=module or None)
     return registry
 
 

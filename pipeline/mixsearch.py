@@ -33,49 +33,34 @@ import dataclasses
 import io
 from collections.abc import Callable
 
-from pipeline import checks, config, search_bindings, sweep, sweep_report
+from pipeline import checks, config, sweep, sweep_report
 from pipeline import plan as run_plan
-from pipeline.search_bindings import MEAN_BPB
+from pipeline.search_bindings import MEAN_BPB, SEED_BINDING, MixSearch, proxies_needed
 from stages import train as train_stage
 from stages.io import storage
 from stages.io.committed import by_source
 
-# numpy and the fit (pipeline/mixture_fit.py) are imported where used: the CLI imports this module for its gin
-# configurable, and a fully cached run imports no numpy (tests/test_layers.py)
+# numpy and the fit (pipeline/mixture_fit.py) are imported where used: planning a search (`settings`, which
+# the CLI's checks call before anything runs) needs neither
 
 PHASES = "train.Mixture.phases"
 FINALISTS = ("predicted", "best proxy", "uniform")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    proxies: int
-    seed: int
-    alpha: float
-    target: str
-    seeds: int
-
-
-def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_plan.Plan]:
-    """The search's settings and the base plan; ConfigError naming the bad value."""
-    plan = config.load(gin_files, params)
-    found = Settings(*search_bindings.mixsearch())
+def settings(gin_files: list[str], params: list[str]) -> tuple[MixSearch, run_plan.Plan]:
+    """The search's settings (`mixsearch.*`, search_bindings.MixSearch) and the base plan; ConfigError naming
+    the bad value: what MixSearch refuses on its own, and what this run decides, a run of fewer than two
+    sources, fewer proxies than its sources' fit needs, a target none of its runs will have."""
+    found, plan = config.load_settings("mixsearch", gin_files, params)
     train = plan.stages["train"].config
     files = ", ".join(gin_files)
     if train.mixture is None or len(plan.tree.sources) < 2:
         raise config.ConfigError(f"{files}: a mixture search needs a run with two or more sources "
                                  "(train.Mixture naming them, as gin/mixtures/prose_code.gin does)")
-    k = len(plan.tree.sources)
-    need = k + k * (k - 1) // 2 + 1           # mixture_fit's coefficients, and one more
-    if isinstance(found.proxies, bool) or not isinstance(found.proxies, int) or found.proxies < need:
+    need = proxies_needed(len(plan.tree.sources))
+    if found.proxies < need:
         raise config.ConfigError(f"{files}: mixsearch.proxies = {found.proxies!r}; the fit over "
                                  f"{len(plan.tree.sources)} sources needs an int >= {need}")
-    if isinstance(found.seeds, bool) or not isinstance(found.seeds, int) or \
-            not 1 <= found.seeds <= sweep.MAX_SEEDS:
-        raise config.ConfigError(f"{files}: mixsearch.seeds = {found.seeds!r} must be an int in "
-                                 f"1..{sweep.MAX_SEEDS}")
-    if not (isinstance(found.alpha, (int, float)) and found.alpha > 0):
-        raise config.ConfigError(f"{files}: mixsearch.alpha = {found.alpha!r} must be a number > 0")
     names = sweep_report.planned(plan.stages["yardsticks"].config)
     names += [MEAN_BPB] if any(n.startswith("bpb/") for n in names) else []
     if found.target not in names:
@@ -172,7 +157,7 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
 
 def _run(gin_files, params, name: str, mix_rows: dict[str, int], seed: int | None = None,
          seeds: int = 1) -> sweep.Run:
-    extra = [binding(mix_rows)] + ([f"{sweep.SEED_BINDING} = {seed}"] if seeds > 1 else [])
+    extra = [binding(mix_rows)] + ([f"{SEED_BINDING} = {seed}"] if seeds > 1 else [])
     plan = config.load(gin_files, params + extra)
     return sweep.Run(name, plan.stages["train"].config.seed, plan)
 
