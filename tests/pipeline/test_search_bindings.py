@@ -57,16 +57,25 @@ def test_proxies_needed_is_the_fits_coefficients_and_one_more():
 
 
 def _files(kind: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(REPO, "gin", kind, "*.gin")))
+    """The shipped gin files of a kind ("sweeps", "mixsearch"), and their CPU twins (gin/twins/code_share.gin
+    includes 'sweeps/code_share.gin'; the search's twin binds mixsearch.* itself)."""
+    twins = [path for path in glob.glob(os.path.join(REPO, "gin", "twins", "*.gin"))
+             if f"include '{kind}/" in _text(path) or f"\n{kind}." in _text(path)]
+    return sorted(glob.glob(os.path.join(REPO, "gin", kind, "*.gin"))) + sorted(twins)
 
 
-@pytest.mark.parametrize("path", _files("sweeps"), ids=os.path.basename)
+def _text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("path", _files("sweeps"), ids=lambda p: os.path.relpath(p, REPO))
 def test_every_shipped_sweep_file_builds_its_settings(path):
     found = sweep.settings([path], [])
     assert isinstance(found, Sweep) and found.variants and 1 <= found.seeds <= MAX_SEEDS
 
 
-@pytest.mark.parametrize("path", _files("mixsearch"), ids=os.path.basename)
+@pytest.mark.parametrize("path", _files("mixsearch"), ids=lambda p: os.path.relpath(p, REPO))
 def test_every_shipped_mixsearch_file_builds_its_settings(path):
     found, plan = mixsearch.settings([path], [])
     assert isinstance(found, MixSearch) and found.proxies >= proxies_needed(len(plan.tree.sources))
