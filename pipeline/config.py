@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import gin
-from pipeline import cache, dag, gin_errors, search_bindings, typecheck  # noqa: F401 - sweep.*, mixsearch.*
+from pipeline import cache, dag, gin_errors, gin_internals, search_bindings, typecheck
 from pipeline.gin_errors import GIN_DIR, ConfigError
 from pipeline.plan import InputsError, Plan, StagePlan
 from stages import beam_runner
@@ -37,7 +37,7 @@ from stages.io import storage
 
 # What `load` returns and raises, importable from here as well as from their own modules.
 __all__ = ["GIN_DIR", "PLACEHOLDER", "ConfigError", "InputsError", "Plan", "Settings", "StagePlan", "key_gin",
-           "load", "placeholders"]
+           "load", "load_settings", "placeholders"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +76,7 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
             raise ConfigError(f"gin file {path!r} does not exist (looked relative to {os.getcwd()})")
         if not os.path.isfile(path):
             raise ConfigError(f"gin file {path!r} is a directory; name a .gin file in it")
-    if GIN_DIR not in gin.config._LOCATION_PREFIXES:
+    if GIN_DIR not in gin_internals.state().search_paths:
         gin.add_config_file_search_path(GIN_DIR)
     gin_errors.check_sources(gin_files)
     # Files, then each override on its own (what parse_config_files_and_bindings does, less the joining of
@@ -139,26 +139,31 @@ def load(gin_files: Iterable[str], gin_params: Iterable[str] = ()) -> Plan:
     return Plan(cache_root, stages, gin.operative_config_str(), gin_files, gin_params, tree)
 
 
+def load_settings(gin_name: str, gin_files: Iterable[str],
+                  gin_params: Iterable[str] = ()) -> tuple[Any, Plan]:
+    """(the settings of a command that runs many plans, the plan of its base run): `gin_name` is "sweep" or
+    "mixsearch" (search_bindings.CONFIGURABLES), built from the same gin files and overrides as `load`'s
+    plan, the way a stage's Config is (each value checked against its field's type, then the class's own
+    validation). ConfigError, in one line naming the binding, what is valid and the gin files, otherwise.
+
+        found, plan = config.load_settings("sweep", ["gin/sweeps/lr.gin"])     # found.seeds, found.bindings()
+    """
+    if gin_name not in search_bindings.CONFIGURABLES:
+        raise ValueError(f"no settings named {gin_name!r}; they are: "
+                         f"{', '.join(search_bindings.CONFIGURABLES)}")
+    gin_files, gin_params = tuple(gin_files), tuple(p for p in gin_params if p.strip())
+    plan = load(gin_files, gin_params)          # parses the files: their bindings stand until the next load
+    return _build(gin_name, _register(), gin_files, gin_params), plan
+
+
 def _stray_scope(sources: tuple[str, ...]) -> str:
     """A binding in a gin scope that nothing reads, in one line, or "": its scope is neither a source of the
     run (`code/clean.Config...`) nor named by a reference (`@c4_val/download.Files()`). gin would ignore it
     silently; a misspelled source (`cdoe/clean.Config.min_chars`) would then clean with the defaults."""
-    referenced: set[str] = set()
-
-    def walk(value: Any) -> None:
-        if hasattr(value, "_scopes") and hasattr(value, "_selector"):      # a gin @reference or %macro
-            referenced.update(value._scopes or ())
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-
-    bindings = gin.config._CONFIG           # {(scope, selector): {parameter: value}}
-    for params in bindings.values():
-        for value in params.values():
-            walk(value)
+    bindings = gin_internals.state().bindings       # {(scope, selector): {parameter: value}}
+    # the scopes of every @scope/name reference, and the name of every %macro (gin's reference to its
+    # `macro` configurable in a scope named after the macro)
+    referenced = {s for ref in gin.config.iterate_references(bindings) for s in ref.scopes}
     for (scope, selector), params in bindings.items():
         top = scope.split("/")[0] if scope else ""
         if top and top not in sources and top not in referenced:
@@ -199,7 +204,7 @@ def _one_source_twice(stages: dict[str, StagePlan], sources: tuple[str, ...]) ->
 
 def _has_scope(source: str) -> bool:
     """Whether any gin binding is made in `source`'s scope (`code/clean.Config...`)."""
-    return any(scope.split("/")[0] == source for scope, _ in gin.config._CONFIG)
+    return any(scope.split("/")[0] == source for scope, _ in gin_internals.state().bindings)
 
 
 def _sources(built: dict[str, Any]) -> tuple[str, ...]:
@@ -330,7 +335,8 @@ def _register() -> dict[str, type]:
     validation never sees unchecked values (a string where it compares numbers); `_plain` then
     type-checks every field and builds the real class, which validates itself.
     """
-    registry = {"pipeline.Settings": Settings, "beam_runner.Runner": beam_runner.Runner}
+    registry = {"pipeline.Settings": Settings, "beam_runner.Runner": beam_runner.Runner,
+                **search_bindings.CONFIGURABLES}     # `sweep.seeds`: a gin name without a module
     for name in dag.STAGES:
         for cls in getattr(dag.module(name), "CONFIGURABLES", ()):
             registry[f"{name}.{cls.__name__}"] = cls
@@ -339,7 +345,7 @@ def _register() -> dict[str, type]:
         if not _is_registered(gin_name):
             shadow = type(cls.__name__, (cls,), {"__post_init__": lambda self: None,
                                                  "__module__": cls.__module__})
-            gin.external_configurable(shadow, name=short, module=module)
+            gin.external_configurable(shadow, name=short, module=module or None)
     return registry
 
 

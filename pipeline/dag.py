@@ -55,6 +55,48 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
 # names Beam's runner; fastText does its work).
 SHARES_CODE: dict[str, tuple[str, ...]] = {"score": ("clean",), "classifier": ("download", "clean")}
 
+# The modules of another stage that a stage's code may import: each only to read an output of a stage it reads
+# (dag.upstream), and each with the reason it exists. No other module of the stages it reads does it import
+# itself (what a named module imports is that stage's business), and no stage it does not read does it reach
+# at all. The rest of what it reads it reads through the manifest (stages/io/committed.py), not with their
+# code: evaluate reads clean, shard and tokenizer and imports none of them. An entry naming a stage's package
+# (`stages.yardsticks`) allows that package's own module, its public face, and nothing under it; one naming
+# a module (`stages.train.scoring`) allows that module and, should it become a package, everything in it, so
+# moving a module it does not name changes nothing here. SHARES_CODE's stages are allowed whole, beside these.
+# tests/test_layers.py derives each stage's import contracts from this and STAGES, and fails when the code
+# imports a module not listed here or no longer imports one that is.
+IMPORTS: dict[str, dict[str, str]] = {
+    "score": {
+        "stages.classifier": "classifier.scorer: the committed quality model, loaded to score documents"},
+    "clean": {
+        "stages.score.table": "the score tables' files, schema and reader: what selection decides on",
+        "stages.score.graph": "clean.run given download's output scores it first (cleaning as one stage)",
+        "stages.perplexity.column": "the bits-per-byte column's files and reader (KeepTop.score='bpb')"},
+    "perplexity": {
+        "stages.score.table": "the score tables' documents, the ones it measures",
+        "stages.train.trained": "the reference model restored from train's committed checkpoint",
+        "stages.train.scoring": "the packed scorer: bits per byte as training's own yardsticks score it",
+        "stages.train.native": "JAX's platforms started quietly (one line, not libtpu's dozen)"},
+    "train": {
+        "stages.tokenizer": "tokenizer.pretrained_file: whose pieces init_from's checkpoint must match",
+        "stages.yardsticks.tokenized": "the tokenized yardsticks' files and reader, scored in the loop",
+        "stages.yardsticks.score": "the yardsticks' scores, in the loop as evaluation computes them"},
+    "evaluate": {
+        "stages.train.trained": "the model restored from train's committed checkpoint",
+        "stages.train.configs": "ModelConfig, as training wrote it into summary.json",
+        "stages.train.data": "the validation windows, batched as training batches them",
+        "stages.train.loop": "the loss as training computes it (loop.forward_loss)",
+        "stages.train.scoring": "the packed scorer, the one training scores its in-loop yardsticks with",
+        "stages.train.native": "JAX's platforms started quietly (one line, not libtpu's dozen)",
+        "stages.yardsticks": "MAX_LENGTH: where a task request is cut, the yardsticks stage's default",
+        "stages.yardsticks.tokenized": "the tokenized yardsticks' files and reader",
+        "stages.yardsticks.score": "the yardsticks' scores, computed as training computes them in the loop"},
+    "export": {
+        "stages.train.hf": "the model as transformers names it: config.json and the tensors' names",
+        "stages.train.configs": "ModelConfig, its parameter layout and counts, as training wrote them",
+        "stages.train.checkpoint_arrays": "the checkpoint's arrays, read with TensorStore (no JAX)"},
+}
+
 # What each stage's work runs on, which decides the heavy libraries it may import: only "jax" stages import
 # JAX, Flax, Optax or Orbax, only "beam" stages import Apache Beam, the others neither (export reads
 # checkpoints with TensorStore and writes numpy). With STAGES it gives every stage's import contract:

@@ -32,51 +32,35 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Callable
-from fractions import Fraction
 
-from pipeline import checks, config, search_bindings, sweep, sweep_report
+from pipeline import checks, config, sweep, sweep_report
 from pipeline import plan as run_plan
-from pipeline.search_bindings import MEAN_BPB
+from pipeline.search_bindings import MEAN_BPB, SEED_BINDING, MixSearch, proxies_needed
+from stages import train as train_stage
 from stages.io import storage
 from stages.io.committed import by_source
-from stages.train.mixture import Mixture, apportion
 
-# numpy and the fit (pipeline/mixture_fit.py) are imported where used: the CLI imports this module for its gin
-# configurable, and a fully cached run imports no numpy (tests/test_layers.py)
+# numpy and the fit (pipeline/mixture_fit.py) are imported where used: planning a search (`settings`, which
+# the CLI's checks call before anything runs) needs neither
 
 PHASES = "train.Mixture.phases"
 FINALISTS = ("predicted", "best proxy", "uniform")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    proxies: int
-    seed: int
-    alpha: float
-    target: str
-    seeds: int
-
-
-def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_plan.Plan]:
-    """The search's settings and the base plan; ConfigError naming the bad value."""
-    plan = config.load(gin_files, params)
-    found = Settings(*search_bindings.mixsearch())
+def settings(gin_files: list[str], params: list[str]) -> tuple[MixSearch, run_plan.Plan]:
+    """The search's settings (`mixsearch.*`, search_bindings.MixSearch) and the base plan; ConfigError naming
+    the bad value: what MixSearch refuses on its own, and what this run decides, a run of fewer than two
+    sources, fewer proxies than its sources' fit needs, a target none of its runs will have."""
+    found, plan = config.load_settings("mixsearch", gin_files, params)
     train = plan.stages["train"].config
     files = ", ".join(gin_files)
     if train.mixture is None or len(plan.tree.sources) < 2:
         raise config.ConfigError(f"{files}: a mixture search needs a run with two or more sources "
                                  "(train.Mixture naming them, as gin/mixtures/prose_code.gin does)")
-    k = len(plan.tree.sources)
-    need = k + k * (k - 1) // 2 + 1           # mixture_fit's coefficients, and one more
-    if isinstance(found.proxies, bool) or not isinstance(found.proxies, int) or found.proxies < need:
+    need = proxies_needed(len(plan.tree.sources))
+    if found.proxies < need:
         raise config.ConfigError(f"{files}: mixsearch.proxies = {found.proxies!r}; the fit over "
                                  f"{len(plan.tree.sources)} sources needs an int >= {need}")
-    if isinstance(found.seeds, bool) or not isinstance(found.seeds, int) or \
-            not 1 <= found.seeds <= sweep.MAX_SEEDS:
-        raise config.ConfigError(f"{files}: mixsearch.seeds = {found.seeds!r} must be an int in "
-                                 f"1..{sweep.MAX_SEEDS}")
-    if not (isinstance(found.alpha, (int, float)) and found.alpha > 0):
-        raise config.ConfigError(f"{files}: mixsearch.alpha = {found.alpha!r} must be a number > 0")
     names = sweep_report.planned(plan.stages["yardsticks"].config)
     names += [MEAN_BPB] if any(n.startswith("bpb/") for n in names) else []
     if found.target not in names:
@@ -89,11 +73,10 @@ def settings(gin_files: list[str], params: list[str]) -> tuple[Settings, run_pla
 # ---------------------------------------------------------------------------------------------
 # Mixtures as whole rows of a batch
 
-def rows(weights: dict[str, float], global_batch: int) -> dict[str, int]:
-    """`weights` as whole rows of a `global_batch`-row batch (largest remainder): what a proxy trains on."""
-    exact = {name: Fraction(w).limit_denominator(10**9) for name, w in weights.items()}
-    total = sum(exact.values())
-    return apportion({name: w / total for name, w in exact.items()}, global_batch)
+def rows(train, weights: dict[str, float]) -> dict[str, int]:
+    """`weights` as whole rows of the batch of `train` (a train.Config; the largest remainder): what a proxy
+    trains on."""
+    return train_stage.one_phase(train, weights)[0]
 
 
 def binding(mix_rows: dict[str, int]) -> str:
@@ -103,19 +86,14 @@ def binding(mix_rows: dict[str, int]) -> str:
 def feasibility(plan: run_plan.Plan) -> Callable[[dict[str, float]], str]:
     """weights -> "" or why they cannot train: a share under one row, or a source read past
     train.Mixture.max_epochs by its committed shards' counts."""
-    from stages import train as train_stage
-
     train = plan.stages["train"].config
     return limits(train, train_stage.mixture_windows(train, by_source(checks.inputs(plan, "train"), "shard")))
 
 
 def limits(train, windows: dict[str, int]) -> Callable[[dict[str, float]], str]:
     """weights -> "" or why a run of `train` (a train.Config) at those weights, as whole rows, cannot train on
-    sources of `windows` training windows each (train.Mixture.problem)."""
-    def problem(weights: dict[str, float]) -> str:
-        mix = Mixture(phases=((0, rows(weights, train.global_batch)),), max_epochs=train.mixture.max_epochs)
-        return mix.problem(steps=train.steps, global_batch=train.global_batch, windows=windows)
-    return problem
+    sources of `windows` training windows each (train.one_phase)."""
+    return lambda weights: train_stage.one_phase(train, weights, windows)[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,9 +112,10 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     ran = {"data": _build([base], data, workers, scheduler, "the data half")}
     base = config.load(gin_files, params)         # the same plan, now with its shards committed
     problem = feasibility(base)
-    batch = base.stages["train"].config.global_batch
+    train = base.stages["train"].config
+    batch = train.global_batch
     drawn = mixture_fit.draw(sources, found.proxies, found.seed, problem, found.alpha)
-    draws = [rows(w, batch) for w in drawn]
+    draws = [rows(train, w) for w in drawn]
     proxies = [_run(gin_files, params, f"proxy {i + 1}", r) for i, r in enumerate(draws)]
     ran["proxies"] = _build([p.plan for p in proxies], ["evaluate"], workers, scheduler, "the proxies")
     results = sweep_report.collect(proxies)
@@ -149,10 +128,10 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     fits = {n: mixture_fit.Fit.of(w, [s[n]["value"] for s in scores]) for n in names}
     lower = sweep_report.lower_is_better(found.target)
     best_w = mixture_fit.optimum(fits[found.target], sources, lower_is_better=lower, feasible=problem)
-    predicted = rows(best_w, batch)
+    predicted = rows(train, best_w)
     target_values = [s[found.target]["value"] for s in scores]
     best_proxy = draws[int(np.argmin(target_values) if lower else np.argmax(target_values))]
-    uniform = rows(dict.fromkeys(sources, 1.0), batch)
+    uniform = rows(train, dict.fromkeys(sources, 1.0))
     finalists = [_run(gin_files, params, name, r, seed, found.seeds)
                  for name, r in zip(FINALISTS, (predicted, best_proxy, uniform))
                  for seed in range(found.seeds)]
@@ -160,7 +139,7 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
     at = [predicted[s] / batch for s in sources]
     search = {
         "sources": list(sources), "settings": dataclasses.asdict(found), "global_batch": batch,
-        "steps": base.stages["train"].config.steps, "seq_len": base.stages["train"].config.seq_len,
+        "steps": train.steps, "seq_len": train.seq_len,
         "proxies": [{"rows": d, "weights": {s: d[s] / batch for s in sources},
                      "yardsticks": {n: s[n]["value"] for n in names}} for d, s in zip(draws, scores)],
         "fits": {n: {"loo_rmse": f.loo_rmse, "spread": f.spread, "coef": f.coef.tolist(),
@@ -178,7 +157,7 @@ def run(gin_files: list[str], params: list[str], *, workers: int = 1, scheduler:
 
 def _run(gin_files, params, name: str, mix_rows: dict[str, int], seed: int | None = None,
          seeds: int = 1) -> sweep.Run:
-    extra = [binding(mix_rows)] + ([f"{sweep.SEED_BINDING} = {seed}"] if seeds > 1 else [])
+    extra = [binding(mix_rows)] + ([f"{SEED_BINDING} = {seed}"] if seeds > 1 else [])
     plan = config.load(gin_files, params + extra)
     return sweep.Run(name, plan.stages["train"].config.seed, plan)
 

@@ -27,13 +27,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from pipeline import config, gin_errors, search_bindings
+from pipeline import config, gin_errors
 from pipeline import plan as run_plan
-
-SEED_BINDING = "train.Config.seed"   # what a sweep's seed sets: parameter init and data order
-# Each seed trains every variant once, and planning builds a config per run before anything starts: a bound
-# keeps a typo (sweep.seeds = 1000000000) a one-line error instead of a planner that never finishes.
-MAX_SEEDS = 100
+from pipeline.search_bindings import SEED_BINDING, Sweep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,54 +45,31 @@ class Run:
         return f"{self.variant}/seed={self.seed}"
 
 
-def settings(gin_files: list[str], params: list[str]) -> tuple[dict[str, list[str]], int]:
-    """(variants: name -> bindings, seeds) read from the gin files; ConfigError naming the file and the
-    binding when `sweep.variants` is not a dict of names to lists of binding strings or names one twice,
-    `sweep.seeds` not an int in 1..MAX_SEEDS or `sweep.cumulative` not a bool. With `cumulative`, each
-    variant's bindings are those of every variant before it (in the file's order) followed by its own."""
-    config.load(gin_files, params)   # validates the base config and parses the sweep bindings
-    files = ", ".join(gin_files)
-    try:
-        found, seeds, cumulative = search_bindings.sweep()
-    except (ValueError, RuntimeError) as e:
-        raise config.ConfigError(f"{files} binds no sweep.variants: {e}") from None
-    if not isinstance(found, dict) or not found:
-        raise config.ConfigError(f"{files}: sweep.variants must be a non-empty dict name -> [bindings], "
-                                 f"got {found!r}")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
-        raise config.ConfigError(f"{files}: sweep.seeds = {seeds!r} must be an int >= 1 and <= {MAX_SEEDS} "
-                                 f"(each variant trains with {SEED_BINDING} = 0, 1, ..., seeds - 1; 1 keeps "
-                                 "the base seed)")
-    if not isinstance(cumulative, bool):
-        raise config.ConfigError(f"{files}: sweep.cumulative = {cumulative!r} must be True (each variant "
-                                 "adds its bindings to those of the variants before it) or False (default)")
+def settings(gin_files: list[str], params: list[str]) -> Sweep:
+    """The sweep's settings (`sweep.*`, search_bindings.Sweep), read from the gin files after their base run
+    is validated; ConfigError naming the binding, what is valid and the files when `sweep.variants` is not
+    a dict of names to lists of binding strings or names one twice, `sweep.seeds` not an int in
+    1..search_bindings.MAX_SEEDS or `sweep.cumulative` not a bool."""
+    found, _ = config.load_settings("sweep", gin_files, params)
     if problem := gin_errors.repeated_key(tuple(gin_files), tuple(params), "sweep.variants"):
         raise config.ConfigError(problem)
-    out, before = {}, []
-    for name, bindings in found.items():
-        bindings = [bindings] if isinstance(bindings, str) else bindings
-        if not isinstance(bindings, (list, tuple)) or not all(isinstance(b, str) for b in bindings):
-            raise config.ConfigError(
-                f"{files}: sweep.variants[{name!r}] = {bindings!r} is not a list of binding strings; write "
-                f'{{{str(name)!r}: ["train.OptimizerConfig.learning_rate = 1e-3", ...]}}')
-        out[str(name)] = before + list(bindings)
-        before = out[str(name)] if cumulative else []
-    return out, seeds
+    return found
 
 
 def variants(gin_files: list[str], params: list[str]) -> dict[str, list[str]]:
-    """The sweep's variants (name -> every binding that makes it), read from the gin files."""
-    return settings(gin_files, params)[0]
+    """The sweep's variants (name -> every binding that makes it, `Sweep.bindings`), read from the gin
+    files."""
+    return settings(gin_files, params).bindings()
 
 
 def runs(gin_files: list[str], params: list[str]) -> list[Run]:
     """Every variant x seed: the gin files, the overrides, the variant's bindings, then its seed (bound
     only when `sweep.seeds` > 1; one seed keeps the base config's), named for W&B (`_name_tracked_run`)."""
-    found, seeds = settings(gin_files, params)
+    found = settings(gin_files, params)
     sweep, out = sweep_name(gin_files), []
-    for name, bindings in found.items():
-        for seed in range(seeds):
-            extra = [f"{SEED_BINDING} = {seed}"] if seeds > 1 else []
+    for name, bindings in found.bindings().items():
+        for seed in range(found.seeds):
+            extra = [f"{SEED_BINDING} = {seed}"] if found.seeds > 1 else []
             try:
                 plan = config.load(gin_files, params + bindings + extra)
             except config.ConfigError as e:

@@ -45,14 +45,12 @@ from typing import Any
 from stages.io import documents, split_rule, storage
 from stages.io.committed import by_source
 from stages.io.refusal import Refusal
+from stages.io.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # pieces 0, 1, 2, no pad (Llama's layout)
 
 log = logging.getLogger(__name__)
 
 MODEL_TYPES = ("bpe", "unigram")
 MAX_VOCAB = 1 << 20
-# unk, bos, eos are pieces 0, 1, 2 (Llama's layout); no pad piece: shards pack documents with no
-# padding and a loss mask covers any padding the trainer adds.
-UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, -1
 # Bytes per token over the held-out documents is a ratio estimate, sum(bytes) / sum(tokens); its standard
 # error (`heldout_stats`) says how far another sample of documents could move it. Beyond 5% of the figure,
 # comparing two tokenizers by it is guesswork; with fewer than 10 documents the standard error itself is

@@ -1,13 +1,19 @@
 """The layering rules of docs/ARCHITECTURE.md, checked: imports point one way (pipeline -> stages.<stage>
--> stages.io), a stage imports of the other stages only those it reads, heavy libraries stay where they are
-used, storage is the only module that spells a URL scheme, and the CLI's plan/status/cached-run path imports
-neither JAX nor Beam, and no numpy or Luigi.
+-> stages.io), a stage reaches no stage but those it reads and imports of them only the modules
+pipeline/dag.py's IMPORTS names, heavy libraries stay where they are used, storage is the only module that
+spells a URL scheme, and the CLI's plan/status/cached-run path imports neither JAX nor Beam, and no numpy or
+Luigi.
 
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_layers.py
 
-The import contracts live in setup.cfg ([importlinter], what `make lint` runs), one per stage and shared
-layer; they are derived from pipeline/dag.py, and a test here fails, printing the sections to paste, when
-setup.cfg or docs/ARCHITECTURE.md's table says otherwise.
+The import contracts live in setup.cfg ([importlinter], what `make lint` runs): two per stage (what it may
+reach; which modules of the stages it reads it may import) and one per shared layer. They are derived from
+pipeline/dag.py (STAGES, RUNS_ON, SHARES_CODE, IMPORTS), and a test here fails, printing the sections to
+paste, when setup.cfg or docs/ARCHITECTURE.md's table says otherwise; another fails when the code imports a
+module of another stage that IMPORTS does not name, or no longer imports one it names. setup.cfg's sections
+are what this prints (run from the repo root with PYTHONPATH=$PWD):
+
+    from tests import test_layers as t; print(t.render(t.derived_contracts()))
 """
 
 from __future__ import annotations
@@ -61,11 +67,27 @@ def _libraries(modules: tuple[str, ...]) -> str:
     return names[modules]
 
 
+def _allows(prefix: str, module: str) -> bool:
+    """Whether a dag.IMPORTS entry allows importing `module`: an entry naming a stage's package is that
+    package's own module (its public face) only; one naming a module covers it and anything under it."""
+    return module == prefix or (prefix.count(".") > 1 and module.startswith(prefix + "."))
+
+
 def derived_contracts() -> dict[str, dict]:
-    """{contract id: its fields in setup.cfg}, as pipeline/dag.py implies them. A stage imports, of the
-    other stages, only those whose output it reads (`dag.upstream`: evaluate restores train's checkpoint
-    with train's model code, train scores yardsticks with their reader), never pipeline, and only the heavy
-    library it runs on (`dag.RUNS_ON`); a shared layer imports no stage, only the shared layers below it."""
+    """{contract id: its fields in setup.cfg}, as pipeline/dag.py implies them. Per stage:
+
+    - `stage-<name>`: it never reaches, even through other modules, a stage but those it reads
+      (`dag.upstream`) and those it shares code with (`dag.SHARES_CODE`: score measures with clean's
+      filters), never pipeline, and only the heavy library it runs on (`dag.RUNS_ON`): no stage downstream of
+      it or beside it, and no JAX in a data stage, whichever module the import hides in.
+    - `stage-<name>-modules` (a stage that reads another): of the stages it reads, it imports itself only
+      the modules `dag.IMPORTS` names for it (the model restored, the packed scorer, a table's reader), each
+      for a reason written there: evaluate reads clean's, shard's and tokenizer's output through their
+      manifests and imports none of their code. Its own imports only (`allow_indirect_imports`): what a
+      named module imports is its stage's business, held by that stage's contracts; its imports of the
+      named modules are ignored (`stages.evaluate.** -> stages.train.scoring`, and what is under it).
+
+    A shared layer imports no stage, only the shared layers below it."""
     stages = list(dag.STAGES)
     out = {"stages-below-pipeline": {
         "name": "stages never import pipeline (stage code knows nothing of Luigi, gin or the cache)",
@@ -74,13 +96,28 @@ def derived_contracts() -> dict[str, dict]:
         reads, heavy = dag.upstream(stage), _heavy(dag.RUNS_ON[stage])
         shares = dag.SHARES_CODE.get(stage, ())
         out[f"stage-{stage}"] = {
-            "name": (f"stages.{stage} imports, of the other stages, only those it reads ({', '.join(reads)})"
-                     if reads else f"stages.{stage} imports no other stage (it reads none)")
+            "name": (f"stages.{stage} reaches, even through other modules, no stage but those it reads "
+                     f"({', '.join(reads)})" if reads else
+                     f"stages.{stage} imports no other stage (it reads none)")
                     + (f" and {', '.join(shares)}, whose code it shares" if shares else "")
                     + f"; {_libraries(heavy)}; no pipeline",
             "source_modules": [f"stages.{stage}"],
             "forbidden_modules": [f"stages.{s}" for s in stages if s != stage and s not in (*reads, *shares)]
                                  + ["pipeline", *heavy]}
+        if read := [s for s in reads if s not in shares]:
+            prefixes = list(dag.IMPORTS.get(stage, {}))
+            ignored = [f"{importer} -> {imported}" for p in prefixes
+                       for importer in (f"stages.{stage}", f"stages.{stage}.**")
+                       for imported in ([p, f"{p}.**"] if p.count(".") > 1 else [p])]
+            out[f"stage-{stage}-modules"] = {
+                "name": f"stages.{stage} imports of the stages it reads ({', '.join(read)}) "
+                        + (f"only {', '.join(prefixes)} (dag.IMPORTS)" if prefixes else "no module"),
+                "source_modules": [f"stages.{stage}"],
+                "forbidden_modules": [f"stages.{s}" for s in read],
+                **({"ignore_imports": ignored} if ignored else {}),
+                "allow_indirect_imports": "true",
+                # a named module that is no package has nothing under it to ignore
+                **({"unmatched_ignore_imports_alerting": "none"} if ignored else {})}
     for layer, (below, runs_on) in SHARED.items():
         heavy = _heavy(runs_on)
         others = [f"stages.{s}" for s in SHARED if s != layer and s not in below]
@@ -93,13 +130,20 @@ def derived_contracts() -> dict[str, dict]:
     return out
 
 
+LISTS = ("source_modules", "forbidden_modules", "ignore_imports")     # the fields that hold one item a line
+
+
 def render(contracts: dict[str, dict]) -> str:
     """The contracts as setup.cfg spells them (paste this over its contract sections)."""
     blocks = []
     for cid, c in contracts.items():
-        blocks.append("\n".join([f"[importlinter:contract:{cid}]", f"name = {c['name']}", "type = forbidden",
-                                 "source_modules =", *(f"    {m}" for m in c["source_modules"]),
-                                 "forbidden_modules =", *(f"    {m}" for m in c["forbidden_modules"])]))
+        lines = [f"[importlinter:contract:{cid}]", f"name = {c['name']}", "type = forbidden"]
+        for key, value in c.items():
+            if key in LISTS:
+                lines += [f"{key} =", *(f"    {m}" for m in value)]
+            elif key != "name":
+                lines.append(f"{key} = {value}")
+        blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
 
@@ -108,9 +152,8 @@ def _setup_cfg_contracts(path: str = os.path.join(REPO, "setup.cfg")) -> dict[st
     cfg.read(path)
     prefix = "importlinter:contract:"
     return {section.removeprefix(prefix): {
-        "name": cfg[section]["name"], "type": cfg[section]["type"],
-        "source_modules": cfg[section]["source_modules"].split(),
-        "forbidden_modules": cfg[section]["forbidden_modules"].split()}
+        key: [line.strip() for line in value.splitlines() if line.strip()] if key in LISTS else value
+        for key, value in cfg[section].items()}
         for section in cfg.sections() if section.startswith(prefix)}
 
 
@@ -149,22 +192,126 @@ def test_import_contracts_hold():
     assert out.returncode == 0, f"lint-imports failed:\n{out.stdout}{out.stderr}"
 
 
+def _stage_imports() -> dict[str, set[tuple[str, str]]]:
+    """{stage: {(importer, imported)}}: every direct import, by a module of the stage, of a module of another
+    stage whose code it does not share (dag.SHARES_CODE), as grimp (lint-imports' graph) reads this tree."""
+    import grimp
+
+    import stages
+
+    assert os.path.dirname(os.path.abspath(stages.__file__)) == os.path.join(REPO, "stages"), stages.__file__
+    graph = grimp.build_graph("stages", cache_dir=None)       # no .grimp_cache/ in the tree
+    out: dict[str, set[tuple[str, str]]] = {stage: set() for stage in dag.STAGES}
+    for importer in graph.modules:
+        stage = importer.split(".")[1] if importer.count(".") else ""
+        if stage not in dag.STAGES:
+            continue
+        for imported in graph.find_modules_directly_imported_by(importer):
+            owner = imported.split(".")[1] if imported.startswith("stages.") else ""
+            if owner in dag.STAGES and owner != stage and owner not in dag.SHARES_CODE.get(stage, ()):
+                out[stage].add((importer, imported))
+    return out
+
+
+def _imports_problems(imports: dict[str, dict[str, str]], found: dict[str, set[tuple[str, str]]]
+                      ) -> tuple[list[str], list[str], list[str]]:
+    """(entries naming a stage the importer does not read or giving no reason, imports no entry allows,
+    entries no import uses) of an IMPORTS table against the imports `_stage_imports` found."""
+    unlisted, unused, astray = [], [], []
+    for stage, entries in imports.items():
+        for prefix, why in entries.items():
+            if prefix.split(".")[1] not in dag.upstream(stage):
+                astray.append(f"dag.IMPORTS[{stage!r}] names {prefix}, of a stage {stage} does not read "
+                              f"(it reads {', '.join(dag.upstream(stage)) or 'none'})")
+            if not why.strip():
+                astray.append(f"dag.IMPORTS[{stage!r}][{prefix!r}] gives no reason")
+            if not any(_allows(prefix, imported) for _, imported in found[stage]):
+                unused.append(f"dag.IMPORTS[{stage!r}] names {prefix}, which no module of stages.{stage} "
+                              "imports")
+    for stage, pairs in found.items():
+        unlisted += [f"{importer} -> {imported}" for importer, imported in sorted(pairs)
+                     if not any(_allows(p, imported) for p in imports.get(stage, {}))]
+    return astray, unlisted, unused
+
+
+def test_dag_imports_names_exactly_the_modules_each_stage_imports_of_the_stages_it_reads():
+    """pipeline/dag.py's IMPORTS is the list the `-modules` contracts allow: an import it does not name
+    fails here, naming the import and where to add it; an entry no code uses any more (a module moved,
+    an import dropped) fails too, so the list stays the truth; and an entry may name only a stage the
+    importer reads (imports follow the data)."""
+    astray, unlisted, unused = _imports_problems(dag.IMPORTS, _stage_imports())
+    assert not astray, "\n".join(astray)
+    assert not unlisted, ("imports of another stage's module that pipeline/dag.py's IMPORTS does not name "
+                          "(add the module with the reason it is needed, or read that stage's output through "
+                          "its manifest instead):\n" + "\n".join(unlisted))
+    assert not unused, "\n".join(unused) + "\n(remove the entry, or name the module the code imports now)"
+
+
+def test_the_imports_check_finds_an_unlisted_import_an_unused_entry_and_one_astray():
+    """The check above passes only because it finds nothing: an entry dropped, one added that no code uses,
+    and one naming a stage the importer does not read are each reported. A face entry (`stages.yardsticks`)
+    allows the package's own module, not what is under it."""
+    found = _stage_imports()
+    imports = {stage: dict(entries) for stage, entries in dag.IMPORTS.items()}
+    del imports["evaluate"]["stages.train.loop"]
+    imports["export"]["stages.train.planner"] = "a module export does not import"
+    imports["tokenizer"] = {"stages.shard.config": "shard is downstream of the tokenizer"}
+    del imports["evaluate"]["stages.yardsticks.score"]
+    astray, unlisted, unused = _imports_problems(imports, found)
+    assert astray == ["dag.IMPORTS['tokenizer'] names stages.shard.config, of a stage tokenizer does not "
+                      "read (it reads clean)"]
+    assert "stages.evaluate.measure -> stages.train.loop" in unlisted
+    assert "stages.evaluate.measure -> stages.yardsticks.score" in unlisted     # not under stages.yardsticks
+    assert "dag.IMPORTS['export'] names stages.train.planner, which no module of stages.export imports" \
+        in unused
+
+
+def _package_file(module: str) -> str:
+    """The file of a module under the repo: `stages.train` -> stages/train/__init__.py."""
+    path = module.replace(".", "/")
+    return path + ("/__init__.py" if os.path.isdir(os.path.join(REPO, path)) else ".py")
+
+
+def _modules(stage: str) -> list[str]:
+    """Every module of a stage's package (or its one module), sorted."""
+    root = os.path.join(REPO, "stages", stage)
+    if not os.path.isdir(root):
+        return [f"stages.{stage}"]
+    out = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        package = os.path.relpath(folder, REPO).replace(os.sep, ".")
+        out += [package if f == "__init__.py" else f"{package}.{f[:-3]}" for f in files if f.endswith(".py")]
+    return sorted(out)
+
+
 def _violations() -> list:
     """One planted violation per derived contract: (file, code appended, contract, the chains lint-imports
     must report). A stage imports, lazily, the first stage after it in the DAG that it must not import (else
     the last before it: train imports evaluate, the import these contracts were written for) and, eagerly, a
-    heavy library it must not (export: `import jax`). A shared layer imports a stage and a heavy library."""
+    heavy library it must not (export: `import jax`); for its `-modules` contract, a module of a stage it may
+    use that dag.IMPORTS does not name (evaluate imports stages.train.agreed_stop). A shared layer imports a
+    stage and a heavy library."""
     stages = list(dag.STAGES)
     out = [pytest.param("stages/io/llmc.py", "from pipeline import dag  # noqa", "stages-below-pipeline",
                         ["stages.io.llmc -> pipeline.dag"], id="stages-below-pipeline")]
     for cid, c in derived_contracts().items():
         if cid == "stages-below-pipeline":
             continue
-        name = cid.split("-", 1)[1]
+        name = cid.split("-")[1]
         module = f"stages.{name}"
-        path = dag.STAGES[name][0] if name in dag.STAGES else module
-        path = path.replace(".", "/") + ("/__init__.py" if os.path.isdir(os.path.join(REPO, *path.split(".")))
-                                         else ".py")
+        path = _package_file(dag.STAGES[name][0] if name in dag.STAGES else module)
+        if cid.endswith("-modules"):
+            entries = dag.IMPORTS.get(name, {})
+            refused = [m for s in c["forbidden_modules"] for m in _modules(s.removeprefix("stages."))
+                       if not any(_allows(p, m) for p in entries)]
+            # a module beside the named ones (evaluate: stages.train.agreed_stop), else a stage's face
+            target = next((m for m in refused if m.count(".") > 1 and m.rsplit(".", 1)[0] in
+                           {f"stages.{p.split('.')[1]}" for p in entries}), refused[0])
+            parent, _, leaf = target.rpartition(".")
+            code = f"def _planted():\n    from {parent} import {leaf}  # noqa"
+            out.append(pytest.param(path, code, cid, [f"{module} -> {target}"], id=cid))
+            continue
         forbidden = [m.removeprefix("stages.") for m in c["forbidden_modules"] if m.startswith("stages.")]
         if name in dag.STAGES:
             after = [s for s in stages[stages.index(name) + 1:] if s in forbidden]

@@ -11,6 +11,7 @@
     refusal      `Refusal`: a stage's guard declining at run time, reported in one line without a traceback
     tracking     experiment tracking in W&B, one run per trained model (used by train and pipeline/tracked.py)
     wandb_files  W&B's run files read offline: what a killed training's W&B run holds, for its resume
+    token_ids    the special pieces' fixed ids (unk, bos, eos), which the tokenizer trains with
 
 It imports nothing from `pipeline/` and no stage (an import-linter contract in setup.cfg).
 docs/ARCHITECTURE.md's layer diagram lists the same modules; tests/test_docs.py holds both to this directory.

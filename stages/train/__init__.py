@@ -28,13 +28,14 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
+from fractions import Fraction
 
 from stages.io import storage, tracking
 from stages.io.committed import by_source, stage_of
 from stages.io.tracking import Tracking
 from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
-from stages.train.mixture import Mixture
+from stages.train.mixture import Mixture, apportion
 from stages.train.stage_config import Config, LaunchConfig
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,23 @@ def mixture_windows(config: Config, shards: Mapping) -> dict[str, int]:
         tokens = storage.read_json(shard.file("manifest.json"))["splits"]["train"]["tokens"]
         out[source] = max(0, (tokens - 1) // config.seq_len)
     return out
+
+
+def one_phase(config: Config, weights: Mapping[str, float], windows: Mapping[str, int] | None = None
+              ) -> tuple[dict[str, int], str]:
+    """A mixture search's proxy (pipeline/mixsearch.py): `weights` ({source: a number >= 0}, normalized here)
+    as whole rows of `config`'s batch, {source: rows a step} (the largest remainder, as a phase is split), and
+    why `config` trained on one phase of those rows under its mixture's max_epochs cannot train, in one line,
+    or "". `windows` ({source: training windows}, `mixture_windows`) checks the repetition limit too.
+
+        rows, problem = train.one_phase(config, {"code": 0.3, "prose": 0.7}, windows)
+    """
+    exact = {name: Fraction(w).limit_denominator(10**9) for name, w in weights.items()}
+    total = sum(exact.values())
+    rows = apportion({name: w / total for name, w in exact.items()}, config.global_batch)
+    max_epochs = config.mixture.max_epochs if config.mixture is not None else Mixture.max_epochs
+    mixture = Mixture(phases=((0, rows),), max_epochs=max_epochs)
+    return rows, mixture.problem(steps=config.steps, global_batch=config.global_batch, windows=windows)
 
 
 def check_fits(config: Config) -> None:

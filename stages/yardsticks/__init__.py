@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stages.io import storage
+from stages.io.token_ids import EOS_ID
 from stages.yardstick_data import REFERENCE_SETS, TASKS
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,6 @@ def first_text_problem(source) -> str:
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     import sentencepiece as spm
 
-    from stages.tokenizer import EOS_ID
     from stages.yardstick_data import tasks
     from stages.yardsticks import tokenized
 

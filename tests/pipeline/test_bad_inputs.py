@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pipeline import dag, sweep
+from pipeline import dag, search_bindings
 from stages.download.sources import Files
 from stages.train import configs as train_configs
 from stages.train import planner
@@ -26,7 +26,8 @@ BINARY = bytes(range(256)) * 8     # what a reference "text" file holds when it 
 CASES = [
     # ---- sweeps: planning built a config per run, so a billion seeds never finished planning
     _case("sweep_seeds_beyond_the_bound",
-          f"{{gin}}: sweep.seeds = 1000000000 must be an int >= 1 and <= {sweep.MAX_SEEDS}",
+          [f"sweep: seeds=1000000000 must be an int >= 1 and <= {search_bindings.MAX_SEEDS}",
+           "(gin files: {gin};"],
           gin="include 'tiny.gin'\nsweep.variants = {{'a': []}}\nsweep.seeds = 1000000000\n",
           command="sweep"),
     # gin keeps the last of two equal keys, so the first variant was dropped without a word

@@ -61,12 +61,12 @@ def test_a_search_draws_whole_rows_within_every_sources_repetition_limit():
     train = dataclasses.replace(Config(), steps=100, global_batch=16,
                                 mixture=Mixture(phases=((0, {"code": 1, "prose": 1}),), max_epochs=2.0))
     problem = mixsearch.limits(train, {"code": 200, "prose": 100_000})
-    assert mixsearch.rows({"code": 0.3, "prose": 0.7}, 16) == {"code": 5, "prose": 11}
+    assert mixsearch.rows(train, {"code": 0.3, "prose": 0.7}) == {"code": 5, "prose": 11}
     assert "past max_epochs=2" in problem({"code": 0.3, "prose": 0.7})
     assert problem({"code": 0.25, "prose": 0.75}) == ""
-    assert mixsearch.rows({"code": 0.02, "prose": 0.98}, 16) == {"code": 0, "prose": 16}
+    assert mixsearch.rows(train, {"code": 0.02, "prose": 0.98}) == {"code": 0, "prose": 16}
     draws = mf.draw(("code", "prose"), 20, seed=0, feasible=problem)
-    assert all(mixsearch.rows(w, 16)["code"] <= 4 for w in draws)
+    assert all(mixsearch.rows(train, w)["code"] <= 4 for w in draws)
     assert draws == mf.draw(("code", "prose"), 20, seed=0, feasible=problem)
 
 

@@ -193,12 +193,18 @@ def test_one_seed_keeps_the_base_seed(tmp_path):
     assert [r.name for r in sweep.runs([str(gin)], [])] == ["a/seed=7"]
 
 
-@pytest.mark.parametrize("seeds", ["0", "2.5", "True", "'2'"])
-def test_bad_seeds_are_named_with_what_is_valid(tmp_path, seeds):
+@pytest.mark.parametrize("seeds, expect", [
+    ("0", "sweep: seeds=0 must be an int >= 1 and <= 100 (each variant trains with train.Config.seed = 0, "),
+    ("101", "sweep: seeds=101 must be an int >= 1 and <= 100"),
+    ("2.5", "sweep.seeds = 2.5 has type float; expected int"),      # the type first, as for every Config
+    ("True", "sweep.seeds = True has type bool; expected int"),
+    ("'2'", "sweep.seeds = '2' has type str; expected int")])
+def test_bad_seeds_are_named_with_what_is_valid(tmp_path, seeds, expect):
     gin = tmp_path / "s.gin"
     gin.write_text(f"include '{REPO}/gin/tiny.gin'\nsweep.seeds = {seeds}\nsweep.variants = {{'a': []}}\n")
-    with pytest.raises(config.ConfigError, match=r"sweep.seeds = .* must be an int >= 1"):
+    with pytest.raises(config.ConfigError) as e:
         sweep.runs([str(gin)], [])
+    assert expect in str(e.value) and f"(gin files: {gin};" in str(e.value), str(e.value)
 
 
 def test_cumulative_variants_add_their_bindings_to_those_before(tmp_path):
@@ -210,7 +216,7 @@ def test_cumulative_variants_add_their_bindings_to_those_before(tmp_path):
     assert found["c"] == ["clean.Config.min_chars = 300", "clean.Config.dedup = False",
                           "clean.Config.min_chars = 400"]
     gin.write_text(gin.read_text().replace("True", "1"))
-    with pytest.raises(config.ConfigError, match="sweep.cumulative = 1 must be True"):
+    with pytest.raises(config.ConfigError, match="sweep.cumulative = 1 has type int; expected bool"):
         sweep.variants([str(gin)], [])
 
 

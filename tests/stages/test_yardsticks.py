@@ -19,7 +19,7 @@ from stages import yardsticks
 from stages.download.sources import Files
 from stages.io import storage
 from stages.io.committed import Committed
-from stages.tokenizer import EOS_ID
+from stages.io.token_ids import EOS_ID
 from stages.yardstick_data import reference, tasks
 from stages.yardsticks import tokenized
 from tests.conftest import REPO, reproducible_cpu_env
