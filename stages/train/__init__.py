@@ -16,8 +16,8 @@ Modules, one job each: `model.py` (the decoder), `attention.py` (the only place 
 `data.py` (memory-mapped shards; the batch is a pure function of the step), `mixture.py` (weights by
 tokens over sources, phases, the repetition limit), `checkpoint.py` (Orbax), `trained.py` (the final
 checkpoint's model, rebuilt for scoring), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training
-loop), `worker.py` (one process; launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its
-exit code).
+loop), `step.py` (the train step and the loss, pure functions the loop jits), `worker.py` (one process;
+launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its exit code).
 `Config` and `LaunchConfig` are defined in `stage_config.py` (so no module of the stage imports this
 package) and re-exported here with CONFIGURABLES, VERSION, run, plan, check and summary.
 """
