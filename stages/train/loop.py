@@ -40,8 +40,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from stages.io import storage, tracking
-from stages.train import checkpoint, data, metrics, model, optimizer, scoring, sharding
+from stages.io import storage
+from stages.train import checkpoint, data, metrics, model, optimizer, scoring, sharding, tracking
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
 from stages.train.step import eval_step, train_step
@@ -91,7 +91,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
         writer = tracked = None
         try:
             params, opt_state, start = resume(run, ckpt, params, opt_state)
-            if process_index == 0:        # W&B (stages/io/tracking.py): None unless train.Tracking asks
+            if process_index == 0:        # W&B (tracking.py): None unless train.Tracking asks
                 tracked = tracking.Run.start(cfg.tracking, work_dir, key=key_of(work_dir),
                                              config=tracked_config(cfg), resuming=start > 0)
             # The rows logged before the checkpoint this run resumed from, so metrics.jsonl (and the
@@ -100,7 +100,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
             writer = metrics.MetricsWriter(local_out, total_steps=cfg.steps, enabled=process_index == 0,
                                            history=metrics.read_history(history_path, upto=start)
                                            if process_index == 0 and start else ())
-            if tracked is not None:       # the rows a hard kill kept from W&B's files (stages/io/tracking.py)
+            if tracked is not None:       # the rows a hard kill kept from W&B's files (tracking.py)
                 tracked.resend(writer.rows)
 
             def saved(step: int) -> None:      # with each checkpoint, the rows up to its step
