@@ -1,4 +1,5 @@
-"""FineWeb's quality filters, ours (stages/clean/quality.py) vs. datatrove 0.10.1's, on the same real pages.
+"""FineWeb's quality filters, ours (stages/clean/gopher.py, c4.py, fineweb.py) vs. datatrove 0.10.1's, on
+the same real pages.
 
     make bench                                       # installs the `bench` extra (datatrove, spaCy, NLTK)
     .venv/bin/python -m benchmarks fineweb_filters   # writes benchmarks/out/fineweb_filters.json
@@ -47,7 +48,7 @@ import sys
 import time
 
 from benchmarks import web_corpus
-from stages.clean import quality, spacy_rules, words
+from stages.clean import c4, fineweb, gopher, spacy_rules, words
 
 FILTERS = ("gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality")
 REFERENCES = ("spacy", "nltk")                    # datatrove's splitters
@@ -163,8 +164,8 @@ WARM_UP = {"text": "Warm the word splitter up before the timed pass."}
 
 def _ours_pass(name: str, pages: list[dict], splitter: str):
     """A function that runs one pass of our filter `name` over the pages: (decisions, CPU seconds)."""
-    cls = {"gopher_repetition": quality.GopherRepetition, "gopher_quality": quality.GopherQuality,
-           "c4_quality": quality.C4Quality, "fineweb_quality": quality.FineWebQuality}[name]
+    cls = {"gopher_repetition": gopher.GopherRepetition, "gopher_quality": gopher.GopherQuality,
+           "c4_quality": c4.C4Quality, "fineweb_quality": fineweb.FineWebQuality}[name]
     f = cls(splitter=splitter)
 
     def one_pass(cold=True):
@@ -310,9 +311,9 @@ def _ours_job(pages: list[dict], work_dir: str, copies: int) -> dict:
             for c in range(copies) for p in pages]
     documents.write(src, docs)
     config = clean.Config(min_chars=0, max_chars=10**9, min_alpha_fraction=0, dedup=False, minhash=False,
-                          gopher_repetition=quality.GopherRepetition(),
-                          gopher_quality=quality.GopherQuality(), c4_quality=quality.C4Quality(),
-                          fineweb_quality=quality.FineWebQuality(), num_shards=1,
+                          gopher_repetition=gopher.GopherRepetition(),
+                          gopher_quality=gopher.GopherQuality(), c4_quality=c4.C4Quality(),
+                          fineweb_quality=fineweb.FineWebQuality(), num_shards=1,
                           runner=beam_runner.Runner(options=("--direct_num_workers=1",)))
     out = os.path.join(work_dir, "ours-out")
     start = time.perf_counter()

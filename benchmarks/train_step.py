@@ -24,6 +24,7 @@ from flax import nnx
 
 from pipeline import config
 from stages.train import configs, loop, metrics, model, optimizer
+from stages.train.step import train_step
 
 GIN = os.path.join(config.GIN_DIR, "tiny.gin")
 TIMED = ("none", "full")
@@ -47,7 +48,7 @@ def measure(work_dir: str, repeats: int = 5) -> dict:
         graphdef, state = nnx.split(model.Transformer(c.model, rngs=nnx.Rngs(0)), nnx.Param)
         tx = optimizer.make_optimizer(c.optimizer, state)
         opt_state = tx.init(state)
-        step = jax.jit(functools.partial(loop.train_step, graphdef, tx, **loop.step_options(c, 1)))
+        step = jax.jit(functools.partial(train_step, graphdef, tx, **loop.step_options(c, 1)))
         compiled = step.lower(state, opt_state, tokens).compile()
         result[f"{remat}_temp_mib"] = round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 2)
         if remat in TIMED:

@@ -121,7 +121,7 @@ PER_SOURCE = ("download", "score", "perplexity", "clean", "shard")
 # run of that configuration. The stages in READS_REFERENCE read those nodes (perplexity: the reference's train
 # and tokenizer), and OPTIONAL stages exist only in such a run; without one, the tree and every key are what
 # they were before perplexity existed.
-REFERENCE = "reference"
+REFERENCE = committed.REFERENCE
 READS_REFERENCE: dict[str, tuple[str, ...]] = {"perplexity": ("train", "tokenizer")}
 OPTIONAL = ("perplexity",)
 
@@ -131,11 +131,8 @@ def module(stage: str) -> ModuleType:
     return importlib.import_module(STAGES[stage_of(stage)][0])
 
 
-stage_of, source_of = committed.stage_of, committed.source_of    # `clean[code]` -> `clean`, `code`
-
-
-def node_name(stage: str, source: str) -> str:
-    return f"{stage}[{source}]" if source else stage
+# `clean[code]` -> `clean`, `code`; (`clean`, `code`) -> `clean[code]`
+stage_of, source_of, node_name = committed.stage_of, committed.source_of, committed.node_name
 
 
 @dataclasses.dataclass(frozen=True)

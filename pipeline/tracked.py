@@ -1,4 +1,4 @@
-"""After a run: each tracked training's W&B run gets the DAG around it (stages/io/tracking.py).
+"""After a run: each tracked training's W&B run gets the DAG around it (stages/train/tracking.py).
 
     tracked.annotate(plan, result.run_id)      # pipeline/__main__.py, after `run` and `sweep`
 
@@ -17,7 +17,8 @@ import logging
 
 from pipeline import dag
 from pipeline import plan as run_plan
-from stages.io import storage, tracking
+from stages.io import storage
+from stages.train import tracking
 
 log = logging.getLogger(__name__)
 NOT_BUILT = "(not built yet)"     # the summary of a stage the W&B config names by its planned key only

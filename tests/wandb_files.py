@@ -2,7 +2,7 @@
 
     runs = wandb_files.read_all(wandb_dir, run_id)     # every offline-run-* of that id, oldest first
 
-The format and its record reader are stages/io/wandb_files.py's (a resumed training reads its earlier
+The format and its record reader are stages/train/wandb_files.py's (a resumed training reads its earlier
 segments' files with it); this module turns a file's records into what a test compares. A resumed run writes a
 directory of its own for the same id; the file is complete once the writing process has exited (or called
 `wandb.teardown()`).
@@ -14,7 +14,7 @@ import glob
 import json
 import os
 
-from stages.io.wandb_files import records
+from stages.train.wandb_files import records
 
 
 def read(path: str) -> dict:

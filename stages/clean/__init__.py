@@ -27,7 +27,8 @@ document.py (one document: `score_document` measures it, `decide_document` decid
 both at once; `duplicate_key`), select.py (`KeepTop`: the exact top fraction of a score), checks.py (the key's
 inputs, `follow` and `check`, which the score stage shares), normalize.py, filters.py (the filter protocol:
 `measure` once, `decide` per threshold; length and letters), FineWeb's recipe in urls.py, langid.py,
-quality.py and pii.py (each filter a config of its own: `clean.GopherQuality.min_doc_words = 50`, switched on
+gopher.py, c4.py, fineweb.py (the quality filters; what they share in quality.py, the n-gram counts in
+ngrams.py) and pii.py (each filter a config of its own: `clean.GopherQuality.min_doc_words = 50`, switched on
 by `clean.Config.gopher_quality = @clean.GopherQuality()`), minhash.py, order.py, graph.py (the Beam graph),
 tally.py (stats.json, rejected/), report.py, contamination.py (the yardstick overlap check; its config,
 `Contamination`, is in config.py, so that planning never imports the check's numpy index).

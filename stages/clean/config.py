@@ -1,11 +1,11 @@
 """The clean stage's `Config`, and the filters it runs, in order (`build_filters`).
 
-    clean.Config(min_chars=100, gopher_quality=quality.GopherQuality(min_doc_words=20))
+    clean.Config(min_chars=100, gopher_quality=gopher.GopherQuality(min_doc_words=20))
     make stage STAGE=clean \
         OVERRIDES='clean.Config.gopher_quality=@clean.GopherQuality() clean.GopherQuality.min_doc_words=20'
 
 Each step of FineWeb's recipe is a filter with a config of its own (its frozen dataclass: `urls.URLFilter`,
-`quality.GopherQuality`, ...), whose fields are its parameters and default to datatrove's FineWeb recipe.
+`gopher.GopherQuality`, ...), whose fields are its parameters and default to datatrove's FineWeb recipe.
 `Config` holds one field per filter, None (off) by default, composed the way training composes its
 `ModelConfig`; in gin the filter's parameters are bound on its class and the filter is switched on or off
 in `clean.Config`:
@@ -30,7 +30,7 @@ import typing
 from collections.abc import Sequence
 
 from stages import beam_runner, yardstick_data
-from stages.clean import filters, langid, minhash, pii, quality, urls
+from stages.clean import c4, filters, fineweb, gopher, langid, minhash, pii, urls
 
 
 # The contamination check's config (the check itself, with numpy, is contamination.py: only the stage's run
@@ -181,10 +181,10 @@ class Config:
     # 2,269 documents the defaults keep (13%), the ones that are mostly code, scored at 0.65 or less.
     url_filter: urls.URLFilter | None = None                  # block-listed domains and URLs, banned words
     language_id: langid.LanguageID | None = None              # fastText lid.176; metadata language(_score)
-    gopher_repetition: quality.GopherRepetition | None = None  # repeated lines, paragraphs and n-grams
-    gopher_quality: quality.GopherQuality | None = None       # word counts and lengths, symbols, stop words
-    c4_quality: quality.C4Quality | None = None               # C4's line rules; rewrites kept texts
-    fineweb_quality: quality.FineWebQuality | None = None     # FineWeb's own line rules
+    gopher_repetition: gopher.GopherRepetition | None = None  # repeated lines, paragraphs and n-grams
+    gopher_quality: gopher.GopherQuality | None = None        # word counts and lengths, symbols, stop words
+    c4_quality: c4.C4Quality | None = None                    # C4's line rules; rewrites kept texts
+    fineweb_quality: fineweb.FineWebQuality | None = None     # FineWeb's own line rules
     pii_masking: pii.PIIMasker | None = None                  # masks e-mails and public IPs; drops nothing
     # Word 13-gram overlap (or a shorter item held whole) of the kept documents with the yardsticks scored
     # (contamination.py; yardsticks.Config's, through `clean.follow`): reported in contamination.json, and

@@ -10,7 +10,7 @@ It runs the filters that `build_filters(config)` (config.py) lists, in that orde
 reason, so the cheap checks go first: `Length` looks only at `len(text)`, so a 10 MB line is
 dropped before any filter walks its characters.
 
-A filter that also changes the text it keeps (C4's line filter, quality.py) has a second method,
+A filter that also changes the text it keeps (C4's line filter, c4.py) has a second method,
 `apply(doc) -> (reason or None, doc)`, returning the document with its new text; `clean_document`
 calls `apply` where a filter has it, so the filters after it see the new text, and `check` where not;
 what a rewriter changed is counted per kept document (`Rewriter`, `stats.json`'s `rewritten`).
@@ -63,8 +63,9 @@ To make a filter measured:
 A filter of FineWeb's recipe is its own config: a frozen dataclass whose fields are its parameters, with
 defaults (datatrove's FineWeb recipe), checked in `__post_init__` (a ValueError that starts with the
 field's name: `min_doc_words=-1 must be >= 0`). Adding one is the class (in a module of its own:
-urls.py, langid.py, quality.py, pii.py) plus one line in `clean.Config` (`my_filter: MyFilter | None =
-None`), placed where it should run (the filter fields' order is `config.RECIPE`); gin then binds it as
+urls.py, langid.py, gopher.py, c4.py, fineweb.py, pii.py) plus one line in `clean.Config`
+(`my_filter: MyFilter | None = None`), placed where it should run (the filter fields' order is
+`config.RECIPE`); gin then binds it as
 `clean.MyFilter.<field>` and switches it on with `clean.Config.my_filter = @clean.MyFilter()`. A filter
 must be deterministic and picklable (Beam ships it to workers); one that needs a model or large lists
 (langid.py, urls.py) loads them lazily on first use and keeps them out of its dataclass fields, and may
@@ -206,7 +207,7 @@ def _jsonable(f: Filter, field: str, value):
 class LazyAttrs:
     """A document's attrs, each computed when read: `check` can be `decide(SomeAttrs(doc))`, which reads
     the statistics only as far as its rules get (check's cheap early exits), and `measure` reads them all
-    (`every()`), with one copy of the rules and of the statistics (quality.py's filters).
+    (`every()`), with one copy of the rules and of the statistics (gopher.py's and fineweb.py's filters).
 
     A subclass lists its keys in `KEYS`, in measure's order, and defines a method named as each key that
     returns its value; what several keys share (the words, the lines) goes in a `functools.cached_property`.

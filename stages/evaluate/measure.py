@@ -16,8 +16,9 @@ from flax import nnx
 
 from stages.io import llmc, storage
 from stages.io.refusal import Refusal
-from stages.train import data, loop, scoring
+from stages.train import data, scoring
 from stages.train.configs import ModelConfig
+from stages.train.step import forward_loss
 from stages.train.trained import restore
 from stages.yardsticks import score, tokenized
 
@@ -158,7 +159,7 @@ def leading_shards(shard, manifest: dict, split: str, tokens: int | None) -> lis
 
 def _batch_loss(graphdef, params, batch, **options):
     """(summed loss, target count) of one (B, T + 1) batch."""
-    out = loop.forward_loss(graphdef, params, batch, **options)
+    out = forward_loss(graphdef, params, batch, **options)
     count = batch.shape[0] * (batch.shape[1] - 1)
     return out["loss"] * count, count
 

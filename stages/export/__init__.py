@@ -77,7 +77,9 @@ CONFIGURABLES = (Config,)
 #    add_bos).
 # 3: the card's lm-eval command carries the evaluation's max_length (eval.json's scoring), and a mixture of
 #    experts' evaluation says whether it scored the dropless model.
-VERSION = "3"
+# 4: the card's table names every stage the model was made from (the manifests' upstream keys followed through
+#    the cache: download, score, each source's, the reference model's run), not the inputs' upstream only.
+VERSION = "4"
 
 
 def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:

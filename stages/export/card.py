@@ -2,13 +2,16 @@
 
     card.model_card("refinery-3f2a", inputs, model_config, ("</s>", 2))   # markdown
 
-It records every stage's cache key (from the upstream manifests, download's included), each stage's
-one-line figures (the data recipe's: documents kept and dropped by reason, tokens; the tokenizer's bytes
-per token; training's loss; the evaluation's yardsticks with their intervals), what a context must start
-with and how lm-eval reproduces the scores, and the gin config the keys cover, so the run can be reproduced
-from the card alone. The card is a function of the export's key: nothing that depends on the machine or
-the run's timing (tokens/s, wall time, a local path), so two exports of one key are the same bytes and an
-uploaded model carries no machine path.
+It records the cache key of every stage the model was made from (the export's inputs, and every stage
+before them, found by following the manifests' upstream keys: each source's download, score and clean, the
+reference model's run; `stage_keys`), each stage's one-line figures (the data recipe's: documents kept and
+dropped by reason, tokens; the tokenizer's bytes per token; training's loss; the evaluation's yardsticks with
+their intervals), what a context must start with and how lm-eval reproduces the scores, and the gin config
+the keys cover, so the run can be reproduced from the card alone. The card is a function of the export's
+key: nothing that depends on the machine or the run's timing (tokens/s, wall time, a local path), so two
+exports of one key are the same bytes and an uploaded model carries no machine path (the upstream keys a
+manifest names are part of its own key; only a commit removed from the cache before the export ran leaves
+out what it read).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import importlib
 import logging
 from collections.abc import Mapping
 
-from stages.io import storage
-from stages.io.committed import source_of, stage_of
+from stages.io import committed, storage
+from stages.io.committed import REFERENCE, Committed, node_name, source_of, stage_of
 
 log = logging.getLogger(__name__)
+Node = tuple[str, str]              # (stage, key): one commit, whatever name a reader reads it by
 
 
 def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None = None) -> str:
@@ -62,32 +66,74 @@ def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None =
     return "\n".join(lines) + "\n"
 
 
-def stage_keys(inputs: Mapping) -> dict[str, str]:
-    """stage -> key for every stage the inputs came from, directly or through their manifests (download is
-    clean's upstream only), each after the stages it read."""
-    keys: dict[str, str] = {}
-    reads: dict[str, set[str]] = {}
-    for stage, committed in inputs.items():
-        keys[stage] = committed.key
-        # A source's own stage (shard[code]) names the stages of its chain as a one-source run would (clean):
-        # they are that source's (clean[code]); a stage the export read itself (tokenizer) keeps its name.
-        source = source_of(stage)
-        upstream = {(f"{name}[{source}]" if source and name not in inputs else name): key
-                    for name, key in committed.manifest.get("upstream", {}).items()}
-        reads[stage] = set(upstream)
-        for name, key in upstream.items():
-            keys.setdefault(name, key)
-    ordered: list[str] = []
+def stage_keys(inputs: Mapping[str, Committed]) -> dict[str, str]:
+    """name -> cache key of every stage the model was made from, each once, each after the stages it read: the
+    export's inputs, by the names it reads them by, and every stage they read, directly or not, found by
+    following the manifests' upstream keys (`committed.manifest_of`, from the cache the inputs were committed
+    to: one no longer there is still listed, by the key its reader's manifest names, but not what it read).
 
-    def visit(stage: str) -> None:
-        if stage not in ordered:
-            for name in sorted(reads.get(stage, ())):
-                visit(name)
-            ordered.append(stage)
+    A stage is named as the run's plan names its node: by the name it is read by, with its reader's source
+    (clean[code] reads `score`: score[code]); read under the names of several sources, by its stage alone
+    (the one classifier every source's score reads); a stage the export reads itself, met again under another
+    key, is the reference model's run's (perplexity's `train`: train[reference]), and so is what it read. In
+    a mixture of one source nothing tells a stage the source shares from its own: it gets the source's name.
+    """
+    anchor = next(iter(inputs.values()), None)
+    names: dict[Node, str] = {}
+    manifests: dict[Node, Mapping] = {}
+    for name, c in inputs.items():
+        names.setdefault((stage_of(name), c.key), name)
+        manifests.setdefault((stage_of(name), c.key), c.manifest)
+    reads: dict[Node, list[Node]] = {}                      # what each commit read
+    readers: dict[Node, list[tuple[Node, str]]] = {}        # who read each, and by which name
+    todo = list(names)
+    while todo:
+        node = todo.pop()
+        if node not in manifests:
+            manifests[node] = committed.manifest_of(anchor, *node) or {}
+        reads[node] = []
+        for read_as, key in _upstream(manifests[node]).items():
+            child = (stage_of(read_as), key)
+            reads[node].append(child)
+            readers.setdefault(child, []).append((node, read_as))
+            if child not in reads and child not in todo:
+                todo.append(child)
 
-    for stage in keys:
-        visit(stage)
-    return {stage: keys[stage] for stage in ordered}
+    order: list[Node] = []          # each after the stages it read
+
+    def visit(node: Node) -> None:
+        if node not in order:
+            for child in sorted(set(reads[node])):
+                visit(child)
+            order.append(node)
+
+    for node in list(names):
+        visit(node)
+    exported = {stage_of(name) for name in inputs}
+    for node in reversed(order):    # each after every stage that read it: its readers are named
+        if node in names:
+            continue
+        stage, key = node
+        proposed = set()
+        for reader, read_as in readers[node]:
+            if source_of(read_as):              # read by its source's name: the tokenizer reads clean[code]
+                proposed.add(read_as)
+            elif stage in exported:             # one of the stages the export reads, with another key
+                proposed.add(node_name(stage, REFERENCE))
+            else:
+                proposed.add(node_name(stage, source_of(names[reader])))
+        name = proposed.pop() if len(proposed) == 1 else stage
+        # Two commits of one stage under one name: no run of today's DAG has them; the key tells them apart.
+        names[node] = name if name not in names.values() else f"{name} ({key[:12]})"
+    return {names[node]: node[1] for node in order}
+
+
+def _upstream(manifest: Mapping) -> dict[str, str]:
+    """A manifest's upstream {name it was read by: key}, {} when it has none (a test's hand-made output)."""
+    found = manifest.get("upstream")
+    if not isinstance(found, Mapping):
+        return {}
+    return {name: key for name, key in found.items() if isinstance(name, str) and isinstance(key, str)}
 
 
 def _max_length(scores: dict | None) -> int | None:

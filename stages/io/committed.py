@@ -2,6 +2,7 @@
 
     done = pipeline.cache.load(cache_root, "shard", key)     # a Committed, or None when not done
     done.file("manifest.json"); done.paths("train-*.bin")
+    manifest_of(done, "clean", done.manifest["upstream"]["clean"])   # a commit it read, from the same cache
 
 It lives at the bottom layer because both sides of a process boundary need it: the cache builds it from a
 manifest (pipeline/cache.py), and a training worker rebuilds it from its JSON spec (stages/train/spec.py),
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import posixpath
 from typing import Any
 
 from stages.io import storage
+
+MANIFEST = "_SUCCESS.json"     # a commit's manifest, written last into <cache_root>/<stage>/<key>/ (cache.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +42,31 @@ class Committed:
         return [storage.join(self.path, n) for n in sorted(self.files) if fnmatch.fnmatch(n, pattern)]
 
 
+def manifest_of(beside: Committed, stage: str, key: str) -> dict[str, Any] | None:
+    """The manifest of `stage`'s commit of `key` in the cache `beside` was committed to (its `upstream` names
+    what that commit read: following them from an input reaches every stage a commit was made from). None when
+    that cache holds no such commit (never built there, or removed), when its manifest is no JSON object, or
+    when `beside` is not laid out as pipeline/cache.py lays a commit out (an output a test made by hand):
+    `<cache_root>/<stage>/<key>/<attempt>/` beside `<cache_root>/<stage>/<key>/_SUCCESS.json`."""
+    key_dir = storage.parent(beside.path)
+    stage_dir = storage.parent(key_dir)
+    laid_out = (posixpath.basename(beside.path) == beside.manifest.get("attempt")
+                and posixpath.basename(key_dir) == beside.key
+                and posixpath.basename(stage_dir) == stage_of(beside.stage))
+    if not laid_out or not (_plain(stage) and _plain(key)):
+        return None
+    try:
+        manifest = storage.read_json(storage.join(storage.parent(stage_dir), stage, key, MANIFEST))
+    except (FileNotFoundError, ValueError):       # not committed there; a damaged manifest: nothing to follow
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _plain(name: str) -> bool:
+    """A name that stays one directory level down (a stage's, a key): what a manifest says names no path."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\")
+
+
 def stage_of(node: str) -> str:
     """A node's stage: `clean[code]` (source code's own clean stage, pipeline/dag.py) -> `clean`; a stage's
     own name is its own. The one place the node naming is read; the orchestrator uses it too."""
@@ -47,6 +76,16 @@ def stage_of(node: str) -> str:
 def source_of(node: str) -> str:
     """`clean[code]` -> `code`; "" for a node that is no source's own."""
     return node.partition("[")[2].rstrip("]")
+
+
+def node_name(stage: str, source: str) -> str:
+    """(`clean`, `code`) -> `clean[code]`; the stage's own name for no source."""
+    return f"{stage}[{source}]" if source else stage
+
+
+# The "source" of the reference model's run (pipeline/dag.py's REFERENCE): a run whose model selects another
+# run's data (perplexity reads its train and tokenizer), its nodes named `<stage>[reference]`.
+REFERENCE = "reference"
 
 
 def by_source(inputs: dict[str, Committed], stage: str) -> dict[str, Committed]:

@@ -16,8 +16,10 @@ Modules, one job each: `model.py` (the decoder), `attention.py` (the only place 
 `data.py` (memory-mapped shards; the batch is a pure function of the step), `mixture.py` (weights by
 tokens over sources, phases, the repetition limit), `checkpoint.py` (Orbax), `trained.py` (the final
 checkpoint's model, rebuilt for scoring), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training
-loop), `worker.py` (one process; launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its
-exit code).
+loop), `step.py` (the train step and the loss, pure functions the loop jits), `worker.py` (one process;
+launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its exit code), `tracking.py` (W&B,
+optional; pipeline/tracked.py adds the DAG to a run afterwards) and `wandb_files.py` (W&B's run files, read
+back when a run resumes).
 `Config` and `LaunchConfig` are defined in `stage_config.py` (so no module of the stage imports this
 package) and re-exported here with CONFIGURABLES, VERSION, run, plan, check and summary.
 """
@@ -30,13 +32,13 @@ import os
 from collections.abc import Mapping
 from fractions import Fraction
 
-from stages.io import storage, tracking
+from stages.io import storage
 from stages.io.committed import by_source, stage_of
-from stages.io.tracking import Tracking
-from stages.train import planner
+from stages.train import planner, tracking
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
 from stages.train.mixture import Mixture, apportion
 from stages.train.stage_config import Config, LaunchConfig
+from stages.train.tracking import Tracking
 
 log = logging.getLogger(__name__)
 

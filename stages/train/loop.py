@@ -1,4 +1,4 @@
-"""The training loop, in named steps around a jitted pure `train_step`.
+"""The training loop, in named steps around a jitted pure `train_step` (step.py).
 
     from stages.train import loop
     loop.train(config, shard_committed, out_dir, work_dir)     # what worker.main calls
@@ -9,6 +9,10 @@
     one_interval   the steps up to the next logging step: one device sync, one metrics row
     checkpoint_or_stop   the periodic checkpoint, or a checkpoint and `TrainingStopped` on a stop request
     finish     the final checkpoint and summary.json into the committed attempt
+
+    init_program, jit_steps, step_options   the programs set_up builds: every parameter created in its
+               sharding, and step.py's functions jitted with the config's numbers and the shardings
+               (aot.py compiles them ahead of time for a TPU slice)
 
 State is (params, opt_state, step). The batch at step s is `data.batch(s)`, a pure function of s
 and the seed, so resuming from a checkpoint at step s replays exactly the batches an
@@ -32,15 +36,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
-from stages.io import storage, tracking
-from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, scoring, sharding
+from stages.io import storage
+from stages.train import checkpoint, data, metrics, model, optimizer, scoring, sharding, tracking
 from stages.train.agreed_stop import AgreedStop
 from stages.train.configs import flops_per_token, param_counts
+from stages.train.step import eval_step, train_step
 from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped, stop_requests
 from stages.yardsticks import score, tokenized
 
@@ -87,7 +91,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
         writer = tracked = None
         try:
             params, opt_state, start = resume(run, ckpt, params, opt_state)
-            if process_index == 0:        # W&B (stages/io/tracking.py): None unless train.Tracking asks
+            if process_index == 0:        # W&B (tracking.py): None unless train.Tracking asks
                 tracked = tracking.Run.start(cfg.tracking, work_dir, key=key_of(work_dir),
                                              config=tracked_config(cfg), resuming=start > 0)
             # The rows logged before the checkpoint this run resumed from, so metrics.jsonl (and the
@@ -96,7 +100,7 @@ def train(cfg, shard, out_dir: str, work_dir: str, *, yardsticks=None, sources=N
             writer = metrics.MetricsWriter(local_out, total_steps=cfg.steps, enabled=process_index == 0,
                                            history=metrics.read_history(history_path, upto=start)
                                            if process_index == 0 and start else ())
-            if tracked is not None:       # the rows a hard kill kept from W&B's files (stages/io/tracking.py)
+            if tracked is not None:       # the rows a hard kill kept from W&B's files (tracking.py)
                 tracked.resend(writer.rows)
 
             def saved(step: int) -> None:      # with each checkpoint, the rows up to its step
@@ -260,6 +264,18 @@ def jit_steps(graphdef, tx, options: dict, params_sh, opt_sh, mesh) -> tuple[Cal
     eval_fn = jax.jit(functools.partial(eval_step, graphdef, **loss_options(options)),
                       in_shardings=(params_sh, batch_sh), out_shardings=replicated)
     return step_fn, eval_fn
+
+
+def step_options(cfg, eos_id: int) -> dict:
+    """The numbers `train_step` takes from a `stages.train.Config` (bound with functools.partial)."""
+    return {"eos_id": eos_id, "loss_chunk": cfg.loss_chunk, "z_loss": cfg.z_loss,
+            "grad_accum_steps": cfg.optimizer.grad_accum_steps, "skip_nonfinite": cfg.nan_policy == "skip",
+            "bias_rate": cfg.model.moe_bias_update_rate}
+
+
+def loss_options(options: dict) -> dict:
+    """The part of `step_options` that `forward_loss` takes."""
+    return {k: options[k] for k in ("eos_id", "loss_chunk", "z_loss")}
 
 
 def resume(run: Run, ckpt: checkpoint.Checkpointer, params, opt_state) -> tuple[Any, Any, int]:
@@ -439,129 +455,6 @@ def _round_robin(iterators):
                 yield next(it)
             except StopIteration:
                 live.remove(it)
-
-
-# --------------------------------------------------------------------------------------- the jitted steps
-
-def step_options(cfg, eos_id: int) -> dict:
-    """The numbers `train_step` takes from a `stages.train.Config` (bound with functools.partial)."""
-    return {"eos_id": eos_id, "loss_chunk": cfg.loss_chunk, "z_loss": cfg.z_loss,
-            "grad_accum_steps": cfg.optimizer.grad_accum_steps, "skip_nonfinite": cfg.nan_policy == "skip",
-            "bias_rate": cfg.model.moe_bias_update_rate}
-
-
-def loss_options(options: dict) -> dict:
-    """The part of `step_options` that `forward_loss` takes."""
-    return {k: options[k] for k in ("eos_id", "loss_chunk", "z_loss")}
-
-
-def train_step(graphdef, tx, params, opt_state, batch, *, eos_id: int, loss_chunk: int, z_loss: float,
-               grad_accum_steps: int, skip_nonfinite: bool, bias_rate: float = 0.0, grad_shardings=None):
-    """One optimizer step; a pure function of (params, opt_state, batch). batch: (B, T + 1) int32.
-
-    With grad_accum_steps = k the batch is k micro-batches of B / k rows, run one after another under
-    `lax.scan` (the activation memory of one micro-batch); their mean gradient makes one update, the one a
-    single big batch would make (every micro-batch has B / k * T targets). With skip_nonfinite a step whose
-    loss is not finite keeps the old params and optimizer state. `grad_shardings` (the parameters'
-    shardings) keeps each gradient split like its parameter: FSDP reduce-scatters gradients instead of
-    holding whole ones on every device. A mixture of experts' router bias then moves by `bias_rate` towards
-    equal load over the whole step's tokens (`update_router_bias`).
-    """
-    k = grad_accum_steps
-
-    def grads_of(mb):
-        def loss_fn(p):
-            out = forward_loss(graphdef, p, mb, eos_id=eos_id, loss_chunk=loss_chunk, z_loss=z_loss)
-            return out["loss_with_z"], out
-
-        (_, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        return grads, out
-
-    if k == 1:
-        grads, out = grads_of(batch)
-    else:
-        b, t1 = batch.shape
-        # Micro-batch j is rows j, j + k, j + 2k, ...: each device keeps its own rows (no resharding).
-        micro = batch.reshape(b // k, k, t1).swapaxes(0, 1)                       # (k, B / k, T + 1)
-
-        def accumulate(total, mb):
-            g, o = grads_of(mb)
-            return jax.tree.map(jnp.add, total, g), o
-
-        total, outs = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, params), micro)
-        grads = jax.tree.map(lambda g: g / k, total)
-        out = jax.tree.map(lambda x: x.mean(0), outs)
-    if grad_shardings is not None:
-        grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
-    updates, new_opt_state = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    if "moe/load" in out:
-        new_params = update_router_bias(params, new_params, out["moe/load"], bias_rate)
-    if skip_nonfinite:
-        finite = jnp.isfinite(out["loss"])
-        new_params = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_params, params)
-        new_opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new_opt_state, opt_state)
-    out = dict(out, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(new_params))
-    return new_params, new_opt_state, out
-
-
-def forward_loss(graphdef, params, batch, *, eos_id: int, loss_chunk: int, z_loss: float) -> dict:
-    """Mean next-token loss (+ z-loss) and accuracy over the batch. batch: (B, T + 1).
-
-    Documents packed into a row are separated by `eos_id` and never attend to each other; the logits are
-    computed `loss_chunk` tokens at a time (`loss.cross_entropy`).
-    A mixture of experts adds its balancing losses to "loss_with_z" (what is differentiated), weighted by
-    ModelConfig.moe_aux_loss and moe_router_z_loss and averaged over the MoE layers (the sequence-wise
-    balancing loss, moe_aux_scope "sequence", summed over them), and returns its
-    statistics under "moe/..." (`moe_outputs`).
-    """
-    net = nnx.merge(graphdef, params)
-    inputs, targets = batch[:, :-1], batch[:, 1:]                            # (B, T)
-    segment_ids = data.segment_ids(inputs, eos_id)
-    hidden, _, stats = net(inputs, segment_ids=segment_ids, with_moe_stats=True)   # (B, T, D)
-    b, t, d = hidden.shape
-    out = loss.cross_entropy(hidden.reshape(b * t, d), net.unembed(), targets.reshape(-1),
-                             jnp.ones((b * t,), jnp.float32), chunk_size=loss_chunk, z_loss=z_loss)
-    count = jnp.maximum(out["count"], 1.0)
-    result = {"loss": out["loss_sum"] / count, "z_loss": out["z_loss_sum"] / count,
-              "loss_with_z": (out["loss_sum"] + out["z_loss_sum"]) / count,
-              "accuracy": out["correct"] / count}
-    if stats:
-        cfg = net.config
-        # DeepSeek-V3's sequence-wise loss weighs each layer's by alpha (a sum over layers); the batch-wise
-        # one, as it always has, their mean.
-        aux = stats["aux"].sum() if cfg.moe_aux_scope == "sequence" else stats["aux"].mean()
-        balance = cfg.moe_aux_loss * aux + cfg.moe_router_z_loss * stats["z"].mean()
-        result = dict(result, loss_with_z=result["loss_with_z"] + balance, **moe_outputs(stats))
-    return result
-
-
-def moe_outputs(stats: dict) -> dict:
-    """The MoE layers' statistics as step outputs: moe/load (L_moe, E), moe/aux_loss, moe/router_z_loss,
-    moe/dropped (means over the layers), moe/dropped_worst_sequence (the worst layer's worst sequence)."""
-    return {"moe/load": stats["load"], "moe/aux_loss": stats["aux"].mean(),
-            "moe/router_z_loss": stats["z"].mean(), "moe/dropped": stats["dropped"].mean(),
-            "moe/dropped_worst_sequence": stats["dropped_worst"].max()}
-
-
-ROUTER_BIAS = ("moe_layers", "router_bias")      # the path of the MoE layers' stacked (L_moe, E) bias
-
-
-def update_router_bias(old_params, new_params, load, rate: float):
-    """DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer's router_bias becomes its value before
-    the step moved by `rate` (ModelConfig.moe_bias_update_rate) towards equal load (moe.bias_update);
-    load (L_moe, E). What the optimizer made of the bias (its gradient is 0, but weight decay or momentum
-    could move it) is discarded, so the bias is exactly the sum of these steps (and with rate 0 stays)."""
-    def one(path, old, new):
-        if tuple(pytree.names(path)[:2]) != ROUTER_BIAS:
-            return new
-        return moe.bias_update(old, load, rate) if rate else old
-
-    return jax.tree_util.tree_map_with_path(one, old_params, new_params)
-
-
-def eval_step(graphdef, params, batch, **options):
-    return forward_loss(graphdef, params, batch, **options)["loss"]
 
 
 def evaluate(eval_fn, params, batches, mesh) -> float:

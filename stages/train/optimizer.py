@@ -8,7 +8,7 @@
     lr = optimizer.schedule(cfg)(step)               # for logging
 
 Steps: the schedule counts optimizer updates. Gradient accumulation (grad_accum_steps = k) happens in the
-training step (`stages.train.loop.train_step`), which averages k micro-batch gradients before the one
+training step (`stages.train.step.train_step`), which averages k micro-batch gradients before the one
 `update` call; the transformation here sees whole-batch gradients, so clipping bounds their mean.
 
 Weight decay is decoupled (multiplied by the scheduled learning rate, as in AdamW) and skipped for norms,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 from stages.io import storage
-from stages.io.tracking import Tracking
 from stages.train.configs import (
     NAN_POLICIES,
     HardwareConfig,
@@ -26,6 +25,7 @@ from stages.train.configs import (
     expert_split_problem,
 )
 from stages.train.mixture import Mixture
+from stages.train.tracking import Tracking
 
 LAUNCH_KINDS = ("inprocess", "local", "tpu_vm")
 
@@ -89,7 +89,7 @@ class Config:
     launcher: LaunchConfig = dataclasses.field(default_factory=LaunchConfig, metadata={"key": False})
     hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig, metadata={"key": False})
     stop_after: int = dataclasses.field(default=0, metadata={"key": False})   # testing: exit at this step
-    # Experiment tracking (W&B: stages/io/tracking.py); gin binds it as train.Tracking.<field>
+    # Experiment tracking (W&B: tracking.py); gin binds it as train.Tracking.<field>
     tracking: Tracking = dataclasses.field(default_factory=Tracking, metadata={"key": False})
 
     def __post_init__(self):

@@ -1,40 +1,137 @@
-"""The model card names every stage's key, each after the stages it read (download found through clean), and
-is a function of the export's key: two exports of one key, from inputs in other directories (another machine,
-another cache root) whose runs had other throughputs and wall times, are the same bytes, every file.
+"""The model card names every stage's key, each once and after the stages it read: the export's inputs and
+everything before them, found by following the manifests' upstream keys through the cache (download is three
+reads from the export since cleaning became two nodes, a source's stages are named for it, the reference
+model's run as the plan names it); and it is a function of the export's key: two exports of one key, from
+inputs in other directories (another machine, another cache root) whose runs had other throughputs and wall
+times, are the same bytes, every file.
 
     JAX_PLATFORMS=cpu .venv/bin/python -m pytest -q -p no:cacheprovider tests/export/test_card.py
 """
 
 import dataclasses
 import json
+import shutil
 
+import pytest
+
+from pipeline import cache, config, dag
 from stages import export
 from stages.export import card
+from stages.io import storage
 from stages.io.committed import Committed
 from stages.train.configs import ModelConfig
+from tests.conftest import REPO
 from tests.export import helpers
+from tests.pipeline.test_reference_model import BY_BPB
 
 TINY = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64,
                    dtype="float32", init_std=0.1)
 MOE = dataclasses.replace(TINY, n_experts=4, n_experts_per_token=2)
+MIXTURE = f"{REPO}/gin/mixtures/prose_code.gin"
+# the mixture's code source selected by a reference model's bits per byte (a one-source reference run)
+MIXTURE_BY_BPB = ["code/clean.Config.keep_top = @clean.KeepTop()", "code/clean.KeepTop.score = 'bpb'",
+                  "code/clean.KeepTop.keep_fraction = 0.5", "reference/train.Config.mixture = None"]
 
 
 def _c(stage, upstream):
     manifest = {"upstream": {u: f"{u}-key" for u in upstream}}
-    return Committed(stage, f"{stage}-key", f"/c/{stage}", {}, manifest)
+    return Committed(dag.stage_of(stage), f"{stage}-key", f"/c/{stage}", {}, manifest)
 
 
-def test_every_stage_key_in_dag_order():
+def test_inputs_outside_a_cache_name_what_their_manifests_name():
+    """Outputs made by hand (no cache around them): the inputs and what their manifests name, each once, each
+    after the stages it read."""
     inputs = {"train": _c("train", ["shard", "yardsticks", "tokenizer"]),
               "tokenizer": _c("tokenizer", ["clean"]),
-              "shard": _c("shard", ["clean", "tokenizer"]), "clean": _c("clean", ["download"]),
+              "shard": _c("shard", ["clean", "tokenizer"]), "clean": _c("clean", ["score"]),
               "evaluate": _c("evaluate", ["train", "shard", "tokenizer", "yardsticks", "clean"])}
     keys = card.stage_keys(inputs)
-    assert set(keys) == {"download", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate"}
+    assert keys == {s: f"{s}-key" for s in ("score", "clean", "tokenizer", "shard", "yardsticks", "train",
+                                            "evaluate")}
     order = list(keys)
     for stage, committed in inputs.items():
         assert all(order.index(u) < order.index(stage) for u in committed.manifest["upstream"])
-    assert keys["download"] == "download-key"
+
+
+def test_two_commits_of_one_stage_under_one_name_are_both_listed():
+    """No run of today's DAG reads one stage under one name with two keys; were one to, neither key is
+    lost: the second is named with its key."""
+    inputs = {"a": Committed("a", "a-key", "/c/a", {}, {"upstream": {"b": "b-one"}}),
+              "c": Committed("c", "c-key", "/c/c", {}, {"upstream": {"b": "b-two"}})}
+    keys = card.stage_keys(inputs)
+    assert sorted(keys.values()) == ["a-key", "b-one", "b-two", "c-key"]
+    other = {"b-one": "b-two", "b-two": "b-one"}[keys["b"]]
+    assert keys[f"b ({other})"] == other
+
+
+def _stand_in(cfg, upstream, out_dir, work_dir=None):
+    with open(f"{out_dir}/out.txt", "w") as f:
+        f.write("a stand-in for the stage")
+
+
+def _committed_plan(root, gin, params):
+    """The plan of `gin` + `params` with every node committed under its real key in a cache under `root` by a
+    stand-in for its stage (the real ones take minutes): the manifests name what each read, as a run's do.
+    Returns (plan, {node: Committed})."""
+    plan = config.load([gin], [*params, f'pipeline.Settings.cache_root = "{root}"'])
+    done = {}
+    for node, sp in plan.stages.items():
+        done[node] = cache.run_stage(cache_root=plan.cache_root, stage=sp.stage, key=sp.key, config=sp.config,
+                                     upstream={sp.input_names.get(u, u): done[u] for u in sp.upstream},
+                                     fn=_stand_in)
+    return plan, done
+
+
+def _export_inputs(plan, done):
+    sp = plan.stages["export"]
+    return {sp.input_names.get(u, u): done[u] for u in sp.upstream}
+
+
+@pytest.mark.parametrize("gin, params", [
+    (f"{REPO}/gin/tiny.gin", []), (MIXTURE, []), (f"{REPO}/gin/tiny.gin", BY_BPB), (MIXTURE, MIXTURE_BY_BPB)],
+    ids=["one_source", "mixture", "reference_run", "mixture_and_reference_run"])
+def test_the_card_names_every_stage_the_export_was_made_from_as_the_plan_does(tmp_path, gin, params):
+    """Every node the export needs, download's, each source's and the reference model's run's included, by
+    the plan's name and key; a commit two nodes share (the reference run's classifier is the run's own) once,
+    by one of their names or its stage's; each after the stages it read."""
+    plan, done = _committed_plan(tmp_path / "cache", gin, params)
+    keys = card.stage_keys(_export_inputs(plan, done))
+    want = {node: plan.stages[node].key for node in plan.tree.closure("export") if node != "export"}
+    assert sorted(keys.values()) == sorted(set(want.values()))            # every commit, each once
+    nodes_of = {key: [n for n, k in want.items() if k == key] for key in want.values()}
+    for name, key in keys.items():
+        if len(nodes_of[key]) == 1:
+            assert name == nodes_of[key][0], (name, nodes_of[key])
+        else:
+            assert name in nodes_of[key] + [dag.stage_of(nodes_of[key][0])], (name, nodes_of[key])
+    if params:
+        assert keys["train[reference]"] == want["train[reference]"] != keys["train"]
+    if gin == MIXTURE:
+        assert "download[code]" in keys and "classifier" in keys
+    else:
+        assert "download" in keys
+    name_of = {key: name for name, key in keys.items()}
+    order = list(keys.values())
+    for node, key in want.items():
+        for read in plan.tree.upstream(node):
+            assert order.index(want[read]) < order.index(key), (name_of[want[read]], name_of[key])
+
+
+def test_a_commit_no_longer_in_the_cache_is_named_but_not_what_it_read(tmp_path):
+    plan, done = _committed_plan(tmp_path / "cache", f"{REPO}/gin/tiny.gin", [])
+    shutil.rmtree(storage.parent(done["score"].path))          # score's key directory, manifest and all
+    keys = card.stage_keys(_export_inputs(plan, done))
+    assert keys["score"] == plan.stages["score"].key and keys["clean"] == plan.stages["clean"].key
+    assert "download" not in keys and "classifier" not in keys
+
+
+def test_the_card_lists_download_in_its_table(tmp_path):
+    """model_card's "The run" table: a row per stage, download's among them (three reads from the export)."""
+    plan, done = _committed_plan(tmp_path / "cache", f"{REPO}/gin/tiny.gin", [])
+    text = card.model_card("refinery-test", _export_inputs(plan, done), TINY)
+    for node in ("download", "classifier", "score", "clean", "tokenizer", "shard", "yardsticks", "train",
+                 "evaluate"):
+        assert f"| {node} | `{plan.stages[node].key}` |" in text, node
 
 
 def _run_of_one_key(root, mcfg, params, sp_model, tokens_per_s):

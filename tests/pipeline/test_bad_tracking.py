@@ -1,5 +1,5 @@
 """W&B tracking that could not start is one `error:` line and exit 2 before any stage runs
-(stages/io/tracking.py `problem`, from train's `check`): online with no API key, online with a key and no
+(stages/train/tracking.py `problem`, from train's `check`): online with no API key, online with a key and no
 server to reach, a directory W&B cannot write its files in. Each runs the CLI as
 tests/pipeline/test_bad_config.py does.
 
@@ -16,7 +16,7 @@ import socket
 
 import pytest
 
-from stages.io import tracking
+from stages.train import tracking
 from tests.pipeline.test_bad_config import _case, assert_one_error_line_before_work
 
 KEY = "k" * 40                        # a key in the form W&B accepts; never sent anywhere

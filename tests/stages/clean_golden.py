@@ -19,7 +19,7 @@ import sys
 
 from pipeline import cache
 from stages import clean
-from stages.clean import langid, pii, quality, urls
+from stages.clean import c4, fineweb, gopher, langid, pii, urls
 from stages.io import documents, storage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,14 +57,14 @@ def shards() -> list[list[dict]]:
 
 def configs() -> dict[str, clean.Config]:
     recipe = {"url_filter": urls.URLFilter(), "language_id": langid.LanguageID(),
-              "gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
-              "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality(),
+              "gopher_repetition": gopher.GopherRepetition(), "gopher_quality": gopher.GopherQuality(),
+              "c4_quality": c4.C4Quality(), "fineweb_quality": fineweb.FineWebQuality(),
               "pii_masking": pii.PIIMasker()}
     return {"defaults": clean.Config(num_shards=3),
             "fineweb": clean.Config(num_shards=3, samples_per_reason=3, **recipe,
                                     contamination=clean.Contamination(drop=True)),
             "loose": clean.Config(num_shards=2, min_chars=50, min_alpha_fraction=0.0, dedup=False,
-                                  gopher_quality=quality.GopherQuality(min_doc_words=20),
+                                  gopher_quality=gopher.GopherQuality(min_doc_words=20),
                                   contamination=clean.Contamination(drop=True))}
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import cache
 from stages import clean
-from stages.clean import quality
+from stages.clean import gopher
 from stages.io import documents, storage
 from tests.conftest import REPO
 
@@ -174,12 +174,12 @@ def test_importing_the_stage_does_not_import_beam():
 
 
 def test_the_key_is_the_canonical_json_of_the_config_with_its_filters():
-    on = clean.Config(gopher_quality=quality.GopherQuality())
+    on = clean.Config(gopher_quality=gopher.GopherQuality())
     as_json = cache.config_to_json(on, for_key=True)
     assert as_json["gopher_quality"] == {"@type": "GopherQuality",
-                                         **dataclasses.asdict(quality.GopherQuality())}
+                                         **dataclasses.asdict(gopher.GopherQuality())}
     assert as_json["url_filter"] is None and "runner" not in as_json
     key = functools.partial(cache.stage_key, "clean", clean.VERSION, upstream_keys={"download": "d"})
-    assert key(on) == key(clean.Config(gopher_quality=quality.GopherQuality(min_doc_words=50)))
-    assert len({key(clean.Config()), key(on), key(clean.Config(gopher_quality=quality.GopherQuality(
-        min_doc_words=20))), key(clean.Config(gopher_quality=quality.GopherQuality(splitter="nltk")))}) == 4
+    assert key(on) == key(clean.Config(gopher_quality=gopher.GopherQuality(min_doc_words=50)))
+    assert len({key(clean.Config()), key(on), key(clean.Config(gopher_quality=gopher.GopherQuality(
+        min_doc_words=20))), key(clean.Config(gopher_quality=gopher.GopherQuality(splitter="nltk")))}) == 4

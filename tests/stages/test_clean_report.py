@@ -9,7 +9,7 @@ import pytest
 
 from pipeline import cache
 from stages import clean
-from stages.clean import quality, report
+from stages.clean import c4, fineweb, gopher, report
 from stages.io import documents, storage
 from tests.stages.test_clean import DROPPED, SHARDS, _clean
 
@@ -91,8 +91,8 @@ def test_report_is_written_even_when_min_docs_fails(tmp_path):
     assert glob.glob(f"{root}/clean/*/attempt-*/removed.png")
 
 
-QUALITY_ON = {"gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
-              "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality()}
+QUALITY_ON = {"gopher_repetition": gopher.GopherRepetition(), "gopher_quality": gopher.GopherQuality(),
+              "c4_quality": c4.C4Quality(), "fineweb_quality": fineweb.FineWebQuality()}
 
 
 def test_quality_reasons_follow_the_filters_and_unknown_reasons_go_last():
@@ -123,5 +123,5 @@ def test_every_filter_lists_the_reasons_it_returns():
         literal |= set(re.findall(r"""return\s+["']([a-z0-9_]+)["']\s+if""", source))
         assert literal and literal <= set(f.reasons()), (name, literal - set(f.reasons()))
         assert len(set(f.reasons())) == len(f.reasons()), name
-    rep = quality.GopherRepetition(top_n_grams=((2, 0.2),), dup_n_grams=((7, 0.1),))
+    rep = gopher.GopherRepetition(top_n_grams=((2, 0.2),), dup_n_grams=((7, 0.1),))
     assert rep.reasons()[-2:] == ("top_2_gram", "duplicated_7_n_grams")

@@ -15,7 +15,7 @@ import pytest
 from pipeline import cache
 from pipeline import config as pipeline_config
 from stages import clean
-from stages.clean import langid, pii, quality, urls
+from stages.clean import gopher, langid, pii, urls
 from stages.io import documents, storage
 from tests.conftest import REPO
 
@@ -267,7 +267,7 @@ def test_gin_binds_the_fields_and_the_order_is_finewebs():
         "clean.Config.pii_masking = @clean.PIIMasker()",
         "clean.PIIMasker.public_ips_only = False"]).stages["clean"].config
     built = clean.build_filters(config)
-    assert [type(f) for f in built[2:]] == [urls.URLFilter, langid.LanguageID, quality.GopherQuality,
+    assert [type(f) for f in built[2:]] == [urls.URLFilter, langid.LanguageID, gopher.GopherQuality,
                                            pii.PIIMasker]
     assert built[2].soft_word_threshold == 3 and built[3].languages == ("en", "fr")
     assert built[5].public_ips_only is False
@@ -283,7 +283,7 @@ def test_fineweb_gin_switches_the_recipe_on():
     off = pipeline_config.load([f"{REPO}/gin/tiny.gin", f"{REPO}/gin/data/fineweb.gin"],
                                ["clean.Config.gopher_quality = None"]).stages["clean"]
     assert off.config.gopher_quality is None and off.config.gopher_repetition is not None
-    assert quality.GopherQuality not in map(type, clean.build_filters(off.config))
+    assert gopher.GopherQuality not in map(type, clean.build_filters(off.config))
 
 
 def test_url_list_files_are_in_the_clean_key(tmp_path):

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stages.clean import filters, langid, normalize, pii, quality, urls
+from stages.clean import c4, filters, fineweb, gopher, langid, normalize, pii, quality, urls
 from stages.download import embedded
 from tests.conftest import REPO
 from tests.stages.test_quality import _naive_repeated_chars
@@ -46,7 +46,7 @@ CC_DOCS = 160                  # of its 697 pages: every third, up to 160, enoug
 EMBEDDED_UNITS_STEP = 8        # every 8th unit of the embedded corpus (~1,000 docstrings), then
 EMBEDDED_DOCS_STEP = 6         # every 6th docstring of those, and every third help topic (long texts)
 
-GR, GQ, FW = quality.GopherRepetition, quality.GopherQuality, quality.FineWebQuality
+GR, GQ, FW = gopher.GopherRepetition, gopher.GopherQuality, fineweb.FineWebQuality
 ZERO_GRAMS = {"top_n_grams": ((2, 0), (3, 0), (4, 0)), "dup_n_grams": tuple((n, 0) for n in range(5, 11))}
 ONE_GRAMS = {"top_n_grams": ((2, 1), (3, 1), (4, 1)), "dup_n_grams": tuple((n, 1) for n in range(5, 11))}
 
@@ -63,8 +63,8 @@ CONFIGS = [
     GQ(10**6, 1, 100, 1, 1, 1, 1, 1, 8), GQ(20, 500, 4, 6, 0.02, 0.3, 0.1, 0.9, 4), GQ(splitter="fast"),
     FW(), FW(0, False, 0, 30, 0, 0), FW(1, True, 1, 30, 1, 100), FW(0.5, True, 0.3, 30, 0.1, 0.1),
     FW(short_line_length=0), FW(short_line_length=200, splitter="fast"),
-    quality.C4Quality(), quality.C4Quality(filter_no_terminal_punct=True, min_num_sentences=-1),
-    quality.C4Quality(min_num_sentences=0, min_words_per_line=-1, max_word_length=-1, remove_citations=False),
+    c4.C4Quality(), c4.C4Quality(filter_no_terminal_punct=True, min_num_sentences=-1),
+    c4.C4Quality(min_num_sentences=0, min_words_per_line=-1, max_word_length=-1, remove_citations=False),
     urls.URLFilter(), urls.URLFilter(soft_word_threshold=1), urls.URLFilter(soft_word_threshold=0),
     pii.PIIMasker(), pii.PIIMasker(public_ips_only=False, emails=False),
 ]
@@ -366,7 +366,7 @@ def test_n_gram_values_are_exact_not_bounds(cc_docs):
     exact values: the commonest n-gram's characters times its count, the characters of repeated n-grams
     by Gopher's walk, over the characters."""
     f = GR(top_n_grams=((1, 0.2), (2, 0.2), (3, 0.18)), dup_n_grams=((2, 0.1), (5, 0.15), (10, 0.1)))
-    split = quality._splitter(f.splitter)
+    split = quality.shared_splitter(f.splitter)
     over_a_limit = 0
     for doc in web(cc_docs)[::4]:
         attrs, _ = filters.measure(f, doc)
@@ -418,7 +418,7 @@ def test_measure_then_decide_is_check_on_generated_text(text):
         return
     checker = Checker()
     checker.check(GENERATED_CONFIGS, doc)
-    for rewriter in (quality.C4Quality(), pii.PIIMasker()):     # the filters after a rewriter see its text
+    for rewriter in (c4.C4Quality(), pii.PIIMasker()):     # the filters after a rewriter see its text
         reason, after = rewriter.apply(doc)
         if reason is None and after["text"] and after != doc:
             checker.check(GENERATED_CONFIGS, after)
@@ -472,7 +472,7 @@ CHANGED = [
     (FW(), "line_punct_exclude_zero", True, "threshold"),
     (FW(), "short_line_length", 60, "scoring"),
     (FW(), "splitter", "fast", "scoring"),
-    *((quality.C4Quality(), name, value, "scoring") for name, value in (
+    *((c4.C4Quality(), name, value, "scoring") for name, value in (
         ("filter_no_terminal_punct", True), ("min_num_sentences", 2), ("min_words_per_line", 1),
         ("max_word_length", 20), ("remove_citations", False), ("filter_lorem_ipsum", False),
         ("filter_javascript", False), ("filter_curly_bracket", False), ("filter_policy", False),
@@ -544,12 +544,12 @@ def test_a_filter_that_does_not_measure_falls_back_to_its_reason():
     assert filters.decide(urls.URLFilter(), {"reason": "url_banned_word"}) == "url_banned_word"
     assert filters.thresholds(urls.URLFilter()) == {}
     assert filters.scoring_key(urls.URLFilter())["blocked_domain_files"] == []
-    c4 = quality.C4Quality()
+    c4_lines = c4.C4Quality()
     kept = _doc("c", "Too short.\n" + "A line that C4 keeps, as it has words. " * 6)
-    assert filters.measure(c4, kept) == ({"reason": None}, c4.apply(kept)[1])
-    assert filters.measure(c4, kept)[1]["text"] != kept["text"]     # the rewrite
+    assert filters.measure(c4_lines, kept) == ({"reason": None}, c4_lines.apply(kept)[1])
+    assert filters.measure(c4_lines, kept)[1]["text"] != kept["text"]     # the rewrite
     dropped = _doc("d", "Lorem ipsum dolor sit amet, and so on.")
-    assert filters.measure(c4, dropped) == ({"reason": "c4_lorem_ipsum"}, dropped)
+    assert filters.measure(c4_lines, dropped) == ({"reason": "c4_lorem_ipsum"}, dropped)
     masked = _doc("p", "Write to jane@corp.com today.")
     assert filters.measure(pii.PIIMasker(), masked)[1]["text"] == "Write to email@example.com today."
 

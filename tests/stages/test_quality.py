@@ -1,4 +1,5 @@
-"""FineWeb's quality filters (stages/clean/quality.py) and their word splitter (words.py): one document
+"""FineWeb's quality filters (stages/clean/gopher.py, c4.py, fineweb.py; what they share in quality.py, the
+n-gram counts in ngrams.py) and their word splitter (words.py): one document
 per reason that trips exactly that rule and a near miss that passes, C4's rewrite, the config and gin
 wiring, and the reasons counted by the real clean stage."""
 
@@ -14,7 +15,7 @@ import pytest
 from pipeline import cache
 from pipeline import config as pipeline_config
 from stages import clean
-from stages.clean import quality, words
+from stages.clean import c4, fineweb, gopher, ngrams, quality, words
 from stages.io import documents, storage
 from tests.conftest import REPO
 
@@ -97,26 +98,26 @@ def test_repeated_n_gram_chars_match_the_plain_walk(vocabulary):
     rng = random.Random(1)
     for _ in range(300):
         ws = tuple(rng.choice(vocabulary) for _ in range(rng.randint(0, 40)))
-        grams = quality._NGrams(ws)
+        grams = ngrams.NGrams(ws)
         for n in (1, 2, 3, 5, 7, 10):
             want = _naive_repeated_chars(ws, n)
-            assert quality._repeated_chars(ws, n, grams) == want, (ws, n)
+            assert ngrams.repeated_chars(ws, n, grams) == want, (ws, n)
             for fraction in (0.05, 0.2, 0.5):      # a walk stopped past a rule's limit passes its test alike
                 chars = max(len("".join(ws)), 1)
-                stopped = quality._repeated_chars(ws, n, grams, (chars, fraction))
+                stopped = ngrams.repeated_chars(ws, n, grams, (chars, fraction))
                 assert (stopped / chars > fraction) == (want / chars > fraction) and stopped <= want, (ws, n)
 
 
 def test_repeated_n_gram_chars_survive_hash_collisions(monkeypatch):
     # base 1: an n-gram's hash is the sum of its code points, so "ab" and "ba" (and many more) collide;
     # the strings compared after the hash keep the count exact
-    monkeypatch.setattr(quality._NGrams, "_BASE", 1)
+    monkeypatch.setattr(ngrams.NGrams, "_BASE", 1)
     rng = random.Random(2)
     for _ in range(300):
         ws = tuple(rng.choice(WALK_VOCABULARIES[1]) for _ in range(rng.randint(0, 40)))
         for n in (1, 2, 5):
-            assert quality._repeated_chars(ws, n) == _naive_repeated_chars(ws, n), (ws, n)
-    assert quality._NGrams(("ab", "x", "ba", "y")).candidates(1).tolist() == [0, 2]   # a collision, compared
+            assert ngrams.repeated_chars(ws, n) == _naive_repeated_chars(ws, n), (ws, n)
+    assert ngrams.NGrams(("ab", "x", "ba", "y")).candidates(1).tolist() == [0, 2]   # a collision, compared
 
 
 def test_top_n_gram_chars_match_counter_most_common():
@@ -125,7 +126,7 @@ def test_top_n_gram_chars_match_counter_most_common():
         ws = tuple(rng.choice(WALK_VOCABULARIES[1]) for _ in range(rng.randint(4, 30)))
         for n in (2, 3, 4):
             gram, count = Counter(" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)).most_common(1)[0]
-            assert quality._top_n_gram_chars(ws, n) == len(gram) * count, (ws, n)
+            assert ngrams.top_n_gram_chars(ws, n) == len(gram) * count, (ws, n)
 
 
 def _reference_check(f, text, ws):
@@ -177,15 +178,15 @@ def _reference_values(text, ws, tops, dups):
 CHECK_VOCABULARY = ["a", "b", "ab", "ba", "aba", "c", "bc", "é", "\U0001F600", "the", "of"]
 
 
-@pytest.mark.parametrize("base", [quality._NGrams._BASE, 1])     # 1: an n-gram's hash is a code point sum
+@pytest.mark.parametrize("base", [ngrams.NGrams._BASE, 1])     # 1: an n-gram's hash is a code point sum
 def test_gopher_repetition_matches_a_plain_check(monkeypatch, base):
     """The numpy fast paths (one sort for every n, upper bounds that skip the exact counts, the walk's
     candidates from the sorted rows, paragraphs and lines by `str.split`) give the reason a plain check
     gives, on random documents full of repeats, ties, n-grams that join alike and (base 1) hash collisions,
     with random limits and limits exactly at a rule's value and just below it; every bound is at least its
     exact value."""
-    monkeypatch.setattr(quality._NGrams, "_BASE", base)
-    monkeypatch.setattr(quality, "_splitter", lambda name: str.split)
+    monkeypatch.setattr(ngrams.NGrams, "_BASE", base)
+    monkeypatch.setattr(gopher, "shared_splitter", lambda name: str.split)     # what GopherRepetition calls
     rng = random.Random(4)
     tops, dups = (1, 2, 3, 4), (1, 2, 5, 6, 7, 8, 9, 10)
     for _ in range(250):
@@ -198,12 +199,12 @@ def test_gopher_repetition_matches_a_plain_check(monkeypatch, base):
         ws = tuple(text.split())
         values = _reference_values(text, ws, tops, dups)
         if len(ws) > 1:       # (a single word has no `_NGrams`)
-            top_bounds, repeat_bounds = quality._NGrams(ws).scan(tops, dups)
+            top_bounds, repeat_bounds = ngrams.NGrams(ws).scan(tops, dups)
             for (kind, n), value in values.items():    # no repeat bound: one n-gram, which repeats none
                 bound = top_bounds[n] if kind == "top" else repeat_bounds.get(n, 0)
                 assert bound / len(text) >= value, (ws, kind, n)
         fractions = [rng.choice([0, 0.1, 0.3]) for _ in range(4)]
-        configs = [quality.GopherRepetition(*fractions,
+        configs = [gopher.GopherRepetition(*fractions,
                                             top_n_grams=tuple((n, rng.random() / 2) for n in tops),
                                             dup_n_grams=tuple((n, rng.random() / 4) for n in dups))]
         for (kind, n), value in values.items():     # one rule at its value (kept), then just below (dropped)
@@ -211,7 +212,7 @@ def test_gopher_repetition_matches_a_plain_check(monkeypatch, base):
                 if 0 < limit <= 1:
                     rules = {"top_n_grams": (), "dup_n_grams": ()}
                     rules["top_n_grams" if kind == "top" else "dup_n_grams"] = ((n, limit),)
-                    configs.append(quality.GopherRepetition(0, 0, 0, 0, **rules))
+                    configs.append(gopher.GopherRepetition(0, 0, 0, 0, **rules))
         for f in configs:
             assert f.check({"text": text}) == _reference_check(f, text, ws), (ws, f)
 
@@ -243,15 +244,15 @@ REPETITION += [(f"duplicated_{n}_n_grams", " ".join(VOCAB[:n] * 2 + FILLER[:k]),
 
 def _only(reason):
     """GopherRepetition with every rule off but the one that gives `reason`, at its default."""
-    default = quality.GopherRepetition()
+    default = gopher.GopherRepetition()
     off = {"dup_line_frac": 0, "dup_para_frac": 0, "dup_line_char_frac": 0, "dup_para_char_frac": 0,
            "top_n_grams": (), "dup_n_grams": ()}
     if reason.startswith("top_"):
-        return quality.GopherRepetition(**{**off, "top_n_grams": (default.top_n_grams[int(reason[4]) - 2],)})
+        return gopher.GopherRepetition(**{**off, "top_n_grams": (default.top_n_grams[int(reason[4]) - 2],)})
     if reason.startswith("duplicated_"):
         n = int(reason.split("_")[1])
-        return quality.GopherRepetition(**{**off, "dup_n_grams": (default.dup_n_grams[n - 5],)})
-    return quality.GopherRepetition(**{**off, reason: getattr(default, reason)})
+        return gopher.GopherRepetition(**{**off, "dup_n_grams": (default.dup_n_grams[n - 5],)})
+    return gopher.GopherRepetition(**{**off, reason: getattr(default, reason)})
 
 
 @pytest.mark.parametrize("reason, trips, near_miss", REPETITION, ids=[r[0] for r in REPETITION])
@@ -262,33 +263,33 @@ def test_gopher_repetition_reasons(reason, trips, near_miss):
     # ... and with all rules on, the document stops at this rule or an earlier one
     order = ["dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac", "top_2_gram",
              "top_3_gram", "top_4_gram", *(f"duplicated_{n}_n_grams" for n in range(5, 11))]
-    assert order.index(quality.GopherRepetition().check(_doc(trips))) <= order.index(reason)
+    assert order.index(gopher.GopherRepetition().check(_doc(trips))) <= order.index(reason)
 
 
 def test_gopher_repetition_longer_n_grams_and_switching_rules_off():
     text = " ".join(VOCAB[:6] * 2 + VOCAB[10:40])    # a repeated 6-gram
     only_n_grams = {"top_n_grams": ()}
-    assert quality.GopherRepetition(**only_n_grams, dup_n_grams=((5, 0.5), (6, 0.1))).check(_doc(text)) == \
+    assert gopher.GopherRepetition(**only_n_grams, dup_n_grams=((5, 0.5), (6, 0.1))).check(_doc(text)) == \
         "duplicated_6_n_grams"
-    assert quality.GopherRepetition(**only_n_grams, dup_n_grams=((5, 0.5), (6, 0.2))).check(_doc(text)) \
+    assert gopher.GopherRepetition(**only_n_grams, dup_n_grams=((5, 0.5), (6, 0.2))).check(_doc(text)) \
         is None
     lines = "\n".join(UNIQUE[:6] + [UNIQUE[0]] * 3)
-    assert quality.GopherRepetition(dup_para_frac=0, dup_line_frac=0).check(_doc(lines)) == \
+    assert gopher.GopherRepetition(dup_para_frac=0, dup_line_frac=0).check(_doc(lines)) == \
         "dup_line_char_frac"
     all_off = {"dup_para_frac": 0, "dup_line_frac": 0, "dup_line_char_frac": 0, "dup_para_char_frac": 0,
                "top_n_grams": (), "dup_n_grams": ()}
-    assert quality.GopherRepetition(**all_off).check(_doc(lines)) is None
-    assert quality.GopherRepetition().check(_doc(PROSE)) is None
+    assert gopher.GopherRepetition(**all_off).check(_doc(lines)) is None
+    assert gopher.GopherRepetition().check(_doc(PROSE)) is None
 
 
 def test_gopher_repetition_drops_an_empty_text_as_datatrove_does():
     # datatrove 0.10.1: (False, "empty"), whichever rules are on; the reason is listed first, as checked first
     all_off = {"dup_para_frac": 0, "dup_line_frac": 0, "dup_line_char_frac": 0, "dup_para_char_frac": 0,
                "top_n_grams": (), "dup_n_grams": ()}
-    assert quality.GopherRepetition().check(_doc("")) == "empty"
-    assert quality.GopherRepetition(**all_off).check(_doc("")) == "empty"
-    assert quality.GopherRepetition().reasons()[0] == "empty"
-    assert quality.GopherRepetition().check(_doc(" ")) is None       # not empty: nothing in it repeats
+    assert gopher.GopherRepetition().check(_doc("")) == "empty"
+    assert gopher.GopherRepetition(**all_off).check(_doc("")) == "empty"
+    assert gopher.GopherRepetition().reasons()[0] == "empty"
+    assert gopher.GopherRepetition().check(_doc(" ")) is None       # not empty: nothing in it repeats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,18 +321,18 @@ GOPHER = [
 
 @pytest.mark.parametrize("reason, trips, near_miss", GOPHER, ids=[g[0] for g in GOPHER])
 def test_gopher_quality_reasons(reason, trips, near_miss):
-    f = quality.GopherQuality()
+    f = gopher.GopherQuality()
     assert f.check(_doc(trips)) == reason
     assert f.check(_doc(near_miss)) is None
 
 
 def test_gopher_quality_counts_punctuation_as_words_but_not_as_long_words():
     # 60 words and 60 commas: the commas count for the alpha ratio (60 / 120 < 0.8) ...
-    assert quality.GopherQuality().check(_doc(" ".join(["the", "and"] + ["word,"] * 58))) == \
+    assert gopher.GopherQuality().check(_doc(" ".join(["the", "and"] + ["word,"] * 58))) == \
         "gopher_below_alpha_threshold"
     # ... and not for the word count or the mean word length
     text = " ".join(["the", "and"] + ["word,"] * 58)
-    assert quality.GopherQuality(min_alpha_words_ratio=0).check(_doc(text)) is None
+    assert gopher.GopherQuality(min_alpha_words_ratio=0).check(_doc(text)) is None
 
 
 def test_letterless_and_symbol_words_are_found_among_the_distinct_words():
@@ -342,10 +343,10 @@ def test_letterless_and_symbol_words_are_found_among_the_distinct_words():
     for _ in range(2000):
         ws = tuple("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
                    for _ in range(rng.randint(0, 30)))
-        no_letter, symbolic = quality._letterless(ws)
+        no_letter, symbolic = gopher._letterless(ws)
         joined = "\n".join(ws)
-        assert sum(w in no_letter for w in ws) == len(quality._NO_LETTER_WORD.findall(joined)), ws
-        assert [w for w in ws if w in symbolic] == quality._SYMBOL_WORD.findall(joined), ws
+        assert sum(w in no_letter for w in ws) == len(gopher._NO_LETTER_WORD.findall(joined)), ws
+        assert [w for w in ws if w in symbolic] == gopher._SYMBOL_WORD.findall(joined), ws
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,14 +363,14 @@ def test_c4_rewrites_the_text_to_the_lines_it_keeps():
         "Third kept line. It has two sentences.",
         "Fourth kept line is here.",
     ])
-    reason, doc = quality.C4Quality().apply({"id": "a", "url": "u", "text": text})
+    reason, doc = c4.C4Quality().apply({"id": "a", "url": "u", "text": text})
     assert reason is None
     assert doc == {"id": "a", "url": "u", "text": "\n".join([
         "A first line of prose  with a citation.", "Second kept line, no terminal punctuation",
         "Third kept line. It has two sentences.", "Fourth kept line is here."])}
-    assert quality.C4Quality().check({"text": text}) is None
+    assert c4.C4Quality().check({"text": text}) is None
     # datatrove's own default drops lines without terminal punctuation: then 4 sentences are left
-    assert quality.C4Quality(filter_no_terminal_punct=True).apply({"text": text})[0] == "c4_too_few_sentences"
+    assert c4.C4Quality(filter_no_terminal_punct=True).apply({"text": text})[0] == "c4_too_few_sentences"
 
 
 C4 = [
@@ -383,7 +384,7 @@ C4 = [
 
 @pytest.mark.parametrize("reason, trips, near_miss", C4, ids=[c[0] for c in C4])
 def test_c4_reasons(reason, trips, near_miss):
-    f = quality.C4Quality()
+    f = c4.C4Quality()
     assert f.apply(_doc(trips)) == (reason, _doc(trips))      # a dropped document keeps its text
     assert f.apply(_doc(near_miss))[0] is None
 
@@ -406,20 +407,20 @@ FINEWEB = [
 
 @pytest.mark.parametrize("reason, trips, near_miss", FINEWEB, ids=[f[0] for f in FINEWEB])
 def test_fineweb_reasons(reason, trips, near_miss):
-    f = quality.FineWebQuality()
+    f = fineweb.FineWebQuality()
     assert f.check(_doc(trips)) == reason
     assert f.check(_doc(near_miss)) is None
 
 
 def test_fineweb_empty_after_c4_removed_every_line():
-    assert quality.FineWebQuality().check(_doc("\n \n")) == "empty"
+    assert fineweb.FineWebQuality().check(_doc("\n \n")) == "empty"
 
 
 # ---------------------------------------------------------------------------------------------
 # Config, gin, build_filters, clean_document
 
-QUALITY_ON = {"gopher_repetition": quality.GopherRepetition(), "gopher_quality": quality.GopherQuality(),
-              "c4_quality": quality.C4Quality(), "fineweb_quality": quality.FineWebQuality()}
+QUALITY_ON = {"gopher_repetition": gopher.GopherRepetition(), "gopher_quality": gopher.GopherQuality(),
+              "c4_quality": c4.C4Quality(), "fineweb_quality": fineweb.FineWebQuality()}
 
 
 def test_the_quality_filters_are_off_by_default():
@@ -429,13 +430,13 @@ def test_the_quality_filters_are_off_by_default():
 
 
 @pytest.mark.parametrize("cls, kwargs, message", [
-    (quality.GopherRepetition, {"dup_line_frac": 1.5}, r"^dup_line_frac=1.5 must be in \[0, 1\]"),
-    (quality.GopherRepetition, {"top_n_grams": ((0, 0.2),)}, r"^top_n_grams=\(\(0, 0.2\),\) must be pairs"),
-    (quality.GopherQuality, {"min_doc_words": -1}, "^min_doc_words=-1 must be >= 0"),
-    (quality.C4Quality, {"min_num_sentences": -2},
+    (gopher.GopherRepetition, {"dup_line_frac": 1.5}, r"^dup_line_frac=1.5 must be in \[0, 1\]"),
+    (gopher.GopherRepetition, {"top_n_grams": ((0, 0.2),)}, r"^top_n_grams=\(\(0, 0.2\),\) must be pairs"),
+    (gopher.GopherQuality, {"min_doc_words": -1}, "^min_doc_words=-1 must be >= 0"),
+    (c4.C4Quality, {"min_num_sentences": -2},
      r"^min_num_sentences=-2 must be >= -1 \(-1 turns the rule off\)"),
-    (quality.FineWebQuality, {"short_line_thr": 2}, r"^short_line_thr=2 must be in \[0, 1\]"),
-    (quality.GopherQuality, {"splitter": "spcy"},
+    (fineweb.FineWebQuality, {"short_line_thr": 2}, r"^short_line_thr=2 must be in \[0, 1\]"),
+    (gopher.GopherQuality, {"splitter": "spcy"},
      "^splitter='spcy' is not a word splitter; valid: 'spacy_rules', 'fast', 'spacy', 'nltk'"),
 ])
 def test_a_quality_filter_rejects_bad_values_naming_the_field(cls, kwargs, message):
@@ -463,16 +464,16 @@ def test_gin_switches_quality_filters_on_and_binds_their_fields():
         "clean.Config.fineweb_quality = @clean.FineWebQuality()"]).stages["clean"].config
     built = clean.build_filters(config)
     assert [type(f) for f in built[2:]] == \
-        [quality.GopherRepetition, quality.C4Quality, quality.FineWebQuality]
+        [gopher.GopherRepetition, c4.C4Quality, fineweb.FineWebQuality]
     assert built[2].top_n_grams == ((2, 0.3),) and built[3].min_num_sentences == 3
-    assert built[2] == quality.GopherRepetition(top_n_grams=((2, 0.3),))     # the rest: datatrove's defaults
+    assert built[2] == gopher.GopherRepetition(top_n_grams=((2, 0.3),))     # the rest: datatrove's defaults
 
 
 def test_a_splitter_is_chosen_per_filter_and_travels_to_beam_workers_by_name():
-    f = quality.GopherQuality(splitter="nltk")       # holds the name: NLTK loads on the first document
+    f = gopher.GopherQuality(splitter="nltk")       # holds the name: NLTK loads on the first document
     assert pickle.loads(pickle.dumps(f)) == f
-    assert quality.GopherQuality().check({"text": PROSE}) is None
-    assert quality._splitter("fast") is quality._splitter("fast")     # one per process, shared
+    assert gopher.GopherQuality().check({"text": PROSE}) is None
+    assert quality.shared_splitter("fast") is quality.shared_splitter("fast")     # one per process, shared
 
 
 def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite():
@@ -487,6 +488,21 @@ def test_clean_document_runs_the_quality_filters_in_order_and_keeps_the_rewrite(
         (None, {"id": "c", "text": PROSE}) and rewrites == []            # C4 kept every line: no rewrite
     assert clean.clean_document({"id": "b", "text": PROSE + "\nvar x = {a: 1};"}, config, doc_filters)[0] == \
         "c4_curly_bracket"
+
+
+def test_an_empty_text_is_set_aside_before_the_filters_and_only_c4_empties_a_kept_one():
+    """quality.py's account of empty texts: what each filter says of one (Gopher repetition and FineWeb
+    "empty", as datatrove 0.10.1), that clean_document sets one aside before any filter (C4 would say
+    c4_too_few_sentences), and that C4's rewrite keeping no line (min_num_sentences = -1) hands FineWeb
+    one."""
+    assert [f.check(_doc("")) for f in QUALITY_ON.values()] == \
+        ["empty", "gopher_short_doc", "c4_too_few_sentences", "empty"]
+    assert clean.clean_document(_doc(""), clean.Config(), (c4.C4Quality(),))[0] == "empty"
+    config = clean.Config(**dict(QUALITY_ON, c4_quality=c4.C4Quality(min_num_sentences=-1)))
+    # lines of two words, which C4 drops (min_words_per_line 3), and which pass both Gopher filters
+    every_line_dropped = "\n".join(f"{stop} {word}" for stop, word in zip(["the", "of", "and"] * 20, VOCAB))
+    assert c4.C4Quality(min_num_sentences=-1).apply(_doc(every_line_dropped))[1]["text"] == ""
+    assert clean.clean_document(_doc(every_line_dropped), config, clean.build_filters(config))[0] == "empty"
 
 
 # ---------------------------------------------------------------------------------------------

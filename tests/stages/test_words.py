@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from stages import clean
-from stages.clean import quality, spacy_rules, words
+from stages.clean import gopher, spacy_rules, words
 
 TEXT = ('Don\'t stop, Mr. Smith. It costs $3,000 -- e.g. "now", or (maybe) later... '
         "See example.com/page and well-known ideas; it's 12:30. Yes!\nA second line?")
@@ -99,9 +99,9 @@ def test_nltk_without_the_trained_punkt_refuses_before_work_in_one_line(no_punkt
     assert words.PUNKT_DOWNLOAD in line and words.problem("fast") == words.problem("spacy") == ""
     with pytest.raises(words.MissingPunkt, match="python -m nltk.downloader punkt_tab"):
         words.splitter("nltk")("Dr. Smith came.")
-    config = clean.Config(gopher_quality=quality.GopherQuality(splitter="nltk"))
+    config = clean.Config(gopher_quality=gopher.GopherQuality(splitter="nltk"))
     assert clean.check(config) == f"clean.GopherQuality.splitter='nltk': {line}"
-    assert clean.check(clean.Config(gopher_quality=quality.GopherQuality())) == ""
+    assert clean.check(clean.Config(gopher_quality=gopher.GopherQuality())) == ""
 
 
 def test_the_clean_key_covers_the_splitter_library_and_punkt_model(punkt_model, monkeypatch):
@@ -112,10 +112,10 @@ def test_the_clean_key_covers_the_splitter_library_and_punkt_model(punkt_model, 
     def key(config):
         return cache.stage_key("clean", clean.VERSION, config, {"download": "d"}, clean.key_inputs(config))
 
-    fast = clean.Config(gopher_quality=quality.GopherQuality(splitter="fast"))
-    nltk_config = clean.Config(gopher_quality=quality.GopherQuality(splitter="nltk"))
+    fast = clean.Config(gopher_quality=gopher.GopherQuality(splitter="fast"))
+    nltk_config = clean.Config(gopher_quality=gopher.GopherQuality(splitter="nltk"))
     assert clean.key_inputs(fast) is None      # "fast": keys as before splitters were keyed
-    default = clean.key_inputs(clean.Config(gopher_quality=quality.GopherQuality()))["splitters"]
+    default = clean.key_inputs(clean.Config(gopher_quality=gopher.GopherQuality()))["splitters"]
     assert default == {"spacy_rules": {"spacy_rules": spacy_rules.VERSION}}     # the rules' own version
     found = clean.key_inputs(nltk_config)["splitters"]["nltk"]
     assert found == {"nltk": metadata.version("nltk"), "punkt_tab": words.fingerprint("nltk")["punkt_tab"]}

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from stages import clean
-from stages.clean import quality, spacy_rules, words
+from stages.clean import gopher, ngrams, spacy_rules, words
 
 # (text, spaCy's tokens joined by single spaces)
 CASES = [
@@ -229,15 +229,15 @@ def test_quick_with_marks_inside_tries_the_one_shape_that_can_take_the_chunk():
 
 def test_the_splitter_by_name_is_the_default_and_needs_no_library():
     split = words.splitter("spacy_rules")
-    assert words.DEFAULT == "spacy_rules" and quality.GopherQuality().splitter == "spacy_rules"
+    assert words.DEFAULT == "spacy_rules" and gopher.GopherQuality().splitter == "spacy_rules"
     assert split(CASES[0][0]) == tuple(CASES[0][1].split(" ")) and split.sentences("It works. Yes!") == 2
     again = pickle.loads(pickle.dumps(split))
     assert again == split and again(CASES[1][0]) == tuple(CASES[1][1].split(" "))
-    assert quality.GopherQuality().problem() == "" and words.problem("spacy_rules") == ""
+    assert gopher.GopherQuality().problem() == "" and words.problem("spacy_rules") == ""
 
 
 def test_the_clean_key_names_the_rules_version(monkeypatch):
-    config = clean.Config(gopher_quality=quality.GopherQuality(splitter="spacy_rules"))
+    config = clean.Config(gopher_quality=gopher.GopherQuality(splitter="spacy_rules"))
     assert clean.key_inputs(config)["splitters"] == {"spacy_rules": {"spacy_rules": spacy_rules.VERSION}}
     before = clean.key_inputs(config)
     monkeypatch.setattr(spacy_rules, "VERSION", "2: other rules")
@@ -245,16 +245,16 @@ def test_the_clean_key_names_the_rules_version(monkeypatch):
 
 
 def test_top_n_grams_by_hash_count_as_counter_does():
-    """GopherRepetition's most frequent n-gram, by hash in numpy (`_NGrams.top`), equals `Counter`'s,
+    """GopherRepetition's most frequent n-gram, by hash in numpy (`ngrams.NGrams.top`), equals `Counter`'s,
     ties (the first seen wins) included."""
     rng = random.Random(0)
     for _ in range(300):
         vocabulary = ["a", "b", "ab", "c", "bc", "the", "of"][:rng.randint(1, 7)]
         tokens = tuple(rng.choice(vocabulary) for _ in range(rng.randint(2, 60)))
-        grams = quality._NGrams(tokens)
+        grams = ngrams.NGrams(tokens)
         for n in (2, 3, 4):
             if len(tokens) >= n:
-                assert quality._top_n_gram_chars(tokens, n, grams) == quality._top_n_gram_chars(tokens, n)
+                assert ngrams.top_n_gram_chars(tokens, n, grams) == ngrams.top_n_gram_chars(tokens, n)
 
 
 # ---------------------------------------------------------------------------------------------

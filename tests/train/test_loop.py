@@ -107,6 +107,7 @@ def test_gradient_accumulation_makes_the_update_of_one_big_batch():
     from flax import nnx
 
     from stages.train import loop, model, optimizer
+    from stages.train.step import train_step
 
     cfg = dataclasses.replace(CONFIG, optimizer=dataclasses.replace(CONFIG.optimizer, total_steps=10))
     net = model.Transformer(cfg.model, rngs=nnx.Rngs(0))
@@ -116,7 +117,7 @@ def test_gradient_accumulation_makes_the_update_of_one_big_batch():
     for k in (1, 4):
         c = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, grad_accum_steps=k))
         tx = optimizer.make_optimizer(c.optimizer, params)
-        step = jax.jit(functools.partial(loop.train_step, graphdef, tx, **loop.step_options(c, EOS)))
+        step = jax.jit(functools.partial(train_step, graphdef, tx, **loop.step_options(c, EOS)))
         results.append(step(params, tx.init(params), batch))
     (p1, _, o1), (p4, _, o4) = results
     np.testing.assert_allclose(float(o4["loss"]), float(o1["loss"]), rtol=1e-5)

@@ -174,17 +174,17 @@ def test_the_sequence_wise_balancing_loss_matches_deepseek_v3s_formula_by_hand()
 def test_the_sequence_wise_loss_is_summed_over_layers_and_the_batch_one_averaged():
     """alpha weighs each MoE layer's sequence-wise loss (DeepSeek-V3), where the batch-wise loss is one mean:
     with 2 MoE layers the differentiated loss grows by alpha x (aux_1 + aux_2), against alpha x their mean."""
-    from stages.train import loop
+    from stages.train.step import forward_loss
 
     base = dataclasses.replace(MOE, moe_aux_loss=0.5, moe_router_z_loss=0.0)          # 2 MoE layers of 3
     batch = jax.random.randint(jax.random.key(1), (2, 17), 3, base.vocab_size)
     for scope in ("batch", "sequence"):
         graphdef, params = nnx.split(Transformer(dataclasses.replace(base, moe_aux_scope=scope),
                                                  rngs=nnx.Rngs(0)))
-        out = loop.forward_loss(graphdef, params, batch, eos_id=2, loss_chunk=64, z_loss=0.0)
+        out = forward_loss(graphdef, params, batch, eos_id=2, loss_chunk=64, z_loss=0.0)
         plain, _ = nnx.split(Transformer(dataclasses.replace(base, moe_aux_scope=scope, moe_aux_loss=0.0),
                                          rngs=nnx.Rngs(0)))
-        without = loop.forward_loss(plain, params, batch, eos_id=2, loss_chunk=64, z_loss=0.0)
+        without = forward_loss(plain, params, batch, eos_id=2, loss_chunk=64, z_loss=0.0)
         added = float(out["loss_with_z"] - without["loss_with_z"])
         layers = 2 if scope == "sequence" else 1
         assert added == pytest.approx(0.5 * float(out["moe/aux_loss"]) * layers, rel=1e-4), scope

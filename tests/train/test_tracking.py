@@ -1,4 +1,4 @@
-"""Experiment tracking in W&B (stages/io/tracking.py, pipeline/tracked.py), offline, read back from the run
+"""Experiment tracking in W&B (stages/train/tracking.py, pipeline/tracked.py), offline, read back from the run
 files once the process that wrote them has exited (tests/wandb_files.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from pipeline import cache, sweep, tracked
-from stages.io import storage, tracking
+from stages.io import storage
+from stages.train import tracking
 from stages.train.stop import STOPPED_EXIT_CODE
 from tests import wandb_files
 from tests.conftest import REPO
@@ -210,7 +211,7 @@ def test_a_resume_after_a_hard_kill_sends_what_wandbs_files_lack(tmp_path, monke
 # Logs three steps, then SIGKILLs W&B's service (its child) and itself: a lost machine, right after logging.
 KILLED_AFTER_LOGGING = """
 import os, signal, sys
-from stages.io import tracking
+from stages.train import tracking
 settings = tracking.Tracking(tracker="wandb", mode="offline", dir=sys.argv[2])
 run = tracking.Run.start(settings, sys.argv[1], key="k" * 64, config={}, resuming=False)
 for step in (3, 6, 9):

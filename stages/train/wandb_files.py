@@ -4,7 +4,7 @@
         ...
     wandb_files.last_step([path, ...])            # the largest history step the files hold (0: none)
 
-A training that resumes after a hard kill (stages/io/tracking.py) asks `last_step` what its earlier segments'
+A training that resumes after a hard kill (tracking.py) asks `last_step` what its earlier segments'
 files hold and sends the rest again; tests/wandb_files.py reads the whole run through `records`.
 
 wandb 0.31's Python package has no reader of its own (its core is a Go binary), so this one reads the

@@ -21,8 +21,8 @@ Tracking says how a run is watched, never what it computes: `Tracking` is out of
 What a resume sends is decided by what W&B holds, not by the last step handed to it: `wandb.log` returns
 before W&B's service has written the row (offline, a kill after 20 rows found none of them written), so a
 hard kill (SIGKILL, a lost machine) can lose rows already handed over. Offline, the resume reads the earlier
-segments' run files (stages/io/wandb_files.py); online, it asks the server (the resumed run's starting step;
-the server also drops a step below the run's current one). It sends again every metrics row after the last
+segments' run files (wandb_files.py); online, it asks the server (the resumed run's starting step; the
+server also drops a step below the run's current one). It sends again every metrics row after the last
 step held, from the rows kept beside the checkpoints (`Run.resend`), and the loop's rows after that: each
 step once, none lost.
 
@@ -46,7 +46,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stages.io import storage, wandb_files
+from stages.io import storage
+from stages.train import wandb_files
 
 log = logging.getLogger(__name__)
 
