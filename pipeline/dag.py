@@ -85,7 +85,7 @@ IMPORTS: dict[str, dict[str, str]] = {
         "stages.train.trained": "the model restored from train's committed checkpoint",
         "stages.train.configs": "ModelConfig, as training wrote it into summary.json",
         "stages.train.data": "the validation windows, batched as training batches them",
-        "stages.train.loop": "the loss as training computes it (loop.forward_loss)",
+        "stages.train.step": "the loss as training computes it (step.forward_loss)",
         "stages.train.scoring": "the packed scorer, the one training scores its in-loop yardsticks with",
         "stages.train.native": "JAX's platforms started quietly (one line, not libtpu's dozen)",
         "stages.yardsticks": "MAX_LENGTH: where a task request is cut, the yardsticks stage's default",

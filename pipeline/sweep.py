@@ -82,7 +82,7 @@ def runs(gin_files: list[str], params: list[str]) -> list[Run]:
 
 def _name_tracked_run(plan: run_plan.Plan, *, group: str, name: str) -> None:
     """The run's W&B group (the sweep's name) and name (`<variant>-seed<s>`), which only a tracked run reads
-    (stages/io/tracking.py); tracking is out of the key, so the train key stays the same."""
+    (stages/train/tracking.py); tracking is out of the key, so the train key stays the same."""
     sp = plan.stages["train"]
     tracked = dataclasses.replace(sp.config.tracking, group=group, name=name)
     plan.stages["train"] = dataclasses.replace(sp, config=dataclasses.replace(sp.config, tracking=tracked))

@@ -253,14 +253,14 @@ def test_the_imports_check_finds_an_unlisted_import_an_unused_entry_and_one_astr
     allows the package's own module, not what is under it."""
     found = _stage_imports()
     imports = {stage: dict(entries) for stage, entries in dag.IMPORTS.items()}
-    del imports["evaluate"]["stages.train.loop"]
+    del imports["evaluate"]["stages.train.step"]
     imports["export"]["stages.train.planner"] = "a module export does not import"
     imports["tokenizer"] = {"stages.shard.config": "shard is downstream of the tokenizer"}
     del imports["evaluate"]["stages.yardsticks.score"]
     astray, unlisted, unused = _imports_problems(imports, found)
     assert astray == ["dag.IMPORTS['tokenizer'] names stages.shard.config, of a stage tokenizer does not "
                       "read (it reads clean)"]
-    assert "stages.evaluate.measure -> stages.train.loop" in unlisted
+    assert "stages.evaluate.measure -> stages.train.step" in unlisted
     assert "stages.evaluate.measure -> stages.yardsticks.score" in unlisted     # not under stages.yardsticks
     assert "dag.IMPORTS['export'] names stages.train.planner, which no module of stages.export imports" \
         in unused
