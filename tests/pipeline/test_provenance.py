@@ -6,14 +6,17 @@ the stage's source hash, and `python -m pipeline status` marks an entry built by
 
 import ast
 import os
+import re
 import subprocess
 
 import pytest
 
-from pipeline import cache, provenance
+from pipeline import __main__ as cli
+from pipeline import cache, config, dag, provenance
 from stages.io import storage
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(REPO, "gin", "tiny.gin")
 
 
 def _write(cfg, upstream, out_dir, work_dir):
@@ -128,3 +131,29 @@ def test_compare_says_what_differs():
                     f"{now['source'][:8]} now (changed: stages/clean/quality.py); commit abc1234 (dirty)")
     sdist = dict(then, commit=None, dirty=None)
     assert provenance.compare({"code": sdist}, "clean").endswith("; not built from a git checkout")
+
+
+def test_status_marks_an_entry_built_by_other_code_and_one_built_before_provenance(tmp_path, capsys):
+    """Every stage of the tiny plan committed under its real key (a stand-in for each stage), then one
+    manifest's recorded source changed as if an older clean had built it, and one's record removed."""
+    root = str(tmp_path / "cache")
+    plan = config.load([TINY], [f'pipeline.Settings.cache_root="{root}"'])
+    for sp in plan.stages.values():
+        cache.run_stage(cache_root=root, stage=sp.stage, key=sp.key, config=sp.config, upstream={}, fn=_write)
+    path = storage.join(cache.stage_dir(root, "clean", plan.stages["clean"].key), cache.MANIFEST)
+    manifest = storage.read_json(path)
+    manifest["code"]["files"]["stages/clean/filters.py"] = "1" * 16
+    manifest["code"]["source"] = provenance.source_hash(manifest["code"]["files"])
+    storage.write_json(path, manifest)
+    path = storage.join(cache.stage_dir(root, "tokenizer", plan.stages["tokenizer"].key), cache.MANIFEST)
+    storage.write_json(path, {k: v for k, v in storage.read_json(path).items() if k != "code"})
+
+    assert cli.main(["status", "--gin", TINY, "--gin-param", f'pipeline.Settings.cache_root="{root}"']) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(lines) == set(dag.tree().nodes)
+    now = provenance.code("clean")["source"][:8]
+    assert re.search(rf"cached .*  built by other code: stages/clean source {manifest['code']['source'][:8]} "
+                     rf"then, {now} now \(changed: stages/clean/filters.py\)", lines["clean"]), lines["clean"]
+    assert lines["tokenizer"].endswith("  code unknown")
+    others = [line for name, line in lines.items() if name not in ("clean", "tokenizer")]
+    assert not any("code" in line.split("attempt-")[-1] for line in others), others
