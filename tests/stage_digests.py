@@ -281,6 +281,7 @@ class Verdict:
     node: str
     state: str
     text: str
+    causes: list[str] = dataclasses.field(default_factory=list)    # upstream: the nodes that changed
 
 
 @dataclasses.dataclass
@@ -345,23 +346,33 @@ def check(cache_root: str, table: dict | None = None, *, spec=None,
     for node, sp in plan.stages.items():
         version = dag.module(sp.stage).VERSION
         entry = table.get("stages", {}).get(sp.stage, {}).get(version)
-        state, text = _judge(sp.stage, version, sp.key, entry, digests[node])
+        upstream = {u: plan.stages[u].key for u in plan.tree.upstream(node)}
+        state, text = _judge(sp.stage, version, sp.key, entry, digests[node], upstream)
         if state not in ("same", "unrecorded", "rekeyed"):
-            moved = [u for u in plan.tree.upstream(node) if verdicts[u].state != "same"]
-            if moved:
-                state, text = "upstream", f"changed, reading {', '.join(moved)}, which changed"
+            # what changed upstream, named where it changed (an input of an input that changed, at its root)
+            causes = {c: None for u in plan.tree.upstream(node) if verdicts[u].state != "same"
+                      for c in (verdicts[u].causes or [u])}
+            if causes:
+                state, text = "upstream", f"changed, reading what changed at {', '.join(causes)}"
+                verdicts[node] = Verdict(node, state, text, list(causes))
+                continue
         verdicts[node] = Verdict(node, state, text)
     return Report(list(verdicts.values()))
 
 
-def _judge(stage: str, version: str, key: str, entry: dict | None, got: Digest) -> tuple[str, str]:
-    """(state, what to say) of one node, its upstream aside (Verdict)."""
+def _judge(stage: str, version: str, key: str, entry: dict | None, got: Digest,
+           upstream: dict[str, str] | None = None) -> tuple[str, str]:
+    """(state, what to say) of one node whose upstream nodes have `upstream` keys, its upstream's verdicts
+    aside (Verdict)."""
     where = f"VERSION {version!r} in {version_file(stage)}"
     if entry is None:
         return "unrecorded", f"{where} has no recorded digest"
     if entry["key"] != key:
-        return "rekeyed", (f"recorded under key {entry['key'][:12]}, now {key[:12]}: its config, or an "
-                           "upstream stage's key, changed since")
+        then = entry.get("upstream", {})
+        moved = [u for u, k in (upstream or {}).items() if then.get(u) != k]
+        why = (f"the key of {', '.join(moved)} changed" if moved else
+               "its config (or what it reads from outside the cache) changed")
+        return "rekeyed", f"recorded under key {entry['key'][:12]}, now {key[:12]}: {why}"
     problems = []
     if entry["digest"] != got.digest:
         problems.append(f"digest {entry['digest'][:8]} recorded, {got.digest[:8]} now"
@@ -430,7 +441,8 @@ def record(cache_root: str, *, force: bool = False, path: str = TABLE, spec=None
     here = machine()
     for node, sp in plan.stages.items():
         stage, version, got = sp.stage, dag.module(sp.stage).VERSION, digests[node]
-        entry = {"key": sp.key, "digest": got.digest, "files": got.files, "libraries": libraries(stage)}
+        entry = {"key": sp.key, "upstream": {u: plan.stages[u].key for u in plan.tree.upstream(node)},
+                 "digest": got.digest, "files": got.files, "libraries": libraries(stage)}
         if got.numerics:
             entry["numerics"] = {"machine": here, "digest": got.numerics_digest, "files": got.numerics}
         old = table["stages"].setdefault(stage, {}).get(version)
