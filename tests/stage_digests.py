@@ -27,10 +27,14 @@ one key on one machine or is a rendering of the library that wrote it:
 
 What is reproducible where, so what is judged where. The data stages (download ... shard, yardsticks) compute
 with integers, strings and correctly rounded arithmetic on counts: their outputs are the same bits on any
-machine, and are always judged. Training and what reads its weights (`weight_nodes`: train, evaluate,
-export) are not: XLA:CPU splits a sum over one thread per CPU the process may use and vectorizes for the
-instruction set it finds (tests/conftest.py `reproducible_cpu_env`), and the tiny run trains in the test
-process, as the machine has it. Their digest is therefore two:
+machine, and are always judged (checked: a tiny run on one CPU, XLA held to SSE4.2 and numpy's AVX, AVX2 and
+FMA3 kernels off (`taskset -c 1`, XLA_FLAGS=--xla_cpu_max_isa=SSE4_2, NPY_DISABLE_CPU_FEATURES) digests as one
+on two CPUs with AVX2; its train, evaluate and export `numerics` differ). Training and what reads its weights
+(`weight_nodes`: train, evaluate, export) are not: XLA:CPU splits a sum over one thread per CPU the process
+may use and vectorizes for the instruction set it finds (tests/conftest.py `reproducible_cpu_env`), and the
+tiny run trains in the test process, as the machine has it (not pinned to one CPU and AVX2 for this guard: it
+is the run a dozen tests share, and its XLA flags would then differ from theirs, so none of its compiled
+programs would be theirs). Their digest is therefore two:
 - `digest`, judged everywhere: the stage's output with every number computed from trained weights left out
   (floats of metrics, summary, eval.json, the reports and card; the checkpoint's and safetensors' array
   values; the generated samples): which files, their fields, counts, steps, shapes and dtypes, the config, the
