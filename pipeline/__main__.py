@@ -2,7 +2,8 @@
 
     python -m pipeline run    --gin gin/tiny.gin [--gin-param 'clean.Config.min_chars=100' ...]
                               [--stage tokenizer] [--force] [--workers N] [--scheduler HOST:PORT]
-    python -m pipeline status --gin gin/tiny.gin      # stage, key, cached?, size, wall time, path
+    python -m pipeline status --gin gin/tiny.gin      # stage, key, cached?, size, wall time, path, and
+                                                      # "built by other code: ..." (pipeline/provenance.py)
     python -m pipeline plan   --gin gin/tiny.gin      # the keys, what a run would execute, the train plan
     python -m pipeline plan   --gin gin/600b.gin --days 30   # and the smallest TPU slice that trains it in 30
     python -m pipeline sweep  --gin gin/sweeps/lr.gin # every variant in one build, then a comparison
@@ -32,7 +33,7 @@ import os
 import sys
 import time
 
-from pipeline import cache, checks, config, dag
+from pipeline import cache, checks, config, dag, provenance
 from pipeline import plan as run_plan
 from stages.io import storage
 from stages.train.stop import STOPPED_EXIT_CODE  # a stage stopped on request after saving: rerun to resume
@@ -315,6 +316,10 @@ def _targets(plan: run_plan.Plan, args) -> list[str]:
 
 def status_table(plan: run_plan.Plan, targets: list[str] | None = None, ran: list[str] = (),
                  check_cache: bool = True) -> str:
+    """One row per node: `stage  key[:12]  status  size  wall  path`, and after the path of a committed entry
+    what `provenance.compare` says of the code that built it: "built by other code: stages/clean source
+    3f2a1b2c then, 9c1d0e4f now (changed: stages/clean/quality.py); commit a603a9b", or "code unknown" for
+    one committed before manifests recorded it; nothing when it is today's code."""
     stages = plan.tree.closure(*targets) if targets else list(plan.stages)
     rows = [("stage", "key", "status", "size", "wall", "path")]
     unknown = ""
@@ -334,7 +339,9 @@ def status_table(plan: run_plan.Plan, targets: list[str] | None = None, ran: lis
             state = "ran" if name in ran else "cached"
             size = _human(sum(done.files.values()))
             wall = f"{done.manifest.get('wall_time_s', 0):.1f} s"
-            path = done.path
+            # built by other code than now under the same VERSION, or before manifests said: on its line
+            code = provenance.compare(done.manifest, sp.stage)
+            path = f"{done.path}  {code}" if code else done.path
         rows.append((name, sp.key[:12], state, size, wall, path))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)

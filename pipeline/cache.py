@@ -25,6 +25,8 @@ nothing else. Config fields declared with `metadata={"key": False}` (how a stage
 the Beam runner, not what it computes) stay out of the key. `inputs` is what a stage reads from
 outside the cache, as its module's optional `key_inputs(config)` states it (download: a fingerprint
 of its source's files); stages without one read only their upstream stages, and leave it out.
+The manifest also records the code that built the entry (its "code": the checkout's commit and the stage's
+source hash, pipeline/provenance.py), outside the key: `status` marks an entry whose code differs from now.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from pipeline import lease
+from pipeline import lease, provenance
 from stages.io import storage
 from stages.io.committed import Committed
 
@@ -229,7 +231,8 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
     instead of starting over; everything a downstream stage reads lives in the committed attempt.
 
     `extra_files` (name -> text) are written into the attempt before the commit, for example config.gin
-    (what the key covers, as gin). `run_id` and the lease number are recorded in the manifest.
+    (what the key covers, as gin). `run_id`, the lease number and the code that ran (`provenance.code`: the
+    checkout's commit, the stage's source hash; not in the key) are recorded in the manifest.
 
     Upstream attempts should be pinned (`reading`) for as long as this runs, so a concurrent forced run
     cannot remove them. The commit removes the attempts it supersedes except those a live pin names.
@@ -260,6 +263,7 @@ def run_stage(*, cache_root: str, stage: str, key: str, config: Any,
             "config": config_to_json(config),
             "upstream": {name: c.key for name, c in upstream.items()},
             "libraries": library_versions(),
+            "code": provenance.code(stage),     # the commit and the stage's source hash (`status` compares)
             "wall_time_s": round(wall, 3),
             "host": socket.gethostname(),
             "pid": os.getpid(),
