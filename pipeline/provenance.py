@@ -185,9 +185,9 @@ def _stage_module(stage: str) -> str:
     return dag.STAGES[stage][0]
 
 
-def _module_file(module: str) -> str:
+def _module_file(dotted: str) -> str:
     """`stages.io.llmc` -> "stages/io/llmc.py", a package -> its __init__.py; "" when neither exists."""
-    base = module.replace(".", "/")
+    base = dotted.replace(".", "/")
     for rel in (f"{base}.py", f"{base}/__init__.py"):
         if os.path.isfile(os.path.join(ROOT, rel)):
             return rel
