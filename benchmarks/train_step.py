@@ -7,7 +7,7 @@ T = 1024, exactly as the training stage would build it, with the tokenizer's voc
 model file's. Per remat policy: `temp_mib`, XLA's compiled scratch of the jitted train step
 (`memory_analysis().temp_size_in_bytes`) and its ratio to `none`. For `none` (the baseline) and `full`:
 the median step time over `repeats` steps after a warm-up, tokens/s, and MFU against the device's peak
-(`stages.train.devices.DEVICES`); `full_time_ratio` is what full remat costs in time.
+(`stages.train.planning.devices.DEVICES`); `full_time_ratio` is what full remat costs in time.
 """
 
 from __future__ import annotations

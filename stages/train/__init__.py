@@ -17,7 +17,8 @@ Modules, one job each: `model.py` (the decoder), `attention.py` (the only place 
 tokens over sources, phases, the repetition limit), `checkpoint.py` (Orbax), `trained.py` (the final
 checkpoint's model, rebuilt for scoring), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training
 loop), `worker.py` (one process; launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its
-exit code).
+exit code). `planning/` answers "will it fit and how long" from the config alone (`make plan`, and the
+refusal of a config that cannot fit before anything compiles).
 `Config` and `LaunchConfig` are defined in `stage_config.py` (so no module of the stage imports this
 package) and re-exported here with CONFIGURABLES, VERSION, run, plan, check and summary.
 """
@@ -32,9 +33,9 @@ from collections.abc import Mapping
 from stages.io import storage, tracking
 from stages.io.committed import by_source, stage_of
 from stages.io.tracking import Tracking
-from stages.train import planner
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
 from stages.train.mixture import Mixture
+from stages.train.planning import planner
 from stages.train.stage_config import Config, LaunchConfig
 
 log = logging.getLogger(__name__)
@@ -100,11 +101,11 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 
 
 def plan(config: Config, *, compile: bool | None = None) -> str:
-    """The planner's report for `make plan`: memory per device, the verdict, the time (planner.py).
+    """The planner's report for `make plan`: memory per device, the verdict, the time (planning/planner.py).
 
     With `compile` (the default when train.HardwareConfig.topology names a TPU slice) the real train step
-    is also compiled for that slice ahead of time (aot.py) and XLA's per-device figure printed beside
-    the estimate; that imports JAX and takes seconds to a minute.
+    is also compiled for that slice ahead of time (planning/aot.py) and XLA's per-device figure printed
+    beside the estimate; that imports JAX and takes seconds to a minute.
     """
     p = planner.plan(config)
     if not (config.hardware.topology if compile is None else compile):
@@ -114,7 +115,7 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
     # Planning needs no accelerator: keep JAX on the CPU (the topology is described, not used), which
     # also keeps libtpu from trying to start a TPU runtime here.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from stages.train import aot
+    from stages.train.planning import aot
 
     compiled = []
     try:

@@ -17,7 +17,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from stages.train import devices
+from stages.train.planning import devices
+from stages.train.planning.tpu import TPU_GENERATIONS, generation_problem, topology_chips, topology_problem
 
 ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "llama3")
 REMAT_NAMES = ("none", "full", "minimal", "save_qkv_proj", "dots_no_batch", "save_dots",
@@ -469,6 +470,12 @@ def expert_split_problem(model: ModelConfig, mesh: MeshConfig) -> str:
             f"that divides {model.n_experts}")
 
 
+def power_of_two_divisors(n: int) -> list[int]:
+    """The powers of two that divide `n`, smallest first: the sizes a mesh axis over `n` devices (or slices)
+    is given where layouts are searched (advice, the slice search)."""
+    return [d for d in range(1, n + 1) if n % d == 0 and (d & (d - 1)) == 0]
+
+
 def batch_axes_named(sizes: Mapping[str, int]) -> str:
     """"data x fsdp" (with " x expert" where the mesh has an expert axis): what a batch is split over."""
     return " x ".join(a for a in BATCH_AXES if a != "expert" or sizes.get("expert", 1) > 1)
@@ -506,15 +513,15 @@ def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str
 @dataclasses.dataclass(frozen=True)
 class HardwareConfig:
     """Where the run is meant to train: what `make plan` checks the config against and what training
-    refuses to start without (see stages/train/planner.py). Gin: `train.HardwareConfig.<field>`.
+    refuses to start without (see stages/train/planning/planner.py). Gin: `train.HardwareConfig.<field>`.
 
-    device: a row of `stages.train.devices.DEVICES` ("tpu-v5p", "h100", "cpu", ...).
+    device: a row of `stages.train.planning.devices.DEVICES` ("tpu-v5p", "h100", "cpu", ...).
     topology: a TPU topology ("v5p:8x8x16"); the planner compiles the real train step for it ahead of time.
         A slice of the device's generation: device "tpu-v5p" with "v5p:...", and none for a GPU or the CPU.
     chips: chips per slice; 0 = the topology's, or (no topology) the mesh's explicit sizes.
     num_slices: slices joined over the data-center network (multi-slice); all chips = chips x num_slices,
         and train.MeshConfig's dcn_data x dcn_fsdp x dcn_tensor must equal it.
-    mfu: 0 (the default): the plan's days come from the predicted step (stages/train/step_time.py);
+    mfu: 0 (the default): the plan's days come from the predicted step (stages/train/planning/step_time.py);
         else the model FLOPs utilization the days assume instead (the prediction is printed beside them).
     allow_unfit: start training even when the plan says the state does not fit in device memory.
     """
@@ -546,76 +553,6 @@ class HardwareConfig:
             raise ValueError(f"HardwareConfig: topology={self.topology!r} {problem}")
         if self.topology and (problem := generation_problem(self.device, self.topology)):
             raise ValueError(f"HardwareConfig: {problem}")
-
-
-# TPU generations a topology may name ("v5p:8x8x16") -> (their row in devices.DEVICES, megacore: whether a
-# chip's two TensorCores run as one JAX device). libtpu describes v4 with a device per TensorCore unless
-# asked for megacore (stages/train/aot.py asks), v5p as megacore already; v5e and v6e have one TensorCore.
-TPU_GENERATIONS = {"v4": ("tpu-v4", True), "v5e": ("tpu-v5e", False), "v5p": ("tpu-v5p", True),
-                   "v6e": ("tpu-v6e", False)}
-
-
-# The chip grids a single TPU slice comes in (Cloud TPU's v4, v5p, v5e and v6e pages). A v4 or v5p slice is a
-# 3D torus: one of the small grids, else every side a multiple of 4 (a whole 4x4x4 cube and more), up to the
-# largest slice a job may take (v4: the 4,096-chip pod; v5p: 16x16x24, 6,144 chips); v5e and v6e come in the
-# listed 2D shapes. stages/train/planner.py's SLICES (the slices a search tries) follows them (a test checks).
-TPU_SMALL_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
-TPU_MAX_CHIPS_3D = {"v4": 4096, "v5p": 6144}
-TPU_GRIDS_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
-
-
-def topology_problem(topology: str) -> str:
-    """Why "<generation>:<grid>" names no slice of that TPU generation ("" when it does), so a grid such as
-    v5p:3x3x3 is refused rather than planned as 27 chips."""
-    generation, _, grid = topology.partition(":")
-    if generation not in TPU_GENERATIONS:
-        return ""                         # the caller names the generation itself
-    sides = [int(n) if n.isdigit() else 0 for n in grid.split("x")]
-    if generation in TPU_MAX_CHIPS_3D:
-        cap = TPU_MAX_CHIPS_3D[generation]
-        if len(sides) == 3 and (grid in TPU_SMALL_3D or all(n and n % 4 == 0 for n in sides)
-                                and math.prod(sides) <= cap):
-            return ""
-        return f"is not a {generation} slice: its grids are {slice_grids(generation)}"
-    if grid in TPU_GRIDS_2D:
-        return ""
-    return f"is not a {generation} slice: its grids are {slice_grids(generation)}"
-
-
-def generation_problem(device: str, topology: str) -> str:
-    """Why `device` (a row of devices.DEVICES) cannot be the chip of `topology` (a slice of a known TPU
-    generation), naming both and the valid choices, or "" when the topology is a slice of that device. An
-    H100 with "v5p:2x2x1", or tpu-v5p with "v6e:2x2", would plan one chip's memory and speed against
-    another's slice (and compile the train step for a TPU the run never gets)."""
-    generation = topology.partition(":")[0]
-    wanted = TPU_GENERATIONS[generation][0]
-    if device == wanted:
-        return ""
-    mine = next((g for g, (d, _) in TPU_GENERATIONS.items() if d == device), None)
-    if mine is None:          # a GPU or the CPU: no TPU topology describes its chips
-        return (f"device={device!r} and topology={topology!r} do not match: the topology is a {generation} "
-                f"slice, whose chips are device={wanted!r}; set device={wanted!r} for this topology, or "
-                f"topology=\"\" for device={device!r} (a topology names TPU slices only)")
-    return (f"device={device!r} and topology={topology!r} are different TPU generations: a {generation} "
-            f"slice's chips are device={wanted!r}; set device={wanted!r} for this topology, or for "
-            f"device={device!r} a {mine} topology ({mine}:<grid>, grids {slice_grids(mine)})")
-
-
-def slice_grids(generation: str) -> str:
-    """The chip grids a slice of a TPU generation comes in, in words (for messages)."""
-    if generation in TPU_MAX_CHIPS_3D:
-        return (f"{', '.join(TPU_SMALL_3D)}, or AxBxC with every side a multiple of 4 (4x4x4, 4x4x8, "
-                f"8x8x16, ...) up to {TPU_MAX_CHIPS_3D[generation]:,} chips")
-    return ", ".join(TPU_GRIDS_2D)
-
-
-def topology_chips(topology: str) -> int:
-    """Chips in a TPU topology name: "v5p:8x8x16" -> 1024, "v5e:16x16" -> 256; 0 when it does not parse."""
-    grid = topology.partition(":")[2]
-    try:
-        return math.prod(int(n) for n in grid.split("x"))
-    except ValueError:
-        return 0
 
 
 # --------------------------------------------------------------------------------- devices, before a run

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from pipeline import config
-from stages.train import aot, attention, hlo, moe, planner, sharding, step_time
+from stages.train import attention, moe, sharding
 from stages.train.configs import MeshConfig
+from stages.train.planning import aot, hlo, planner, step_time
 from tests.conftest import REPO
 
 TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice

@@ -16,8 +16,9 @@ import pytest
 
 from pipeline import config
 from stages import train
-from stages.train import aot, planner, sharding
+from stages.train import sharding
 from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig
+from stages.train.planning import aot, memory, planner
 from tests.conftest import REPO, run_on_simulated_devices
 
 TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
@@ -89,7 +90,7 @@ def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the
     assert plan(*two, "train.ModelConfig.n_layers=2").per_device["across_slices"] == hidden + logits + embed
     assert plan("train.Config.global_batch=512").per_device["across_slices"] == 0
     d = plan(*two).per_device
-    assert d["total"] == sum(d[k] for k in planner.ALWAYS) + d["loss"] + d["across_slices"]
+    assert d["total"] == sum(d[k] for k in memory.ALWAYS) + d["loss"] + d["across_slices"]
     # The 1B on two v5p-128 slices: 4K chunks of a device's 16K tokens, gathered by an all-reduce whose
     # operand and result (bf16[2,256,4096,2048] each) are both live.
     one_b = config.load([f"{REPO}/gin/1b.gin"], two).stages["train"].config

@@ -1,5 +1,5 @@
-"""How big one device's share of a training config's arrays is (no JAX): the sizes both the memory planner
-(stages/train/planner.py) and the step-time model (stages/train/step_time.py) count from.
+"""How big one device's share of a training config's arrays is (no JAX): the sizes both the memory model
+(memory.py) and the step-time model (step_time.py) count from.
 
     shards.shard_size(shape, names, mesh)      # elements of one device's shard of an array
     shards.param_bytes(model_config, mesh, 4)  # every parameter's shard, in bytes

@@ -47,9 +47,9 @@ The model, per device and per step (every micro-batch of gradient accumulation):
 
 The efficiencies (`EFFICIENCY`, per platform) are constants of this model, set from published training
 throughputs and checked against others held out (benchmarks/step_time.py, benchmarks/RESULTS.md); the
-bandwidths are the vendors' (stages/train/devices.py). What it leaves out: stragglers, input pipelines,
-checkpointing, and compiler choices that differ from the rule above (XLA may fuse, reorder or overlap
-more or less than it says).
+bandwidths are the vendors' (devices.py). What it leaves out: stragglers, input pipelines, checkpointing,
+and compiler choices that differ from the rule above (XLA may fuse, reorder or overlap more or less than
+it says).
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train import devices, hlo, shards
 from stages.train.configs import LAYER_STACKS, flops_per_token, param_layout
-from stages.train.shards import DTYPE_BYTES
+from stages.train.planning import devices, hlo, shards
+from stages.train.planning.shards import DTYPE_BYTES
 
 FLASH_BACKWARD = 2.5     # a flash attention backward's FLOPs over its forward's (5 T x T matmuls to 2)
 # The matmul groups a remat policy recomputes in the backward pass (the down projections never: their
