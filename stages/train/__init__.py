@@ -33,9 +33,12 @@ from collections.abc import Mapping
 from stages.io import storage, tracking
 from stages.io.committed import by_source, stage_of
 from stages.io.tracking import Tracking
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
+from stages.train.mesh import MeshConfig
 from stages.train.mixture import Mixture
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
 from stages.train.planning import planner
+from stages.train.planning.hardware import HardwareConfig, cpu_run_problem
 from stages.train.stage_config import Config, LaunchConfig
 
 log = logging.getLogger(__name__)
@@ -129,7 +132,7 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
 def check(config: Config) -> str:
     """What stops `config` before anything runs, in one line, or "" (the command line asks before any stage
     starts, so a wrong mesh does not wait for the data half): a CPU run whose mesh or batch does not fit
-    the devices its processes will have (`configs.cpu_run_problem`), a config the planner says cannot fit
+    the devices its processes will have (`hardware.cpu_run_problem`), a config the planner says cannot fit
     its hardware (unless `train.HardwareConfig.allow_unfit`), a checkpoint (`init_from`) whose safetensors
     headers are damaged or do not hold the model its config.json describes (init_from.problem: headers
     only, never the weights), W&B tracking that cannot start (tracking.problem)."""

@@ -40,7 +40,7 @@ from flax import nnx
 from stages.io import storage, tracking
 from stages.train import checkpoint, data, loss, metrics, model, moe, optimizer, pytree, scoring, sharding
 from stages.train.agreed_stop import AgreedStop
-from stages.train.configs import flops_per_token, param_counts
+from stages.train.model_config import flops_per_token, param_counts
 from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped, stop_requests
 from stages.yardsticks import score, tokenized
 

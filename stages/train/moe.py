@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from stages.train.configs import AXES, ModelConfig
+from stages.train.mesh import AXES
+from stages.train.model_config import ModelConfig
 from stages.train.sharding import logical_to_spec, target_platform
 
 GROUPED_MATMULS = ("auto", "ragged_dot", "megablox", "tiled")

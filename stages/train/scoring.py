@@ -52,7 +52,7 @@ import numpy as np
 from flax import nnx
 
 from stages.train import sharding
-from stages.train.configs import BATCH_AXES
+from stages.train.mesh import BATCH_AXES
 
 PAD_SEGMENT = 0          # the segment id of padding; requests in a row are 1, 2, ...
 DEFAULT_ROWS = 8         # rows per batch when none are given (rounded up to the mesh's batch split)

@@ -11,7 +11,7 @@ import json
 from stages import export
 from stages.export import card
 from stages.io.committed import Committed
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from tests.export import helpers
 
 TINY = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64,

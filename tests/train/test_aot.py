@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import config
 from stages.train import attention, moe, sharding
-from stages.train.configs import MeshConfig
+from stages.train.mesh import MeshConfig
 from stages.train.planning import aot, hlo, planner, step_time
 from tests.conftest import REPO
 

@@ -17,8 +17,10 @@ import pytest
 from pipeline import config
 from stages import train
 from stages.train import sharding
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig
+from stages.train.mesh import MeshConfig
+from stages.train.model_config import ModelConfig
 from stages.train.planning import aot, memory, planner
+from stages.train.planning.hardware import HardwareConfig
 from tests.conftest import REPO, run_on_simulated_devices
 
 TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
@@ -125,7 +127,9 @@ TWO_SLICES = textwrap.dedent("""
     import jax, numpy as np
     from flax import nnx
     from stages.train import loop, sharding
-    from stages.train.configs import MeshConfig, ModelConfig, OptimizerConfig
+    from stages.train.mesh import MeshConfig
+    from stages.train.model_config import ModelConfig
+    from stages.train.optimizer_config import OptimizerConfig
 
     assert jax.device_count() == 8 and not hasattr(jax.devices()[0], "slice_index"), jax.devices()
 

@@ -15,7 +15,7 @@ from flax import nnx
 
 from pipeline import config
 from stages.train import model
-from stages.train.configs import REMAT_NAMES, ModelConfig
+from stages.train.model_config import REMAT_NAMES, ModelConfig
 from stages.train.planning import aot, memory, planner
 from tests.conftest import REPO
 

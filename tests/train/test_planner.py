@@ -14,15 +14,11 @@ from benchmarks import plan_vs_xla
 # has registered them (as `python -m pipeline` does on start)
 from pipeline import config, sweep  # noqa: F401
 from stages import train
-from stages.train import configs
-from stages.train.configs import (
-    HardwareConfig,
-    MeshConfig,
-    ModelConfig,
-    active_params,
-    param_counts,
-)
+from stages.train import model_config
+from stages.train.mesh import MeshConfig
+from stages.train.model_config import ModelConfig, active_params, param_counts
 from stages.train.planning import devices, figures, memory, plan, planner, search, shards, tpu
+from stages.train.planning.hardware import HardwareConfig
 from stages.train.planning.tpu import TPU_GENERATIONS
 from tests.conftest import REPO, run_files
 
@@ -69,7 +65,7 @@ def test_heavier_remat_keeps_less():
     cfg = _dense()
     kept = {r: memory.activation_bytes(dataclasses.replace(cfg.model, remat=r), 1, 8192, 8, lanes=128,
                                         splash=True)
-            for r in configs.REMAT_NAMES}
+            for r in model_config.REMAT_NAMES}
     values = [kept[r][0] for r in memory.REMAT_ORDER]
     assert values == sorted(values, reverse=True) and kept["none"][0] > 5 * kept["full"][0]
     assert all(kept[r][1] == 0 for r in memory.REMAT_ORDER)                 # nothing in host memory

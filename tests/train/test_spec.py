@@ -15,8 +15,11 @@ from pipeline import cache
 from stages import train
 from stages.io.tracking import Tracking
 from stages.train import spec
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
 from stages.train.launch import LaunchConfig
+from stages.train.mesh import MeshConfig
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
+from stages.train.planning.hardware import HardwareConfig
 from tests.conftest import REPO
 
 # Every field of every nested config differs from its default (test_every_field_is_off_its_default).

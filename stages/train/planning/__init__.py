@@ -5,6 +5,7 @@ fit before anything compiles.
     make plan GIN=gin/600b.gin            # planner.plan(config).render(); DAYS=30: search.smallest_slice
     from stages.train.planning import planner, search
 
-Training reads one of its modules as it runs: devices.py (each chip's figures, for MFU). planner.py's
-docstring maps the rest.
+Training reads two of its modules: hardware.py (`train.HardwareConfig`, where the run is meant to train,
+which `train.Config` holds) and devices.py (each chip's figures, for MFU). planner.py's docstring maps the
+rest.
 """

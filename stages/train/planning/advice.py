@@ -15,7 +15,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from stages.train.configs import power_of_two_divisors
+from stages.train.mesh import power_of_two_divisors
 from stages.train.planning.figures import gib
 from stages.train.planning.memory import OFFLOAD, OFFLOAD_ORDER, REMAT_ORDER
 from stages.train.planning.plan import Plan

@@ -10,7 +10,7 @@ configured mesh (`train.MeshConfig`) on the configured hardware (`train.Hardware
 whole step:
 
     params       every parameter, sharded by its logical axes exactly as training places it
-                 (`configs.param_layout`, `configs.mesh_axes`), in `param_dtype`
+                 (`model_config.param_layout`, `mesh.mesh_axes`), in `param_dtype`
     optimizer    AdamW and muon's fallback 2 moments, lion and muon 1, adafactor factored row/column
                  statistics
     activations  what one micro-batch keeps in device memory for the backward pass under the remat policy
@@ -39,7 +39,7 @@ copies of the output matrix (`xla_cpu_bytes`); and a third phase, the optimizer 
 parameter's update is computed before any is applied (grads + updates, one more copy of the parameters,
 held with the state but not the activations, which the backward pass has freed).
 
-A mixture of experts (`ModelConfig.n_experts`) is sized from the same table (`configs.param_layout`: its
+A mixture of experts (`ModelConfig.n_experts`) is sized from the same table (`model_config.param_layout`: its
 "moe_layers" stack, the experts split over the mesh's expert axis).
 
 The figures are estimates from first principles, checked against XLA's own for the compiled step to within
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stages.train.configs import LAYER_STACKS, REMAT_NAMES, ModelConfig, param_layout
+from stages.train.model_config import LAYER_STACKS, REMAT_NAMES, ModelConfig, param_layout
 from stages.train.planning import devices
 from stages.train.planning.shards import (
     DTYPE_BYTES,

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from stages.train.configs import AXES, active_params
+from stages.train.mesh import AXES
+from stages.train.model_config import active_params
 from stages.train.planning import devices, hlo, step_time
 from stages.train.planning.figures import gib, num, param_count, token_count
 from stages.train.planning.memory import ALWAYS, OFFLOAD, memory_bytes

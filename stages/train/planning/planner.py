@@ -16,14 +16,15 @@
     plan.py       the `Plan` record and its text, the verdict last
     advice.py     when it does not fit, the smallest single change that would (`Plan.advice`)
     search.py     the reverse question: the smallest TPU slice that trains the tokens in N days and fits
-    tpu.py        the TPU generations and slices a topology may name; devices.py each chip's figures
+    tpu.py        the TPU generations and slices a topology may name; devices.py each chip's figures;
+                  hardware.py the hardware a run names (`train.HardwareConfig`)
     shards.py     one device's share of an array; aot.py and hlo.py XLA's own figures for the compiled step
 
 The run's days are its steps x the predicted step (step_time.py), or, where train.HardwareConfig.mfu
-assumes a model FLOPs utilization, its FLOPs per token (`configs.flops_per_token`) x tokens / (chips x peak
-x that MFU), the prediction printed beside them. A mixture of experts (`ModelConfig.n_experts`) is planned
-from the same parameter table (`configs.param_layout`), its time from the active parameters
-(`configs.active_params`), and its plan adds the bytes the expert axis's all-to-all moves a step.
+assumes a model FLOPs utilization, its FLOPs per token (`model_config.flops_per_token`) x tokens / (chips x
+peak x that MFU), the prediction printed beside them. A mixture of experts (`ModelConfig.n_experts`) is
+planned from the same parameter table (`model_config.param_layout`), its time from the active parameters
+(`model_config.active_params`), and its plan adds the bytes the expert axis's all-to-all moves a step.
 
 The figures are estimates from first principles, so they can be read without a compiler; `--compile`
 (aot.py) puts XLA's own per-device figure for the real train step beside them, and where it exists it wins
@@ -35,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train.configs import BATCH_AXES, batch_axes_named, flops_per_token, param_counts
+from stages.train.mesh import BATCH_AXES, batch_axes_named
+from stages.train.model_config import flops_per_token, param_counts
 from stages.train.planning import advice, devices, step_time
 from stages.train.planning.memory import memory_bytes
 from stages.train.planning.plan import Plan

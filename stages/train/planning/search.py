@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train.configs import MeshConfig, flops_per_token, power_of_two_divisors
+from stages.train.mesh import MeshConfig, power_of_two_divisors
+from stages.train.model_config import flops_per_token
 from stages.train.planning import devices, step_time
 from stages.train.planning.figures import gib, num, token_count
 from stages.train.planning.memory import OFFLOAD_ORDER, REMAT_ORDER, optimizer_bytes

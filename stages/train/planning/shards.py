@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import math
 
-from stages.train.configs import ModelConfig, mesh_axes, param_layout
+from stages.train.mesh import mesh_axes
+from stages.train.model_config import ModelConfig, param_layout
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train.configs import LAYER_STACKS, flops_per_token, param_layout
+from stages.train.model_config import LAYER_STACKS, flops_per_token, param_layout
 from stages.train.planning import devices, hlo, shards
 from stages.train.planning.shards import DTYPE_BYTES
 

@@ -7,7 +7,7 @@ checks that refuse a topology no slice has (no JAX).
     tpu.generation_problem("h100", "v5p:2x2x1")       # why an H100 is not a v5p slice's chip
     tpu.SLICES["v5p"]                                 # the slices search.smallest_slice tries, smallest first
 
-`train.HardwareConfig` (stages/train/configs.py) refuses a topology by these checks; the slice search
+`train.HardwareConfig` (hardware.py) refuses a topology by these checks; the slice search
 (planning/search.py) walks `SLICES`; aot.py asks libtpu for a topology's devices by `TPU_GENERATIONS`.
 """
 
