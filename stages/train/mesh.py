@@ -1,10 +1,11 @@
-"""The device mesh's named axes without JAX: `MeshConfig` (the sizes gin binds as `train.MeshConfig.<field>`)
-and the logical-axis rules that say which mesh axes split each dimension of a parameter or activation.
+"""The device mesh's named axes without JAX: `MeshConfig` (the sizes gin binds as `train.MeshConfig.<field>`),
+`Mesh` (the sizes it resolves to for a number of devices) and the logical-axis rules that say which mesh
+axes split each dimension of a parameter or activation.
 
-    from stages.train.mesh import MeshConfig, mesh_axes
-    mesh = MeshConfig(fsdp=4, tensor=2)
-    mesh.shape(8)                                             # (data, fsdp, expert, tensor): (1, 4, 1, 2)
-    mesh_axes(("embed", "heads"), (4096, 32), mesh.sizes(8))  # (("fsdp", "expert"), ("tensor",))
+    from stages.train.mesh import Mesh, MeshConfig, mesh_axes
+    mesh = MeshConfig(fsdp=4, tensor=2).for_devices(8)       # Mesh(data=1, fsdp=4, expert=1, tensor=2)
+    mesh.fsdp, mesh.batch_shards, mesh.describe()            # 4, 4, "data 1 x fsdp 4 x tensor 2"
+    mesh_axes(("embed", "heads"), (4096, 32), mesh)          # (("fsdp", "expert"), ("tensor",))
 
 sharding.py lays a `jax.sharding.Mesh` out by these sizes and turns `mesh_axes` into PartitionSpecs; the
 planner (stages/train/planning/) divides every array's size by the same rules, so it shards parameters
@@ -14,13 +15,107 @@ exactly as training does. This module must not import JAX (`make plan` stays fas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Sequence
 
 from stages.train.model_config import ModelConfig
 
-AXES = ("data", "fsdp", "expert", "tensor")    # the mesh's named axes, in order
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mesh:
+    """The whole mesh's size along each named axis (every slice's devices), as `MeshConfig.for_devices`
+    resolves it: what the planner counts with. The axes are its fields, in order; a size is read by name
+    (`mesh.tensor`), or, for an axis a logical rule names, with `size`.
+
+        mesh = Mesh(fsdp=64, expert=16)          # 1,024 devices: data 1 x fsdp 64 x expert 16 x tensor 1
+        mesh.batch_shards, mesh.embed_shards     # what a batch and a parameter's embed dimension split over
+        mesh.without(("fsdp", "expert"))         # as a layer sees the mesh once FSDP gathered it
+        Mesh.of(jax_mesh)                        # a jax.sharding.Mesh's sizes (sharding.make_mesh's)
+    """
+
+    data: int = 1      # splits the batch only (parameters replicated)
+    fsdp: int = 1      # splits the batch and every parameter's embed dimension (ZeRO-3)
+    expert: int = 1    # splits the batch and a mixture of experts' experts (and, as fsdp, the rest's embed)
+    tensor: int = 1    # splits heads and the MLP dimension (Megatron)
+
+    def __post_init__(self):
+        if min(self.shape) < 1:
+            axis, size = next((a, n) for a, n in self.items() if n < 1)
+            raise ValueError(f"Mesh.{axis}={size!r} must be >= 1 (the devices along the {axis} axis)")
+
+    @classmethod
+    def from_shape(cls, shape: Sequence[int]) -> Mesh:
+        """The mesh of sizes `shape`, in the order of AXES (data, fsdp, expert, tensor)."""
+        if len(shape) != len(AXES):
+            raise ValueError(f"a mesh shape has a size for each of {AXES}; got {tuple(shape)}")
+        return cls(**dict(zip(AXES, shape)))
+
+    @classmethod
+    def of(cls, jax_mesh) -> Mesh:
+        """The sizes of a `jax.sharding.Mesh` (or an abstract one) along AXES; an axis it lacks (a mesh not
+        made by sharding.make_mesh) counts as 1."""
+        sizes = dict(jax_mesh.shape)
+        return cls(**{a: sizes.get(a, 1) for a in AXES})
+
+    def items(self) -> tuple[tuple[str, int], ...]:
+        """((axis, size), ...) in the order of AXES."""
+        return tuple(zip(AXES, self.shape))
+
+    @functools.cached_property      # read thousands of times a layout search (shards.py caches by it)
+    def shape(self) -> tuple[int, ...]:
+        """(data, fsdp, expert, tensor)."""
+        return tuple(getattr(self, a) for a in AXES)
+
+    def size(self, axis: str) -> int:
+        """The size of the axis named `axis` (as a logical rule or a collective names it)."""
+        if axis in AXES:
+            return getattr(self, axis)
+        raise ValueError(_unknown(axis))
+
+    def product(self, axes: Iterable[str]) -> int:
+        """The devices along `axes` together: a group that a collective over them spans."""
+        return math.prod(self.size(a) for a in axes)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def batch_shards(self) -> int:
+        """The devices a batch is split over (BATCH_AXES: data x fsdp x expert)."""
+        return self.product(BATCH_AXES)
+
+    @property
+    def embed_shards(self) -> int:
+        """The devices a parameter's embed dimension is split over (fsdp x expert, LOGICAL_RULES["embed"]),
+        and so what FSDP gathers a layer over: 1 when nothing is gathered."""
+        return self.product(LOGICAL_RULES["embed"])
+
+    def without(self, axes: Iterable[str]) -> Mesh:
+        """This mesh with `axes` taken as 1: what an array already gathered over them sees."""
+        axes = tuple(axes)
+        if unknown := set(axes) - set(AXES):
+            raise ValueError(_unknown(min(unknown)))
+        return Mesh.from_shape(tuple(1 if a in axes else n for a, n in self.items())) if axes else self
+
+    def describe(self) -> str:
+        """"data 1 x fsdp 128 x tensor 8", the expert axis named where it is used."""
+        return " x ".join(f"{a} {n}" for a, n in self.items() if a != "expert" or n > 1)
+
+    def describe_batch(self) -> str:
+        """"data x fsdp" (with " x expert" where the mesh has an expert axis): what a batch is split over."""
+        return " x ".join(a for a in BATCH_AXES if a != "expert" or self.expert > 1)
+
+
+AXES = tuple(f.name for f in dataclasses.fields(Mesh))    # ("data", "fsdp", "expert", "tensor"), in order
 BATCH_AXES = ("data", "fsdp", "expert")        # the mesh axes a batch is split over
+
+
+def _unknown(axis: str) -> str:
+    return f"mesh axis {axis!r} is not one of {AXES}"
+
+
 # Logical axis -> mesh axes (None: replicated). A mesh axis already used by an earlier dimension of the
 # same array is skipped, so ("batch", "length", "embed") shards batch over data x fsdp and leaves embed whole.
 # `data` splits the batch only (parameters replicated), `fsdp` splits the batch and shards parameters
@@ -132,9 +227,10 @@ class MeshConfig:
         fit."""
         return tuple(i * d for i, d in zip(self.ici_shape(n_devices), self.dcn_shape))
 
-    def sizes(self, n_devices: int) -> dict[str, int]:
-        """{axis: size} of the whole mesh for `n_devices` (`shape` by name)."""
-        return dict(zip(AXES, self.shape(n_devices)))
+    def for_devices(self, n_devices: int) -> Mesh:
+        """The whole mesh for `n_devices` (`shape`, by axis); ValueError naming the sizes when they do not
+        fit."""
+        return Mesh.from_shape(self.shape(n_devices))
 
 
 def expert_split_problem(model: ModelConfig, mesh: MeshConfig) -> str:
@@ -156,15 +252,10 @@ def power_of_two_divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0 and (d & (d - 1)) == 0]
 
 
-def batch_axes_named(sizes: Mapping[str, int]) -> str:
-    """"data x fsdp" (with " x expert" where the mesh has an expert axis): what a batch is split over."""
-    return " x ".join(a for a in BATCH_AXES if a != "expert" or sizes.get("expert", 1) > 1)
-
-
-def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str, ...], ...]:
+def mesh_axes(names, shape=None, mesh: Mesh | None = None, rules=None) -> tuple[tuple[str, ...], ...]:
     """Logical axis names -> the mesh axes each dimension is split over (() = replicated), by `rules`
-    (default LOGICAL_RULES). With `shape` and `mesh_shape` ({axis: size}), a mesh axis that does not divide
-    its dimension is dropped (that dimension stays replicated over it) rather than failing at placement.
+    (default LOGICAL_RULES). With `shape` and `mesh`, a mesh axis that does not divide its dimension is
+    dropped (that dimension stays replicated over it) rather than failing at placement.
     `sharding.logical_to_spec` turns the result into a PartitionSpec; the planner divides sizes by it."""
     rules = LOGICAL_RULES if rules is None else rules
     used: set[str] = set()
@@ -175,12 +266,12 @@ def mesh_axes(names, shape=None, mesh_shape=None, rules=None) -> tuple[tuple[str
         target = rules.get(name) if name is not None else None
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         axes = tuple(a for a in axes if a not in used)
-        if shape is not None and mesh_shape is not None:
+        if shape is not None and mesh is not None:
             kept, size = [], 1
             for a in axes:
-                if a in mesh_shape and shape[i] % (size * mesh_shape[a]) == 0:     # a mesh may lack the axis
+                if shape[i] % (size * mesh.size(a)) == 0:
                     kept.append(a)
-                    size *= mesh_shape[a]
+                    size *= mesh.size(a)
             axes = tuple(kept)
         used.update(axes)
         out.append(axes)

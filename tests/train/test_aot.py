@@ -127,7 +127,7 @@ def _the_model_names_the_compiled_collectives(cfg, compiled: list[hlo.Collective
             got[_key(c.kind, dtype, dims)] += c.count
     want = collections.Counter()
     for c in model:
-        expert_axis_reduce = p.mesh["expert"] > 1 and c.kind == "reduce-scatter"
+        expert_axis_reduce = p.mesh.expert > 1 and c.kind == "reduce-scatter"
         if not (expert_axis_reduce and not c.what.startswith("moe_layers.expert")):
             want[_key(c.kind, c.dtype, c.shape)] += c.count
     assert {k: got[k] for k in want} == dict(want), [c for c in compiled if c.count]

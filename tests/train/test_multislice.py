@@ -17,7 +17,7 @@ import pytest
 from pipeline import config
 from stages import train
 from stages.train import sharding
-from stages.train.mesh import MeshConfig
+from stages.train.mesh import Mesh, MeshConfig
 from stages.train.model_config import ModelConfig
 from stages.train.planning import aot, memory, planner
 from stages.train.planning.hardware import HardwareConfig
@@ -65,7 +65,7 @@ def test_the_planner_counts_every_slice_and_shows_the_ici_and_dcn_split():
     hw = HardwareConfig(device="tpu-v5p", topology="v5p:2x2x1", num_slices=2)
     p = planner.plan(train.Config(model=m, seq_len=64, global_batch=8, hardware=hw,
                                   mesh=MeshConfig(fsdp=4, dcn_data=2)))
-    assert p.chips == 8 and p.mesh == {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1} and p.micro_batch == 1
+    assert p.chips == 8 and p.mesh == Mesh(data=2, fsdp=4, expert=1, tensor=1) and p.micro_batch == 1
     lines = p.render().splitlines()
     assert lines[3].startswith("  mesh: data 2 x fsdp 4 x tensor 1 = ICI 1x4x1 within each slice x DCN 2x1x1 "
                                "across 2 slices; micro-batch 1 x 64"), lines[3]
@@ -109,7 +109,7 @@ def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_sli
     cfg = config.load([f"{REPO}/gin/600b_dense.gin"], ["train.HardwareConfig.num_slices=2",
                                                  "train.MeshConfig.dcn_data=2"]).stages["train"].config
     p = planner.plan(cfg)
-    assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "expert": 1, "tensor": 8} and not p.fits
+    assert p.chips == 2048 and p.mesh == Mesh(data=2, fsdp=128, expert=1, tensor=8) and not p.fits
     assert "does not split over data x fsdp = 256 devices" in p.problem
     # Two micro-batches a step would split it, but gather 256 sequences' hidden states across the slices
     # (80 GiB): one slice is what fits.

@@ -15,7 +15,7 @@ from benchmarks import plan_vs_xla
 from pipeline import config, sweep  # noqa: F401
 from stages import train
 from stages.train import model_config
-from stages.train.mesh import MeshConfig
+from stages.train.mesh import Mesh, MeshConfig
 from stages.train.model_config import ModelConfig, active_params, param_counts
 from stages.train.planning import devices, figures, memory, plan, planner, search, shards, tpu
 from stages.train.planning.hardware import HardwareConfig
@@ -42,7 +42,7 @@ def test_one_device_holds_every_parameter_gradient_and_both_adam_moments():
     n = sum(param_counts(cfg.model).values())
     assert p.per_device["params"] == p.per_device["grads"] == 4 * n          # float32
     assert p.per_device["optimizer"] == 2 * 4 * n and p.per_device["gathered"] == 0
-    assert p.fits and p.chips == 1 and p.mesh == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+    assert p.fits and p.chips == 1 and p.mesh == Mesh(data=1, fsdp=1, expert=1, tensor=1)
 
 
 def test_sharding_divides_the_state_the_way_training_places_it():
@@ -267,7 +267,7 @@ def test_the_flagship_is_a_600b_mixture_of_experts_that_trains_2t_tokens_within_
     # fine-grained MoE's ratio to the model, benchmarks/RESULTS.md).
     assert cfg.hardware.mfu == 0 and p.step_s == p.predicted.seconds
     assert p.fits and p.chips == 1024 and p.tokens >= 2e12 and p.days * 1.30 <= 30
-    assert p.mesh == {"data": 1, "fsdp": 64, "expert": 16, "tensor": 1} and p.micro_batch == 1
+    assert p.mesh == Mesh(data=1, fsdp=64, expert=16, tensor=1) and p.micro_batch == 1
     assert p.per_device["total"] * search.SEARCH_MARGIN <= p.budget
     lines = p.render().splitlines()
     assert lines[1].endswith("; active 30.2B of 598B a token (top-8 of 256 routed experts + 1 shared in 52 "
@@ -302,7 +302,7 @@ def test_the_expert_axis_splits_the_experts_and_every_other_parameters_embed_dim
     whole = planner.plan(dataclasses.replace(cfg, mesh=MeshConfig(data=4, fsdp=2)))
     splittable = sum(param_counts(cfg.model).values()) - 2 * 8              # less 2 MoE layers' router bias
     assert whole.per_device["params"] - split.per_device["params"] == 4 * (splittable // 2 - splittable // 8)
-    assert split.mesh == {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+    assert split.mesh == Mesh(data=1, fsdp=2, expert=4, tensor=1)
 
 
 def test_an_moe_layer_holds_its_dispatch_buffers_in_the_backward_pass_and_moves_them_by_all_to_all():
@@ -336,7 +336,7 @@ def test_an_moe_layer_holds_its_dispatch_buffers_in_the_backward_pass_and_moves_
     assert memory.activation_bytes(wider, 1, n, 1, expert=4)[0] - kept_none == 2 * 6 * rows * 64 * bf16
     # Each MoE layer: to the experts and back, forward, backward and full remat's recompute.
     assert shards.all_to_all_bytes(cfg, planner.plan(cfg).mesh, 1) == (rows * D * bf16, 2 * 6)
-    assert shards.all_to_all_bytes(cfg, {"data": 4, "fsdp": 2, "expert": 1, "tensor": 1}, 1) == (0, 0)
+    assert shards.all_to_all_bytes(cfg, Mesh(data=4, fsdp=2, expert=1, tensor=1), 1) == (0, 0)
 
 
 def test_the_moe_layers_are_gathered_cast_and_optimized_as_a_layer_stack():

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import step_time as bench
 from stages.train import model_config
-from stages.train.mesh import MeshConfig
+from stages.train.mesh import Mesh, MeshConfig
 from stages.train.model_config import ModelConfig
 from stages.train.optimizer_config import OptimizerConfig
 from stages.train.planning import devices, figures, planner, shards, step_time
@@ -91,7 +91,7 @@ def test_fsdp_hides_behind_compute_and_the_logits_all_reduce_does_not():
 def test_fsdp_bytes_are_each_layer_gathered_twice_and_reduce_scattered_once():
     cfg = _cfg()
     t = _predicted(cfg)
-    layer = sum(shards.shard_size(shape[1:], names[1:], {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
+    layer = sum(shards.shard_size(shape[1:], names[1:], Mesh())
                 for name, (shape, names) in model_config.param_layout(MODEL).items()
                 if name.startswith("layers.") and len(shape) >= 3)          # the matrices: norms stay whole
     device = devices.get("tpu-v5p")

@@ -90,7 +90,7 @@ def _unsplit_tries(failed: Plan) -> tuple[list, list]:
     larger global batch (a multiple of the shards x micro-batches: more tokens per step) and fewer slices
     (tried after)."""
     cfg, hw, mesh = failed.config, failed.config.hardware, failed.config.mesh
-    accum, shards = cfg.optimizer.grad_accum_steps, failed.mesh["data"] * failed.mesh["fsdp"]
+    accum, shards = cfg.optimizer.grad_accum_steps, failed.mesh.data * failed.mesh.fsdp
     first, last = [], []
     k = accum // 2
     while k >= 1:

@@ -11,10 +11,8 @@ refuses to start a config that does not fit unless `allow_unfit`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 
-from stages.train.mesh import BATCH_AXES, batch_axes_named
 from stages.train.planning import devices
 from stages.train.planning.tpu import TPU_GENERATIONS, generation_problem, topology_chips, topology_problem
 
@@ -112,16 +110,16 @@ def cpu_run_problem(cfg, env: Mapping[str, str]) -> str:
     where = (f"a CPU run (train.HardwareConfig.device='cpu') with {kind} trains on {processes} process(es) x "
              f"{per_process} CPU device(s) = {devices} (XLA_FLAGS={CPU_DEVICE_FLAG}=N gives each process N)")
     try:
-        sizes = mesh.sizes(devices)
+        whole = mesh.for_devices(devices)
     except ValueError as e:
         return f"train.MeshConfig: {e}; {where}"
     if cfg.global_batch % processes:
         return (f"train.Config.global_batch={cfg.global_batch} does not divide by the {processes} training "
                 f"processes: use a multiple of {processes}; {where}")
     accum = cfg.optimizer.grad_accum_steps
-    micro, shards = cfg.global_batch // accum, math.prod(sizes[a] for a in BATCH_AXES)
+    micro, shards = cfg.global_batch // accum, whole.batch_shards
     if micro % shards:
         return (f"a micro-batch of {micro} sequences (train.Config.global_batch {cfg.global_batch} / "
-                f"grad_accum_steps {accum}) does not split over {batch_axes_named(sizes)} = {shards} "
+                f"grad_accum_steps {accum}) does not split over {whole.describe_batch()} = {shards} "
                 f"devices; {where}")
     return ""

@@ -50,13 +50,15 @@ The figures are estimates from first principles, checked against XLA's own for t
 from __future__ import annotations
 
 import dataclasses
+import math
 
+from stages.train.mesh import Mesh, MeshConfig
 from stages.train.model_config import LAYER_STACKS, REMAT_NAMES, ModelConfig, param_layout
 from stages.train.planning import devices
 from stages.train.planning.shards import (
     DTYPE_BYTES,
     capacity_path,
-    gathered_mesh,
+    gathered_shape,
     moe_rows,
     param_bytes,
     shard_size,
@@ -101,7 +103,7 @@ MOE_SILU_KEPT = 3                       # (rows, Fe) arrays beyond MOE_KEPT["non
 ALWAYS = ("params", "optimizer", "activations", "weights", "accumulated")    # held through the whole step
 
 
-def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.Device) -> tuple[dict, int]:
+def memory_bytes(cfg, mesh: Mesh, micro_batch: int, device: devices.Device) -> tuple[dict, int]:
     """(per-device bytes by part, with their "total"; host bytes of offloaded activations) for `cfg` (a
     stages.train.Config) with `micro_batch` sequences per device: see the module docstring."""
     m = cfg.model
@@ -112,19 +114,19 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
     lanes, splash = (TPU_LANES if tpu else 1), tpu and m.attention_impl in ("auto", "splash")
     # A platform without host memory of its own (CPU) runs an offload policy as the one it is named after.
     m = dataclasses.replace(m, remat=m.remat if device.host_bytes else m.remat.removeprefix(OFFLOAD))
-    kept, host = activation_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes, splash=splash,
-                                  expert=mesh["expert"])
+    kept, host = activation_bytes(m, micro_batch, cfg.seq_len, mesh.tensor, lanes=lanes, splash=splash,
+                                  expert=mesh.expert)
     out = {"params": params, "optimizer": optimizer_bytes(m, mesh, pbytes, cfg.optimizer.name),
            "activations": kept, "weights": cast_bytes(m, mesh),
            "accumulated": params if cfg.optimizer.grad_accum_steps > 1 else 0,
            "grads": params, "gathered": gathered_bytes(m, mesh),
-           "recompute": recompute_bytes(m, micro_batch, cfg.seq_len, mesh["tensor"], lanes=lanes,
-                                        splash=splash, expert=mesh["expert"]),
+           "recompute": recompute_bytes(m, micro_batch, cfg.seq_len, mesh.tensor, lanes=lanes,
+                                        splash=splash, expert=mesh.expert),
            "loss": loss_bytes(m, micro_batch * cfg.seq_len, cfg.loss_chunk, mesh),
            "xla_cpu": xla_cpu_bytes(m, mesh, pbytes) if cpu else 0,
            "updates": params if cpu else 0,
            "across_slices": across_slices_bytes(m, cfg.mesh, micro * cfg.seq_len, micro_batch * cfg.seq_len,
-                                                cfg.loss_chunk, mesh["tensor"])}
+                                                cfg.loss_chunk, mesh.tensor)}
     backward = out["grads"] + out["gathered"] + out["recompute"]
     held = sum(out[k] for k in ALWAYS)
     # The update runs after the backward pass has freed the activations.
@@ -134,7 +136,7 @@ def memory_bytes(cfg, mesh: dict[str, int], micro_batch: int, device: devices.De
     return out, host
 
 
-def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name: str) -> int:
+def optimizer_bytes(m: ModelConfig, mesh: Mesh, dtype_bytes: int, name: str) -> int:
     """One device's optimizer state: moments in the parameters' layout and dtype."""
     total = 0
     for pname, (shape, names) in param_layout(m).items():
@@ -152,23 +154,23 @@ def optimizer_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int, name
     return total * dtype_bytes
 
 
-def gathered_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
+def gathered_bytes(m: ModelConfig, mesh: Mesh) -> int:
     """FSDP's working set: the layer being computed, gathered whole over the axes its embed dimension is
-    split over (`gathered_mesh`: still split over tensor, and an MoE layer's experts over expert: E / expert
-    of them) from the compute-dtype copy (`cast_bytes`), its
-    gradient, in the compute dtype, before it is reduce-scattered, and the next layer's weights, which XLA
-    gathers while this one computes (the prefetch that hides the all-gathers, as `step_time` assumes); the
-    largest layer of a dense and an MoE one."""
-    if mesh["fsdp"] * mesh["expert"] == 1:        # nothing split over an axis that FSDP gathers
+    split over (`shards.gathered_shape`: still split over tensor, and an MoE layer's experts over expert:
+    E / expert of them) from the compute-dtype copy (`cast_bytes`), its gradient, in the compute dtype,
+    before it is reduce-scattered, and the next layer's weights, which XLA gathers while this one computes
+    (the prefetch that hides the all-gathers, as `step_time` assumes); the largest layer of a dense and an
+    MoE one."""
+    if mesh.embed_shards == 1:        # nothing split over an axis that FSDP gathers
         return 0
     layout = param_layout(m)
-    layer = max(sum(shard_size(shape[1:], names[1:], gathered_mesh(shape[1:], names[1:], mesh))
+    layer = max(sum(math.prod(gathered_shape(shape[1:], names[1:], mesh))
                     for name, (shape, names) in layout.items() if name.startswith(f"{stack}."))
                 for stack, _ in _stacks(m))
     return layer * 3 * DTYPE_BYTES[m.dtype]
 
 
-def cast_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
+def cast_bytes(m: ModelConfig, mesh: Mesh) -> int:
     """The compute-dtype copy of this device's shard of every matmul weight (the layers, dense and MoE, and
     the output matrix), which XLA makes once per step; none when the parameters are already in the compute
     dtype. An MoE router and its bias are read in float32 (stages/train/moe.py `route`): never cast."""
@@ -291,18 +293,18 @@ def recompute_bytes(m: ModelConfig, batch: int, seq_len: int, tensor: int, *, la
     return out
 
 
-def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: dict[str, int]) -> int:
+def loss_bytes(m: ModelConfig, tokens: int, loss_chunk: int, mesh: Mesh) -> int:
     """The chunked cross entropy (stages/train/loss.py): one chunk's float32 logits over this device's
     part of the vocabulary and, with FSDP (each device computes partial logits over its slice of the
     embedding dimension), their float32 sum over the fsdp axis, else their gradient in the compute dtype;
     and the float32 gradient of the output matrix that the chunks accumulate."""
-    tensor = mesh["tensor"]
+    tensor = mesh.tensor
     vocab = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
-    per_logit = 4 + (4 if mesh["fsdp"] * mesh["expert"] > 1 else DTYPE_BYTES[m.dtype])
+    per_logit = 4 + (4 if mesh.embed_shards > 1 else DTYPE_BYTES[m.dtype])
     return min(loss_chunk, tokens) * vocab * per_logit + _output_matrix_bytes(m, mesh)
 
 
-def across_slices_bytes(m: ModelConfig, mesh, tokens: int, device_tokens: int, loss_chunk: int,
+def across_slices_bytes(m: ModelConfig, mesh: MeshConfig, tokens: int, device_tokens: int, loss_chunk: int,
                         tensor: int) -> int:
     """What a mesh whose data axis crosses slices (`MeshConfig.dcn_data` > 1) adds to the loss phase,
     read from the compiled step's HLO and buffer report (benchmarks/RESULTS.md):
@@ -338,7 +340,7 @@ def across_slices_bytes(m: ModelConfig, mesh, tokens: int, device_tokens: int, l
     return hidden + min(loss_chunk, device_tokens) * vocab * 4 + embed_grads
 
 
-def xla_cpu_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
+def xla_cpu_bytes(m: ModelConfig, mesh: Mesh, dtype_bytes: int) -> int:
     """What XLA:CPU holds through the loss that the TPU and GPU compilers do not (read from the compiled
     step's HLO schedule and buffer report, benchmarks/RESULTS.md): its scheduler places the zero-filled
     gradient stacks of the scanned layers at the start of the step, so they are live through the loss
@@ -355,7 +357,7 @@ def _output_matrix(m: ModelConfig) -> str:
     return "embed" if m.tie_embeddings else "unembedding"
 
 
-def _output_matrix_bytes(m: ModelConfig, mesh: dict[str, int]) -> int:
+def _output_matrix_bytes(m: ModelConfig, mesh: Mesh) -> int:
     """This device's shard of the output matrix in float32 (the loss accumulates its gradient so)."""
     return shard_size(*param_layout(m)[_output_matrix(m)], mesh) * 4
 

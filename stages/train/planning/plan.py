@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stages.train.mesh import AXES
+from stages.train.mesh import AXES, Mesh
 from stages.train.model_config import active_params
 from stages.train.planning import devices, hlo, step_time
 from stages.train.planning.figures import gib, num, param_count, token_count
@@ -31,7 +31,7 @@ class Plan:
     config: object                    # the stages.train.Config planned
     device: devices.Device
     chips: int                        # all chips, every slice
-    mesh: dict[str, int]              # {"data": d, "fsdp": f, "expert": e, "tensor": t}
+    mesh: Mesh                        # the whole mesh: data, fsdp, expert and tensor over every slice
     micro_batch: int                  # sequences per device per micro-batch
     params: dict[str, int]            # parameters by part
     per_device: dict[str, int]        # bytes in device memory: `memory_bytes`' parts and their total
@@ -98,7 +98,7 @@ class Plan:
             + active,
             f"  FLOPs per token: {self.flops_per_token / 1e9:,.3g} GFLOP "
             f"({'6 x active N' if moe else '6N'} + causal attention at T={cfg.seq_len})",
-            f"  mesh: {mesh_row(self.mesh)}"
+            f"  mesh: {self.mesh.describe()}"
             f"{_slices(cfg.mesh, self.chips)}; "
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
             f"(x {cfg.optimizer.grad_accum_steps} accumulated); remat {m.remat}; "
@@ -210,7 +210,7 @@ class Plan:
         t = self.predicted
         if not count or t is None:
             return ""
-        m, ep = self.config.model, self.mesh["expert"]
+        m, ep = self.config.model, self.mesh.expert
         rows = moe_rows(m, self.micro_batch * self.config.seq_len, ep) // m.n_experts
         passes = "forward, backward" + ("" if m.remat == "none" else " and the remat's recompute")
         accum = self.config.optimizer.grad_accum_steps
@@ -250,8 +250,3 @@ def _render_memory(parts: dict[str, int]) -> str:
     return (f"  per device: {held}, then the largest of backward ({backward}), loss ({loss} + "
             f"XLA:CPU's copies {gib(parts['xla_cpu'])}) and update (grads {gib(parts['grads'])} + "
             f"updates {gib(parts['updates'])}, once the activations are freed)")
-
-
-def mesh_row(mesh: dict[str, int]) -> str:
-    """"data 1 x fsdp 128 x tensor 8", the expert axis named where it is used."""
-    return " x ".join(f"{a} {n}" for a, n in mesh.items() if a != "expert" or n > 1)

@@ -34,9 +34,7 @@ The figures are estimates from first principles, so they can be read without a c
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from stages.train.mesh import BATCH_AXES, batch_axes_named
 from stages.train.model_config import flops_per_token, param_counts
 from stages.train.planning import advice, devices, step_time
 from stages.train.planning.memory import memory_bytes
@@ -49,13 +47,13 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     hw = cfg.hardware
     device = devices.get(hw.device)
     chips = (hw.chips or topology_chips(hw.topology) or _explicit_chips(cfg.mesh)) * hw.num_slices
-    mesh = cfg.mesh.sizes(chips)
-    batch_shards = math.prod(mesh[a] for a in BATCH_AXES)
+    mesh = cfg.mesh.for_devices(chips)
+    batch_shards = mesh.batch_shards
     micro = cfg.global_batch // cfg.optimizer.grad_accum_steps
     micro_batch = max(1, micro // batch_shards)
     problem = "" if micro % batch_shards == 0 else (
         f"a micro-batch of {micro} sequences (global_batch {cfg.global_batch} / grad_accum_steps "
-        f"{cfg.optimizer.grad_accum_steps}) does not split over {batch_axes_named(mesh)} = {batch_shards} "
+        f"{cfg.optimizer.grad_accum_steps}) does not split over {mesh.describe_batch()} = {batch_shards} "
         "devices")
     m = cfg.model
     per_device, host = memory_bytes(cfg, mesh, micro_batch, device)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train.mesh import MeshConfig, power_of_two_divisors
+from stages.train.mesh import Mesh, MeshConfig, power_of_two_divisors
 from stages.train.model_config import flops_per_token
 from stages.train.planning import devices, step_time
 from stages.train.planning.figures import gib, num, token_count
 from stages.train.planning.memory import OFFLOAD_ORDER, REMAT_ORDER, optimizer_bytes
-from stages.train.planning.plan import HEADROOM, Plan, mesh_row
+from stages.train.planning.plan import HEADROOM, Plan
 from stages.train.planning.planner import try_plan
 from stages.train.planning.shards import DTYPE_BYTES, param_bytes
 from stages.train.planning.tpu import SLICES, TPU_GENERATIONS, slice_name, topology_chips, whole_sides
@@ -156,7 +156,7 @@ def _hopeless(cfg, chips: int, days: float) -> str:
     floor = flops_per_token(m, cfg.seq_len) * tokens / (chips * device.peak_flops * eff.matmul) / 86400
     if not cfg.hardware.mfu and floor > days:
         return f"{num(floor)} days at least (every FLOP at the calibrated matmul rate)"
-    whole = {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+    whole = Mesh()                  # every array whole on one device
     pbytes = DTYPE_BYTES[m.param_dtype]
     state = (param_bytes(m, whole, pbytes) + optimizer_bytes(m, whole, pbytes, cfg.optimizer.name)) / chips
     budget = device.hbm_bytes * HEADROOM
@@ -231,7 +231,7 @@ def _roomy(p: Plan) -> bool:
 def _layout(p: Plan) -> str:
     """"data 1 x fsdp 16 x expert 64 x tensor 1, remat full, capacity 1.25"."""
     m = p.config.model
-    out = f"{mesh_row(p.mesh)}, remat {m.remat}"
+    out = f"{p.mesh.describe()}, remat {m.remat}"
     if p.config.optimizer.grad_accum_steps > 1:
         out += f", {p.config.optimizer.grad_accum_steps} micro-batches"
     if m.n_experts:
@@ -244,9 +244,9 @@ def _slice_answer(p: Plan, device: bool = False) -> str:
     cfg, m = p.config, p.config.model
     bindings = [f'train.HardwareConfig.device="{cfg.hardware.device}"'] if device else []
     bindings += [f'train.HardwareConfig.topology="{cfg.hardware.topology}"', "train.MeshConfig.data=-1",
-                 f"train.MeshConfig.fsdp={p.mesh['fsdp']}", f"train.MeshConfig.tensor={p.mesh['tensor']}"]
+                 f"train.MeshConfig.fsdp={p.mesh.fsdp}", f"train.MeshConfig.tensor={p.mesh.tensor}"]
     if m.n_experts:
-        bindings.append(f"train.MeshConfig.expert={p.mesh['expert']}")
+        bindings.append(f"train.MeshConfig.expert={p.mesh.expert}")
         bindings.append(f"train.ModelConfig.moe_capacity_factor={m.moe_capacity_factor:g}")
     bindings.append(f'train.ModelConfig.remat="{m.remat}"')
     bindings.append(f"train.OptimizerConfig.grad_accum_steps={cfg.optimizer.grad_accum_steps}")
