@@ -18,7 +18,8 @@
     search.py     the reverse question: the smallest TPU slice that trains the tokens in N days and fits
     tpu.py        the TPU generations and slices a topology may name; devices.py each chip's figures;
                   hardware.py the hardware a run names (`train.HardwareConfig`)
-    shards.py     one device's share of an array; aot.py and hlo.py XLA's own figures for the compiled step
+    shards.py     one device's share of an array; aot.py and hlo.py XLA's own figures for the compiled step;
+                  figures.py how a plan writes its sizes and counts
 
 The run's days are its steps x the predicted step (step_time.py), or, where train.HardwareConfig.mfu
 assumes a model FLOPs utilization, its FLOPs per token (`model_config.flops_per_token`) x tokens / (chips x
