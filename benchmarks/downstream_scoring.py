@@ -31,8 +31,8 @@ import numpy as np
 from flax import nnx
 
 from stages.train import scoring
-from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
+from stages.train.model_config import ModelConfig
 from stages.yardstick_data import tasks
 from stages.yardsticks import tokenized
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stages.train import moe
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 
 PATHS = ("dense", "tiled", "ragged", "capacity")
 

@@ -7,9 +7,9 @@ Each row is one configuration (model size, mesh, remat, micro-batch): `estimate 
 planner is judged by (within 10% is the bar), both in device memory; `host_gib` is what an offload_*
 policy keeps in host memory by the planner (not in either device figure). The 600B rows compile for
 1,024 chips and take about a minute each on 2 cores. The multi-slice rows (`_2x_`) put the 1B and 9B run
-files on two slices, the data axis across them (`planner.across_slices_bytes`). `cpu_rows` compile the
+files on two slices, the data axis across them (`memory.across_slices_bytes`). `cpu_rows` compile the
 same step with XLA:CPU for 8 simulated CPU devices (CPU_CASES), judged by the same bar: the planner
-models what XLA:CPU holds beyond the TPU compiler (`planner.xla_cpu_bytes`).
+models what XLA:CPU holds beyond the TPU compiler (`memory.xla_cpu_bytes`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ CPU_COMMON = ["include 'model/124m.gin'", "train.ModelConfig.dtype = 'float32'",
 
 def measure(work_dir: str) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from stages.train import aot, planner
+    from stages.train.planning import aot, planner
 
     rows = {}
     for name, (gin, overrides) in CASES.items():
@@ -138,7 +138,7 @@ def cpu_row(name: str) -> dict:
 if __name__ == "__main__":          # one CPU row, in a process whose simulated devices are set
     import jax
 
-    from stages.train import aot, planner
+    from stages.train.planning import aot, planner
 
     print(json.dumps(_row(_load("gin/tiny.gin", CPU_COMMON + CPU_CASES[sys.argv[1]]), planner, aot,
                           devices=jax.devices())))

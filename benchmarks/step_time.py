@@ -1,4 +1,4 @@
-"""The step-time model (stages/train/step_time.py) against published training throughputs.
+"""The step-time model (stages/train/planning/step_time.py) against published training throughputs.
 
     .venv/bin/python -m benchmarks step_time          # or `make bench` for every benchmark
 
@@ -7,11 +7,12 @@
 Each run file in benchmarks/published/ reproduces one published training configuration (hardware, mesh,
 per-device batch, sequence length, remat as published; its source in its header, quoted in
 throughput_sources.md) and states what was published (`# published: N tokens/s per chip`) and its role:
-`calibrates <device> <constant>, ...` (the row that sets one of stages/train/step_time.py's EFFICIENCY
-constants: fitted so that row's prediction equals it), `held out` (set nothing: the test of the model),
-or `reference, outside the bar: <why>` (printed, not judged: hardware the device table does not describe).
-The benchmark predicts each step from the config alone and prints published and predicted tokens/s per
-chip and their ratio; the bar is 0.85-1.15 for every calibration and held-out row. No JAX, no compile.
+`calibrates <device> <constant>, ...` (the row that sets one of stages/train/planning/step_time.py's
+EFFICIENCY constants: fitted so that row's prediction equals it), `held out` (set nothing: the test of
+the model), or `reference, outside the bar: <why>` (printed, not judged: hardware the device table does
+not describe). The benchmark predicts each step from the config alone and prints published and predicted
+tokens/s per chip and their ratio; the bar is 0.85-1.15 for every calibration and held-out row. No JAX, no
+compile.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def published(path: str) -> tuple[float, str]:
 def row(path: str) -> dict:
     """One published configuration's prediction against its figure; ValueError (config.ConfigError among
     them) naming what in the file cannot be planned, e.g. a device the table lacks."""
-    from stages.train import planner
+    from stages.train.planning import planner
 
     cfg = _config(path)
     p = planner.plan(cfg, advise=False)
@@ -115,7 +116,7 @@ def calibrate() -> dict[str, dict[str, float]]:
     """Refit each calibration row's constants (bisection: the prediction grows with every efficiency) so
     that its predicted tokens/s equal the published; returns {device: {constant: value}}, the fitted
     values applied in turn (later rows see earlier fits)."""
-    from stages.train import step_time
+    from stages.train.planning import step_time
 
     fitted: dict[str, dict[str, float]] = {}
     saved = dict(step_time.EFFICIENCY)

@@ -7,7 +7,7 @@ T = 1024, exactly as the training stage would build it, with the tokenizer's voc
 model file's. Per remat policy: `temp_mib`, XLA's compiled scratch of the jitted train step
 (`memory_analysis().temp_size_in_bytes`) and its ratio to `none`. For `none` (the baseline) and `full`:
 the median step time over `repeats` steps after a warm-up, tokens/s, and MFU against the device's peak
-(`stages.train.devices.DEVICES`); `full_time_ratio` is what full remat costs in time.
+(`stages.train.planning.devices.DEVICES`); `full_time_ratio` is what full remat costs in time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from pipeline import config
-from stages.train import configs, loop, metrics, model, optimizer
+from stages.train import loop, metrics, model, model_config, optimizer
 from stages.train.step import train_step
 
 GIN = os.path.join(config.GIN_DIR, "tiny.gin")
@@ -43,7 +43,7 @@ def measure(work_dir: str, repeats: int = 5) -> dict:
     result = {"benchmark": "train_step", "backend": jax.default_backend(), "device": peak_name,
               "model": os.path.basename(files[-1]), "params": model.num_params(cfg.model),
               "batch": cfg.global_batch, "seq_len": cfg.seq_len, "dtype": cfg.model.dtype}
-    for remat in configs.REMAT_NAMES:
+    for remat in model_config.REMAT_NAMES:
         c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
         graphdef, state = nnx.split(model.Transformer(c.model, rngs=nnx.Rngs(0)), nnx.Param)
         tx = optimizer.make_optimizer(c.optimizer, state)
@@ -57,9 +57,9 @@ def measure(work_dir: str, repeats: int = 5) -> dict:
             result[f"{remat}_step_s"] = round(seconds, 4)
             result[f"{remat}_tokens_per_s"] = round(tps, 1)
             if peak:
-                result[f"{remat}_mfu"] = round(metrics.mfu(configs.flops_per_token(c.model, cfg.seq_len), tps,
-                                                           jax.device_count(), peak), 4)
-    for remat in configs.REMAT_NAMES[1:]:
+                flops = model_config.flops_per_token(c.model, cfg.seq_len)
+                result[f"{remat}_mfu"] = round(metrics.mfu(flops, tps, jax.device_count(), peak), 4)
+    for remat in model_config.REMAT_NAMES[1:]:
         ratio = result[f"{remat}_temp_mib"] / max(result["none_temp_mib"], 1e-9)
         result[f"{remat}_temp_ratio"] = round(ratio, 4)
     result["full_time_ratio"] = round(result["full_step_s"] / result["none_step_s"], 3)

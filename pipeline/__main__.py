@@ -174,16 +174,16 @@ def _stage_plans(plan: run_plan.Plan, targets: list[str], compile: bool | None,
 
 def _smallest_slice(plan: run_plan.Plan, targets: list[str], days: float | None) -> str:
     """`plan --days N`: the smallest TPU slice of the configured generation that trains the configured tokens
-    in N days and fits (stages/train/planner.py `smallest_slice`); "" without --days."""
+    in N days and fits (stages/train/planning/search.py `smallest_slice`); "" without --days."""
     if days is None:
         return ""
     if "train" not in plan.tree.closure(*targets):
         raise ValueError(f"--days {days:g} plans the train stage, which --stage does not build")
     if not days > 0:
         raise ValueError(f"--days {days:g} must be > 0")
-    from stages.train import planner
+    from stages.train.planning import search
 
-    return planner.smallest_slice(plan.stages["train"].config, days).render()
+    return search.smallest_slice(plan.stages["train"].config, days).render()
 
 
 def _run(plan: run_plan.Plan, args, start: float) -> int:

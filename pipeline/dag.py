@@ -83,7 +83,7 @@ IMPORTS: dict[str, dict[str, str]] = {
         "stages.yardsticks.score": "the yardsticks' scores, in the loop as evaluation computes them"},
     "evaluate": {
         "stages.train.trained": "the model restored from train's committed checkpoint",
-        "stages.train.configs": "ModelConfig, as training wrote it into summary.json",
+        "stages.train.model_config": "ModelConfig, as training wrote it into summary.json",
         "stages.train.data": "the validation windows, batched as training batches them",
         "stages.train.step": "the loss as training computes it (step.forward_loss)",
         "stages.train.scoring": "the packed scorer, the one training scores its in-loop yardsticks with",
@@ -93,7 +93,7 @@ IMPORTS: dict[str, dict[str, str]] = {
         "stages.yardsticks.score": "the yardsticks' scores, computed as training computes them in the loop"},
     "export": {
         "stages.train.hf": "the model as transformers names it: config.json and the tensors' names",
-        "stages.train.configs": "ModelConfig, its parameter layout and counts, as training wrote them",
+        "stages.train.model_config": "ModelConfig, its parameter layout and counts, as training wrote them",
         "stages.train.checkpoint_arrays": "the checkpoint's arrays, read with TensorStore (no JAX)"},
 }
 

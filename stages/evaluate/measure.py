@@ -17,7 +17,7 @@ from flax import nnx
 from stages.io import llmc, storage
 from stages.io.refusal import Refusal
 from stages.train import data, scoring
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from stages.train.step import forward_loss
 from stages.train.trained import restore
 from stages.yardsticks import score, tokenized

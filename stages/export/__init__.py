@@ -89,7 +89,7 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
     from stages.io import safetensors
     from stages.train import hf
     from stages.train.checkpoint_arrays import CheckpointArrays
-    from stages.train.configs import ModelConfig
+    from stages.train.model_config import ModelConfig
 
     train, tok = inputs["train"], inputs["tokenizer"]
     summary = storage.read_json(train.file("summary.json"))
@@ -202,7 +202,7 @@ def implied_zero_problem(arrays, mcfg) -> str:
 
 def check_shapes(arrays, mcfg) -> None:
     """Every parameter the config implies is in the checkpoint with the shape the config implies."""
-    from stages.train.configs import param_layout
+    from stages.train.model_config import param_layout
 
     stored = arrays.names()
     for name, (shape, _) in param_layout(mcfg).items():

@@ -221,7 +221,7 @@ def _config_gin(inputs: Mapping) -> str:
 
 
 def _params(mcfg) -> str:
-    from stages.train.configs import param_counts
+    from stages.train.model_config import param_counts
 
     n = sum(param_counts(mcfg).values())
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

@@ -19,7 +19,8 @@ checkpoint's model, rebuilt for scoring), `metrics.py` (jsonl, TensorBoard, MFU)
 loop), `step.py` (the train step and the loss, pure functions the loop jits), `worker.py` (one process;
 launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its exit code), `tracking.py` (W&B,
 optional; pipeline/tracked.py adds the DAG to a run afterwards) and `wandb_files.py` (W&B's run files, read
-back when a run resumes).
+back when a run resumes). `planning/` answers "will it fit and how long" from the config alone (`make plan`,
+and the refusal of a config that cannot fit before anything compiles).
 `Config` and `LaunchConfig` are defined in `stage_config.py` (so no module of the stage imports this
 package) and re-exported here with CONFIGURABLES, VERSION, run, plan, check and summary.
 """
@@ -34,9 +35,13 @@ from fractions import Fraction
 
 from stages.io import storage
 from stages.io.committed import by_source, stage_of
-from stages.train import planner, tracking
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig, cpu_run_problem
+from stages.train import tracking
+from stages.train.mesh import MeshConfig
 from stages.train.mixture import Mixture, apportion
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
+from stages.train.planning import planner
+from stages.train.planning.hardware import HardwareConfig, cpu_run_problem
 from stages.train.stage_config import Config, LaunchConfig
 from stages.train.tracking import Tracking
 
@@ -103,11 +108,11 @@ def run(config: Config, inputs: Mapping, out_dir: str, work_dir: str) -> None:
 
 
 def plan(config: Config, *, compile: bool | None = None) -> str:
-    """The planner's report for `make plan`: memory per device, the verdict, the time (planner.py).
+    """The planner's report for `make plan`: memory per device, the verdict, the time (planning/planner.py).
 
     With `compile` (the default when train.HardwareConfig.topology names a TPU slice) the real train step
-    is also compiled for that slice ahead of time (aot.py) and XLA's per-device figure printed beside
-    the estimate; that imports JAX and takes seconds to a minute.
+    is also compiled for that slice ahead of time (planning/aot.py) and XLA's per-device figure printed
+    beside the estimate; that imports JAX and takes seconds to a minute.
     """
     p = planner.plan(config)
     if not (config.hardware.topology if compile is None else compile):
@@ -117,7 +122,7 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
     # Planning needs no accelerator: keep JAX on the CPU (the topology is described, not used), which
     # also keeps libtpu from trying to start a TPU runtime here.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from stages.train import aot
+    from stages.train.planning import aot
 
     compiled = []
     try:
@@ -131,7 +136,7 @@ def plan(config: Config, *, compile: bool | None = None) -> str:
 def check(config: Config) -> str:
     """What stops `config` before anything runs, in one line, or "" (the command line asks before any stage
     starts, so a wrong mesh does not wait for the data half): a CPU run whose mesh or batch does not fit
-    the devices its processes will have (`configs.cpu_run_problem`), a config the planner says cannot fit
+    the devices its processes will have (`hardware.cpu_run_problem`), a config the planner says cannot fit
     its hardware (unless `train.HardwareConfig.allow_unfit`), a checkpoint (`init_from`) whose safetensors
     headers are damaged or do not hold the model its config.json describes (init_from.problem: headers
     only, never the weights), W&B tracking that cannot start (tracking.problem)."""

@@ -38,7 +38,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from stages.train.configs import AXES
+from stages.train.mesh import AXES
 from stages.train.sharding import logical_to_spec, target_platform
 
 log = logging.getLogger(__name__)

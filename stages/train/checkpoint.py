@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 
 from stages.io import storage
 from stages.train import pytree
-from stages.train.configs import LAYER_STACKS
+from stages.train.model_config import LAYER_STACKS
 
 log = logging.getLogger(__name__)
 

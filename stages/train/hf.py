@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 
 if TYPE_CHECKING:        # numpy only names the conversions' types: planning imports this (export's check)
     import numpy as np
@@ -289,7 +289,7 @@ def _rope_fields(config: dict, where: str) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """One transformers tensor: its name, shape, the parameter of ours it comes from (a key of
-    `configs.param_layout`), where in that stacked parameter it sits (None: not stacked; (layer,) or
+    `model_config.param_layout`), where in that stacked parameter it sits (None: not stacked; (layer,) or
     (layer, expert)), the model layer it belongs to (for progress), and the two conversions of one array."""
 
     name: str

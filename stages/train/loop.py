@@ -43,7 +43,7 @@ from flax import nnx
 from stages.io import storage
 from stages.train import checkpoint, data, metrics, model, optimizer, scoring, sharding, tracking
 from stages.train.agreed_stop import AgreedStop
-from stages.train.configs import flops_per_token, param_counts
+from stages.train.model_config import flops_per_token, param_counts
 from stages.train.step import eval_step, train_step
 from stages.train.stop import STOPPED_EXIT_CODE, TrainingStopped, stop_requests
 from stages.yardsticks import score, tokenized

@@ -26,8 +26,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 from stages.io import storage
-from stages.train import devices
-from stages.train.configs import NAN_POLICIES
+from stages.train.planning import devices
+from stages.train.stage_config import NAN_POLICIES
 
 log = logging.getLogger(__name__)
 

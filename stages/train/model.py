@@ -2,7 +2,7 @@
 SwiGLU, optional tied embeddings; the layers are stacked and applied with `jax.lax.scan`.
 
     from flax import nnx
-    from stages.train.configs import ModelConfig
+    from stages.train.model_config import ModelConfig
     from stages.train.model import Transformer
     cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4)
     net = Transformer(cfg, rngs=nnx.Rngs(0))
@@ -14,7 +14,7 @@ SwiGLU, optional tied embeddings; the layers are stacked and applied with `jax.l
     hidden, cache = net(prompt, cache=cache)                  # prefill (P tokens)
     hidden, cache = net(next_token, cache=cache)              # then one (or a few) tokens at a time
 
-The config, parameter counts and FLOPs live in `configs.py`, which imports no JAX; this module does.
+The config, parameter counts and FLOPs live in `model_config.py`, which imports no JAX; this module does.
 
 Remat policies (`ModelConfig.remat`, see `REMAT_POLICIES`), applied to each scanned layer:
     none            no rematerialization: every activation is kept (fastest, most memory)
@@ -52,7 +52,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from stages.train import moe
 from stages.train.attention import attention
-from stages.train.configs import REMAT_NAMES, ModelConfig, param_layout
+from stages.train.model_config import REMAT_NAMES, ModelConfig, param_layout
 from stages.train.sharding import target_platform, with_logical_constraint
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ class Transformer(nnx.Module):
 
 class Block(nnx.Module):
     """One stack of decoder layers, their parameters stacked on a leading "layers" axis (shapes and
-    logical names from `configs.param_layout` under `stack`: "layers" with the dense MLP, "moe_layers"
+    logical names from `model_config.param_layout` under `stack`: "layers" with the dense MLP, "moe_layers"
     with a mixture of experts, stages/train/moe.py); `__call__` applies ONE layer (its parameters sliced
     by the scan, see Transformer._layers)."""
 

@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from stages.train.configs import AXES, ModelConfig
+from stages.train.mesh import AXES, Mesh
+from stages.train.model_config import ModelConfig
 from stages.train.sharding import logical_to_spec, target_platform
 
 GROUPED_MATMULS = ("auto", "ragged_dot", "megablox", "tiled")
@@ -150,11 +151,12 @@ def moe_ffn(cfg: ModelConfig, h, w: ExpertWeights):
         return y.reshape(B, T, D), stats
     spec = logical_to_spec(("batch", "length", "embed"), h.shape, mesh)
     batch_axes = tuple(a for a in (spec[0] if isinstance(spec[0], tuple) else (spec[0],)) if a)
-    expert_axis = "expert" if mesh.shape["expert"] > 1 else None
-    if expert_axis and cfg.n_experts % mesh.shape["expert"]:
+    sizes = Mesh.of(mesh)
+    expert_axis = "expert" if sizes.expert > 1 else None
+    if expert_axis and cfg.n_experts % sizes.expert:
         raise ValueError(f"ModelConfig.n_experts={cfg.n_experts} does not split over the mesh's expert axis "
-                         f"of {mesh.shape['expert']}: pick n_experts a multiple of train.MeshConfig.expert")
-    tensor = "tensor" if mesh.shape["tensor"] > 1 and w.gate.shape[-1] % mesh.shape["tensor"] == 0 else None
+                         f"of {sizes.expert}: pick n_experts a multiple of train.MeshConfig.expert")
+    tensor = "tensor" if sizes.tensor > 1 and w.gate.shape[-1] % sizes.tensor == 0 else None
     exp = expert_axis
     w_specs = ExpertWeights(P(), P(), P(exp, None, tensor), P(exp, None, tensor), P(exp, tensor, None))
 

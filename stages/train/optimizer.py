@@ -1,6 +1,6 @@
 """The optimizer: learning-rate schedule, weight-decay mask, global-norm clipping and gradient accumulation.
 
-    cfg = OptimizerConfig(name="adamw", learning_rate=3e-4, total_steps=1000)     # stages.train.configs
+    cfg = OptimizerConfig(name="adamw", learning_rate=3e-4, total_steps=1000)     # optimizer_config.py
     tx = optimizer.make_optimizer(cfg, params)       # params: nnx.State, its to_pure_dict(), or a dict
     opt_state = tx.init(params)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -15,7 +15,8 @@ Weight decay is decoupled (multiplied by the scheduled learning rate, as in Adam
 biases and scalars, chosen by parameter path name (see `decay_mask`), because scan-stacked norm scales are
 2-D (L, D) and an ndim rule would decay them.
 
-`OptimizerConfig` (the name, schedule and hyperparameters; gin binds it) lives in `configs.py`, JAX-free.
+`OptimizerConfig` (the name, schedule and hyperparameters; gin binds it) lives in `optimizer_config.py`,
+JAX-free.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 
 from stages.train import pytree
-from stages.train.configs import LAYER_STACKS, OptimizerConfig
+from stages.train.model_config import LAYER_STACKS
+from stages.train.optimizer_config import OptimizerConfig
 
 log = logging.getLogger(__name__)
 

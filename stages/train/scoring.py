@@ -52,7 +52,7 @@ import numpy as np
 from flax import nnx
 
 from stages.train import sharding
-from stages.train.configs import BATCH_AXES
+from stages.train.mesh import Mesh
 
 PAD_SEGMENT = 0          # the segment id of padding; requests in a row are 1, 2, ...
 DEFAULT_ROWS = 8         # rows per batch when none are given (rounded up to the mesh's batch split)
@@ -81,7 +81,7 @@ class Scorer:
                  max_length: int | None = None, mesh: jax.sharding.Mesh | None = None):
         length = length or net.config.max_seq_len
         max_length = length if max_length is None else max_length
-        split = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)   # batch rows' split
+        split = 1 if mesh is None else Mesh.of(mesh).batch_shards       # batch rows' split
         if rows is None:
             rows = -(-DEFAULT_ROWS // split) * split
         if rows < 1 or not 1 <= length <= net.config.max_seq_len or max_length < 1:

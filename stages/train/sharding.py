@@ -13,7 +13,7 @@ parameters and activations on it.
 (ZeRO-3: gathered per layer inside the scan), `expert` splits the batch and a mixture of experts' experts
 (stages/train/moe.py), `tensor` splits heads and the MLP dim (Megatron).
 `MeshConfig` (the axis sizes; gin binds it) and the logical-axis rules (`LOGICAL_RULES`, `mesh_axes`) live
-in `configs.py`, JAX-free, so the planner shards parameters exactly as training does.
+in `mesh.py`, JAX-free, so the planner shards parameters exactly as training does.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec
 
-from stages.train.configs import AXES, BATCH_AXES, MeshConfig, mesh_axes
+from stages.train.mesh import AXES, BATCH_AXES, Mesh, MeshConfig, mesh_axes
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,11 @@ def _contiguous_slices(devices, ici, dcn) -> np.ndarray:
 
 
 def logical_to_spec(names, shape=None, mesh=None, rules=None):
-    """Logical axis names -> `PartitionSpec` (see `configs.mesh_axes`; with `shape` and `mesh`, a mesh axis
-    that does not divide its dimension leaves that dimension replicated over it)."""
-    axes = mesh_axes(names, shape, None if mesh is None else dict(mesh.shape), rules)
+    """Logical axis names -> `PartitionSpec` (see `mesh.mesh_axes`; with `shape` and `mesh`, a mesh axis
+    that does not divide its dimension, or that the mesh lacks, leaves that dimension replicated over it)."""
+    axes = mesh_axes(names, shape, None if mesh is None else Mesh.of(mesh), rules)
+    if shape is not None and mesh is not None:      # a mesh without one of AXES splits nothing over it
+        axes = tuple(tuple(a for a in dim if a in mesh.axis_names) for dim in axes)
     return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in axes))
 
 
@@ -162,7 +164,7 @@ def batch_sharding(mesh, ndim: int = 2):
 def global_batch(local_batch: np.ndarray, mesh) -> Any:
     """This process's rows (B_local, ...) -> the global `jax.Array` (B_local * processes, ...) sharded over
     ("data", "fsdp") on the batch axis. Every process passes its own, equally sized rows."""
-    n = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    n = Mesh.of(mesh).batch_shards
     global_rows = local_batch.shape[0] * jax.process_count()
     if global_rows % n:
         raise ValueError(f"global batch {global_rows} rows is not divisible by data x fsdp = {n} "

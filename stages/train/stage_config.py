@@ -1,5 +1,6 @@
 """The training stage's own configs: `Config` (what one training run is) and `LaunchConfig` (where its
-processes start). The model, optimizer, mesh and hardware configs it holds are in `configs.py`.
+processes start). The model, optimizer, mesh and hardware configs it holds are in `model_config.py`,
+`optimizer_config.py`, `mesh.py` and `planning/hardware.py`.
 
     from stages.train.stage_config import Config        # also `stages.train.Config`
     cfg = Config(steps=1000, global_batch=64, seq_len=1024)    # ValueError naming the field if wrong
@@ -8,7 +9,7 @@ gin binds them as `train.Config.<field>` and `train.LaunchConfig.<field>` (CONFI
 `__init__`). They live here, not in the package `__init__` or `launch.py`, so that `spec.py` (the worker's
 schema), `launch.py` and `worker.py` can import them without importing the package or each other: no
 module of the training stage imports the package, and the imports among them have no cycle
-(tests/test_import_cycles.py). Import-light: the standard library, `configs.py` and `stages.io.storage`.
+(tests/test_import_cycles.py). Import-light: the standard library, those configs and `stages.io.storage`.
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ from __future__ import annotations
 import dataclasses
 
 from stages.io import storage
-from stages.train.configs import (
-    NAN_POLICIES,
-    HardwareConfig,
-    MeshConfig,
-    ModelConfig,
-    OptimizerConfig,
-    expert_split_problem,
-)
+from stages.train.mesh import MeshConfig, expert_split_problem
 from stages.train.mixture import Mixture
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
+from stages.train.planning.hardware import HardwareConfig
 from stages.train.tracking import Tracking
 
 LAUNCH_KINDS = ("inprocess", "local", "tpu_vm")
+NAN_POLICIES = ("stop", "skip")      # train.Config.nan_policy: fail naming the step, or drop that update
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from flax import nnx
 
 from stages.io import storage
 from stages.train import checkpoint, model
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 
 
 def restore(train, summary: dict, *, moe_capacity_factor: float | None = 0.0):

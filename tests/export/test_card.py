@@ -19,7 +19,7 @@ from stages import export
 from stages.export import card
 from stages.io import storage
 from stages.io.committed import Committed
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from tests.conftest import REPO
 from tests.export import helpers
 from tests.pipeline.test_reference_model import BY_BPB

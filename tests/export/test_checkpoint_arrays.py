@@ -7,7 +7,7 @@ from flax import nnx
 
 from stages.train import hf, model
 from stages.train.checkpoint_arrays import CheckpointArrays
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from tests.export import helpers
 
 MOE = ModelConfig(vocab_size=320, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=32, mlp_dim=128,

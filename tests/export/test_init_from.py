@@ -20,7 +20,8 @@ from pipeline.gin_errors import ConfigError  # noqa: E402
 from stages import train  # noqa: E402
 from stages.io import safetensors, storage  # noqa: E402
 from stages.train import init_from, model  # noqa: E402
-from stages.train.configs import ModelConfig, OptimizerConfig  # noqa: E402
+from stages.train.model_config import ModelConfig  # noqa: E402
+from stages.train.optimizer_config import OptimizerConfig  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.export import helpers  # noqa: E402
 from tests.train import test_loop  # noqa: E402

@@ -34,7 +34,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from stages import evaluate  # noqa: E402
 from stages.evaluate import measure  # noqa: E402
 from stages.train import model  # noqa: E402
-from stages.train.configs import ModelConfig  # noqa: E402
+from stages.train.model_config import ModelConfig  # noqa: E402
 from stages.yardstick_data import tasks  # noqa: E402
 from stages.yardsticks import score, tokenized  # noqa: E402
 from tests.export import helpers  # noqa: E402

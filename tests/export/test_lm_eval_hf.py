@@ -34,7 +34,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from stages.evaluate import harness  # noqa: E402
 from stages.train import model  # noqa: E402
-from stages.train.configs import ModelConfig  # noqa: E402
+from stages.train.model_config import ModelConfig  # noqa: E402
 from stages.yardstick_data import tasks  # noqa: E402
 from stages.yardsticks import task_metrics  # noqa: E402
 from tests.export import helpers  # noqa: E402

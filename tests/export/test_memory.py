@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from stages.train import model
-from stages.train.configs import ModelConfig, param_counts
+from stages.train.model_config import ModelConfig, param_counts
 from tests.export import helpers
 
 SCRIPT = textwrap.dedent("""

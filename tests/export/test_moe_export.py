@@ -20,7 +20,7 @@ from flax import nnx  # noqa: E402
 
 from stages.io import safetensors  # noqa: E402
 from stages.train import hf, init_from, model  # noqa: E402
-from stages.train.configs import ModelConfig  # noqa: E402
+from stages.train.model_config import ModelConfig  # noqa: E402
 from tests.export import helpers  # noqa: E402
 
 PROMPT = 600

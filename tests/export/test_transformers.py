@@ -15,7 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from stages.train import model  # noqa: E402
-from stages.train.configs import ModelConfig  # noqa: E402
+from stages.train.model_config import ModelConfig  # noqa: E402
 from tests.export import helpers  # noqa: E402
 
 PROMPT = 600

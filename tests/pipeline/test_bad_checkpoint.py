@@ -23,7 +23,7 @@ from pipeline import checks, config, dag
 from stages import tokenizer, train
 from stages.io import safetensors, storage
 from stages.train import hf, init_from
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from tests.conftest import REPO
 from tests.pipeline.test_bad_config import _case, assert_one_error_line_before_work
 

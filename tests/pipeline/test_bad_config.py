@@ -24,7 +24,7 @@ import pytest
 from pipeline import __main__ as cli
 from pipeline import checks, config, dag
 from stages.io import storage
-from stages.train import configs as train_configs
+from stages.train.planning import hardware
 from tests.conftest import REPO
 
 TINY = "gin/tiny.gin"
@@ -308,17 +308,17 @@ def assert_one_error_line_before_work(case: Case, tmp_path) -> None:
     ({"JAX_NUM_CPU_DEVICES": "-1", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, 2),
 ])
 def test_the_cpu_devices_of_a_process_are_read_as_jax_reads_them(env, devices):
-    assert train_configs.cpu_devices_per_process(env) == devices
+    assert hardware.cpu_devices_per_process(env) == devices
 
 
 def test_a_mesh_that_fits_the_simulated_devices_passes():
     cfg = config.load([TINY], ["train.MeshConfig.fsdp=4", 'train.LaunchConfig.kind="local"',
                                "train.LaunchConfig.num_processes=2"]).stages["train"].config
     four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    assert train_configs.cpu_run_problem(cfg, four) == ""
-    assert "does not match the 2 devices" in train_configs.cpu_run_problem(cfg, {})
+    assert hardware.cpu_run_problem(cfg, four) == ""
+    assert "does not match the 2 devices" in hardware.cpu_run_problem(cfg, {})
     # Another platform first, or a device that is not the CPU: only the running processes know the count.
-    assert train_configs.cpu_run_problem(cfg, {"JAX_PLATFORMS": "cuda,cpu"}) == ""
+    assert hardware.cpu_run_problem(cfg, {"JAX_PLATFORMS": "cuda,cpu"}) == ""
 
 
 # Every run file and its twin, by glob: a new run file is checked without editing this list.

@@ -16,8 +16,7 @@ import pytest
 
 from pipeline import dag, search_bindings
 from stages.download.sources import Files
-from stages.train import configs as train_configs
-from stages.train import planner
+from stages.train.planning import tpu
 from tests.conftest import REPO
 from tests.pipeline.test_bad_config import _case, _env, _setup, assert_one_error_line_before_work
 
@@ -114,15 +113,15 @@ def test_a_files_path_in_the_home_directory_is_expanded_there(tmp_path, monkeypa
 def test_every_slice_the_planner_searches_is_a_slice_of_its_generation():
     """The planner's list of slices and the rule that refuses a topology are written apart; they agree, and
     each generation's largest listed slice is the largest the rule lets through."""
-    for generation, (_, _, grids) in planner.SLICES.items():
-        assert all(train_configs.topology_problem(f"{generation}:{g}") == "" for g in grids), generation
-        if generation in train_configs.TPU_MAX_CHIPS_3D:
-            assert train_configs.topology_chips(f"{generation}:{grids[-1]}") == \
-                train_configs.TPU_MAX_CHIPS_3D[generation]
+    for generation, (_, _, grids) in tpu.SLICES.items():
+        assert all(tpu.topology_problem(f"{generation}:{g}") == "" for g in grids), generation
+        if generation in tpu.TPU_MAX_CHIPS_3D:
+            assert tpu.topology_chips(f"{generation}:{grids[-1]}") == \
+                tpu.TPU_MAX_CHIPS_3D[generation]
         else:
-            assert grids == train_configs.TPU_GRIDS_2D
+            assert grids == tpu.TPU_GRIDS_2D
     for bad in ("v5p:3x3x3", "v5p:4x4", "v4:4x4x6", "v4:16x16x32", "v5e:2x8", "v5p:2x2x0"):
-        assert train_configs.topology_problem(bad), bad
+        assert tpu.topology_problem(bad), bad
 
 
 def test_the_table_names_each_case_once():

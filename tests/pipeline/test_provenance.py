@@ -58,7 +58,7 @@ def test_a_stages_source_is_its_package_and_what_it_imports_from_other_stages():
     assert "stages/score/table.py" in clean                              # the table it selects over
     assert "stages/yardstick_data/data/aesop_fables.txt" in clean        # read by its contamination index
     assert not any(f.startswith(("pipeline/", "stages/train/")) for f in clean)
-    assert "stages/io/tracking.py" not in clean                          # io that clean never imports
+    assert "stages/train/tracking.py" not in clean                          # io that clean never imports
     assert "stages/clean/quality.py" in provenance.source_files("score")  # SHARES_CODE: score measures
     shard = provenance.source_files("shard")
     assert {"stages/io/llmc.py", "stages/io/split_rule.py"} <= set(shard)
@@ -67,7 +67,7 @@ def test_a_stages_source_is_its_package_and_what_it_imports_from_other_stages():
     assert provenance.source_files("tokenizer")[-1] == "stages/tokenizer.py"
     assert "stages/train/model.py" in provenance.source_files("evaluate")
     # train's __init__ imports the planner; evaluate imports train's modules, not that
-    assert "stages/train/planner.py" not in provenance.source_files("evaluate")
+    assert "stages/train/planning/planner.py" not in provenance.source_files("evaluate")
     assert provenance.source_files("a") == ()
 
 

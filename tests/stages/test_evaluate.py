@@ -17,7 +17,7 @@ from stages import evaluate, yardsticks
 from stages.evaluate import measure, report
 from stages.io import storage
 from stages.train import model, scoring
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from stages.yardstick_data import tasks
 from stages.yardsticks import tokenized
 from tests.conftest import REPO

@@ -26,7 +26,7 @@ from flax import nnx  # noqa: E402
 from stages.evaluate import harness, measure  # noqa: E402
 from stages.io import storage  # noqa: E402
 from stages.train import checkpoint, model  # noqa: E402
-from stages.train.configs import ModelConfig  # noqa: E402
+from stages.train.model_config import ModelConfig  # noqa: E402
 from stages.yardsticks.tokenized import request_ids  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.stages.test_tokenizer import english_docs  # noqa: E402

@@ -20,7 +20,7 @@ from stages.evaluate import measure as evaluation
 from stages.io import documents, storage
 from stages.io.committed import Committed
 from stages.perplexity import column, measure
-from stages.train.configs import ModelConfig
+from stages.train.model_config import ModelConfig
 from stages.yardsticks import score, tokenized
 
 CHARS = 1500            # of each training document: enough for several windows of the tiny model's 64 tokens

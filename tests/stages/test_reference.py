@@ -15,8 +15,8 @@ from flax import nnx
 
 from stages.download import embedded
 from stages.train import scoring
-from stages.train.configs import ModelConfig
 from stages.train.model import Transformer
+from stages.train.model_config import ModelConfig
 from stages.yardstick_data import reference, texts
 
 NGRAM = 13

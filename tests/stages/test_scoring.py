@@ -16,8 +16,9 @@ import pytest
 from flax import nnx
 
 from stages.train import scoring, sharding
-from stages.train.configs import MeshConfig, ModelConfig
+from stages.train.mesh import MeshConfig
 from stages.train.model import Transformer
+from stages.train.model_config import ModelConfig
 
 VOCAB, MAX_LEN = 61, 32
 
@@ -268,7 +269,8 @@ from flax import nnx
 
 from stages.train import scoring
 from stages.train import sharding, worker
-from stages.train.configs import MeshConfig, ModelConfig
+from stages.train.mesh import MeshConfig
+from stages.train.model_config import ModelConfig
 from stages.train.model import Transformer
 
 process, processes = worker.init_distributed()               # gloo, from the REFINERY_* variables

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from pipeline import config
-from stages.train import aot, attention, hlo, moe, planner, sharding, step_time
-from stages.train.configs import MeshConfig
+from stages.train import attention, moe, sharding
+from stages.train.mesh import MeshConfig
+from stages.train.planning import aot, hlo, planner, step_time
 from tests.conftest import REPO
 
 TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
@@ -126,7 +127,7 @@ def _the_model_names_the_compiled_collectives(cfg, compiled: list[hlo.Collective
             got[_key(c.kind, dtype, dims)] += c.count
     want = collections.Counter()
     for c in model:
-        expert_axis_reduce = p.mesh["expert"] > 1 and c.kind == "reduce-scatter"
+        expert_axis_reduce = p.mesh.expert > 1 and c.kind == "reduce-scatter"
         if not (expert_axis_reduce and not c.what.startswith("moe_layers.expert")):
             want[_key(c.kind, c.dtype, c.shape)] += c.count
     assert {k: got[k] for k in want} == dict(want), [c for c in compiled if c.count]

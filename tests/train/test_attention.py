@@ -213,7 +213,7 @@ SHARDED_SPLASH = """
 import json
 import jax, jax.numpy as jnp, numpy as np
 from stages.train import attention as attn, sharding
-from stages.train.configs import MeshConfig
+from stages.train.mesh import MeshConfig
 
 B, T, N, K, H = 4, 256, 8, 2, 64
 keys = jax.random.split(jax.random.key(0), 4)

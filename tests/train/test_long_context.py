@@ -10,7 +10,9 @@ import pytest
 
 from stages import train
 from stages.train import loop, sharding
-from stages.train.configs import MeshConfig, ModelConfig, OptimizerConfig
+from stages.train.mesh import MeshConfig
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
 
 
 @functools.cache     # each length compiles once for both tests (the step is pure)

@@ -19,8 +19,9 @@ import pytest
 from pipeline import cache
 from stages import train
 from stages.io import llmc, storage
-from stages.train.configs import ModelConfig, OptimizerConfig
 from stages.train.launch import LaunchConfig
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
 from stages.train.stop import TrainingStopped
 from tests.conftest import REPO
 
@@ -314,7 +315,7 @@ def test_every_seed_runs_one_init_program_with_the_bits_of_its_own_rngs():
     from flax import nnx
 
     from stages.train import loop, sharding
-    from stages.train.configs import MeshConfig
+    from stages.train.mesh import MeshConfig
     from stages.train.model import Transformer
 
     m = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2, mlp_dim=32,

@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from stages.train import devices, metrics
+from stages.train import metrics
+from stages.train.planning import devices
 
 
 class _Tty(io.StringIO):

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stages.train import configs as C
 from stages.train import model as M
+from stages.train import model_config as C
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = C.ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64,
@@ -82,8 +82,11 @@ def test_derived_dims_and_attention_impl_names():
 
 
 def test_the_training_configs_and_the_stage_import_no_jax():
-    # What planning imports: every training config, their parameter counts and FLOPs, the stage's Config.
-    code = ("import sys; import stages.train, stages.train.configs as c; "
+    # What planning imports: every training config, their parameter counts and FLOPs, the stage's Config,
+    # and the planner with every module it answers from (all of stages/train/planning/ but aot.py).
+    code = ("import sys; import stages.train, stages.train.model_config as c; "
+            "import stages.train.mesh, stages.train.optimizer_config, stages.train.planning.hardware; "
+            "import stages.train.planning.planner, stages.train.planning.search; "
             "c.flops_per_token(c.ModelConfig(), 256); "
             "print('HEAVY', sorted(m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,

@@ -26,10 +26,10 @@ from flax import nnx
 
 from pipeline import cache
 from stages.io import storage
-from stages.train import configs, moe
+from stages.train import model_config, moe
 from stages.train.checkpoint_arrays import CheckpointArrays
-from stages.train.configs import ModelConfig
 from stages.train.model import Transformer, swiglu
+from stages.train.model_config import ModelConfig
 from stages.train.stop import TrainingStopped
 from tests.conftest import run_on_simulated_devices
 from tests.tiny_run import REPO, TINY
@@ -119,7 +119,7 @@ def test_the_grouped_matmuls_agree_with_ragged_dot_in_values_and_gradients():
     assert moe.resolve_impl("auto") == "tiled"                     # on this CPU
     with pytest.raises(ValueError, match=r"moe_impl='gmm' is not one of \('auto', 'ragged_dot'"):
         moe.resolve_impl("gmm")
-    assert configs.MOE_IMPLS == moe.GROUPED_MATMULS
+    assert model_config.MOE_IMPLS == moe.GROUPED_MATMULS
 
 
 def test_the_balancing_loss_and_load_match_a_hand_computation():
@@ -254,7 +254,7 @@ X64_SCRIPT = textwrap.dedent("""
     import jax.numpy as jnp
     import numpy as np
     from stages.train import moe
-    from stages.train.configs import ModelConfig
+    from stages.train.model_config import ModelConfig
 
     cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=2, dtype="float32",
                       n_experts=6, n_experts_per_token=2, moe_mlp_dim=24, router_score="sigmoid",
@@ -356,7 +356,9 @@ EP_SCRIPT = textwrap.dedent("""
     import dataclasses, json
     import jax, jax.numpy as jnp, numpy as np
     from stages.train import loop, sharding
-    from stages.train.configs import MeshConfig, ModelConfig, OptimizerConfig
+    from stages.train.mesh import MeshConfig
+    from stages.train.model_config import ModelConfig
+    from stages.train.optimizer_config import OptimizerConfig
 
     mcfg = ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_dim=64,
                        max_seq_len=32, dtype="float32", attention_impl="xla", n_experts=8,
@@ -422,7 +424,8 @@ def test_the_report_plots_expert_balance_for_a_mixture_of_experts_only(tmp_path)
 
 def test_the_layer_loop_equals_the_scan_and_accumulated_micro_batches_move_the_bias():
     from stages.train import loop, sharding
-    from stages.train.configs import MeshConfig, OptimizerConfig
+    from stages.train.mesh import MeshConfig
+    from stages.train.optimizer_config import OptimizerConfig
 
     cfg = dataclasses.replace(MOE, n_shared_experts=1, moe_bias_update_rate=0.01)
     tokens = jax.random.randint(jax.random.key(4), (2, 16), 0, cfg.vocab_size)

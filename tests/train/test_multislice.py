@@ -16,8 +16,11 @@ import pytest
 
 from pipeline import config
 from stages import train
-from stages.train import aot, planner, sharding
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig
+from stages.train import sharding
+from stages.train.mesh import Mesh, MeshConfig
+from stages.train.model_config import ModelConfig
+from stages.train.planning import aot, memory, planner
+from stages.train.planning.hardware import HardwareConfig
 from tests.conftest import REPO, run_on_simulated_devices
 
 TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
@@ -62,7 +65,7 @@ def test_the_planner_counts_every_slice_and_shows_the_ici_and_dcn_split():
     hw = HardwareConfig(device="tpu-v5p", topology="v5p:2x2x1", num_slices=2)
     p = planner.plan(train.Config(model=m, seq_len=64, global_batch=8, hardware=hw,
                                   mesh=MeshConfig(fsdp=4, dcn_data=2)))
-    assert p.chips == 8 and p.mesh == {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1} and p.micro_batch == 1
+    assert p.chips == 8 and p.mesh == Mesh(data=2, fsdp=4, expert=1, tensor=1) and p.micro_batch == 1
     lines = p.render().splitlines()
     assert lines[3].startswith("  mesh: data 2 x fsdp 4 x tensor 1 = ICI 1x4x1 within each slice x DCN 2x1x1 "
                                "across 2 slices; micro-batch 1 x 64"), lines[3]
@@ -89,7 +92,7 @@ def test_a_data_axis_across_slices_gathers_the_micro_batch_hidden_states_for_the
     assert plan(*two, "train.ModelConfig.n_layers=2").per_device["across_slices"] == hidden + logits + embed
     assert plan("train.Config.global_batch=512").per_device["across_slices"] == 0
     d = plan(*two).per_device
-    assert d["total"] == sum(d[k] for k in planner.ALWAYS) + d["loss"] + d["across_slices"]
+    assert d["total"] == sum(d[k] for k in memory.ALWAYS) + d["loss"] + d["across_slices"]
     # The 1B on two v5p-128 slices: 4K chunks of a device's 16K tokens, gathered by an all-reduce whose
     # operand and result (bf16[2,256,4096,2048] each) are both live.
     one_b = config.load([f"{REPO}/gin/1b.gin"], two).stages["train"].config
@@ -106,7 +109,7 @@ def test_the_planner_advises_sizes_within_a_slice_and_keeps_the_split_across_sli
     cfg = config.load([f"{REPO}/gin/600b_dense.gin"], ["train.HardwareConfig.num_slices=2",
                                                  "train.MeshConfig.dcn_data=2"]).stages["train"].config
     p = planner.plan(cfg)
-    assert p.chips == 2048 and p.mesh == {"data": 2, "fsdp": 128, "expert": 1, "tensor": 8} and not p.fits
+    assert p.chips == 2048 and p.mesh == Mesh(data=2, fsdp=128, expert=1, tensor=8) and not p.fits
     assert "does not split over data x fsdp = 256 devices" in p.problem
     # Two micro-batches a step would split it, but gather 256 sequences' hidden states across the slices
     # (80 GiB): one slice is what fits.
@@ -124,7 +127,9 @@ TWO_SLICES = textwrap.dedent("""
     import jax, numpy as np
     from flax import nnx
     from stages.train import loop, sharding
-    from stages.train.configs import MeshConfig, ModelConfig, OptimizerConfig
+    from stages.train.mesh import MeshConfig
+    from stages.train.model_config import ModelConfig
+    from stages.train.optimizer_config import OptimizerConfig
 
     assert jax.device_count() == 8 and not hasattr(jax.devices()[0], "slice_index"), jax.devices()
 

@@ -14,8 +14,9 @@ import pytest
 from flax import nnx
 
 from pipeline import config
-from stages.train import aot, model, planner
-from stages.train.configs import REMAT_NAMES, ModelConfig
+from stages.train import model
+from stages.train.model_config import REMAT_NAMES, ModelConfig
+from stages.train.planning import aot, memory, planner
 from tests.conftest import REPO
 
 TINY = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=64, max_seq_len=64,
@@ -38,7 +39,7 @@ def _loss_and_grads(cfg, toks):
 def test_every_offload_policy_is_named_after_a_policy_that_keeps_the_same_activations():
     assert OFFLOADS == ["offload_full", "offload_minimal", "offload_dots_no_batch"]
     assert all(name.removeprefix(model.OFFLOAD) in REMAT_NAMES for name in OFFLOADS)
-    assert set(planner.OFFLOAD_ORDER) == set(OFFLOADS)
+    assert set(memory.OFFLOAD_ORDER) == set(OFFLOADS)
 
 
 def test_on_a_cpu_an_offload_policy_warns_once_and_runs_as_its_namesake(caplog):

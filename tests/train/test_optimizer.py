@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from stages.train import optimizer
-from stages.train.configs import OPTIMIZERS, SCHEDULES, OptimizerConfig
+from stages.train.optimizer_config import OPTIMIZERS, SCHEDULES, OptimizerConfig
 
 L, D, V, B = 2, 8, 16, 32
 

@@ -14,15 +14,12 @@ from benchmarks import plan_vs_xla
 # has registered them (as `python -m pipeline` does on start)
 from pipeline import config, sweep  # noqa: F401
 from stages import train
-from stages.train import devices, planner
-from stages.train.configs import (
-    TPU_GENERATIONS,
-    HardwareConfig,
-    MeshConfig,
-    ModelConfig,
-    active_params,
-    param_counts,
-)
+from stages.train import model_config
+from stages.train.mesh import Mesh, MeshConfig
+from stages.train.model_config import ModelConfig, active_params, param_counts
+from stages.train.planning import devices, figures, memory, plan, planner, search, shards, tpu
+from stages.train.planning.hardware import HardwareConfig
+from stages.train.planning.tpu import TPU_GENERATIONS
 from tests.conftest import REPO, run_files
 
 FLAGSHIP = f"{REPO}/gin/600b.gin"            # a ~600B mixture of experts
@@ -45,7 +42,7 @@ def test_one_device_holds_every_parameter_gradient_and_both_adam_moments():
     n = sum(param_counts(cfg.model).values())
     assert p.per_device["params"] == p.per_device["grads"] == 4 * n          # float32
     assert p.per_device["optimizer"] == 2 * 4 * n and p.per_device["gathered"] == 0
-    assert p.fits and p.chips == 1 and p.mesh == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+    assert p.fits and p.chips == 1 and p.mesh == Mesh(data=1, fsdp=1, expert=1, tensor=1)
 
 
 def test_sharding_divides_the_state_the_way_training_places_it():
@@ -66,12 +63,12 @@ def test_sharding_divides_the_state_the_way_training_places_it():
 
 def test_heavier_remat_keeps_less():
     cfg = _dense()
-    kept = {r: planner.activation_bytes(dataclasses.replace(cfg.model, remat=r), 1, 8192, 8, lanes=128,
+    kept = {r: memory.activation_bytes(dataclasses.replace(cfg.model, remat=r), 1, 8192, 8, lanes=128,
                                         splash=True)
-            for r in planner.REMAT_NAMES}
-    values = [kept[r][0] for r in planner.REMAT_ORDER]
+            for r in model_config.REMAT_NAMES}
+    values = [kept[r][0] for r in memory.REMAT_ORDER]
     assert values == sorted(values, reverse=True) and kept["none"][0] > 5 * kept["full"][0]
-    assert all(kept[r][1] == 0 for r in planner.REMAT_ORDER)                 # nothing in host memory
+    assert all(kept[r][1] == 0 for r in memory.REMAT_ORDER)                 # nothing in host memory
     # An offload policy keeps what its namesake keeps, in host memory: the device holds only what stays
     # (the layer input, but for offload_full) and two layers in flight.
     full_input = kept["full"][0]                                             # L x T x D, bfloat16
@@ -104,7 +101,7 @@ LIBTPU_OOM = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory re
 
 
 def test_xla_running_out_of_memory_is_a_does_not_fit_verdict_quoting_its_figure():
-    from stages.train import aot
+    from stages.train.planning import aot
 
     p = planner.plan(_dense(*FOUR_SLICES))
     oom = aot._out_of_memory(LIBTPU_OOM)
@@ -144,7 +141,7 @@ def test_make_plan_never_says_fits_when_the_tpu_compile_runs_out_of_memory():
     assert lines[-1].startswith("  verdict: does NOT fit: XLA's compile for v5p:2x2x1 needs at least "), \
         lines[-1]
     assert lines[-1].endswith("per device > the 8.0 MiB it had (XLA's figure wins over the estimate, 111.8 "
-                              f"MiB). {planner._XLA_ADVICE}"), lines[-1]
+                              f"MiB). {plan._XLA_ADVICE}"), lines[-1]
 
 
 def test_a_batch_that_cannot_split_over_the_chips_is_never_told_to_use_more_chips():
@@ -171,7 +168,7 @@ def test_the_loss_and_the_layers_backward_pass_are_phases_that_never_overlap():
     the device total holds the larger of the two, not their sum (1B, full remat: the sum was 19% above
     XLA's figure, benchmarks/RESULTS.md)."""
     d = planner.plan(_dense()).per_device
-    held = sum(d[k] for k in planner.ALWAYS)
+    held = sum(d[k] for k in memory.ALWAYS)
     backward = d["grads"] + d["gathered"] + d["recompute"]
     assert d["total"] == held + max(backward, d["loss"]) < held + backward + d["loss"]
 
@@ -191,7 +188,7 @@ def test_xla_cpu_holds_the_layers_gradients_and_two_transposed_output_matrices_t
     assert gpu["xla_cpu"] == gpu["updates"] == 0
     assert {k: v for k, v in cpu.items() if k not in ("xla_cpu", "updates", "total")} == \
         {k: v for k, v in gpu.items() if k not in ("xla_cpu", "updates", "total")}
-    held = sum(cpu[k] for k in planner.ALWAYS)
+    held = sum(cpu[k] for k in memory.ALWAYS)
     assert cpu["total"] == max(held + max(cpu["grads"] + cpu["gathered"] + cpu["recompute"],
                                           cpu["loss"] + cpu["xla_cpu"]),
                                held - cpu["activations"] + cpu["grads"] + cpu["updates"])
@@ -251,7 +248,7 @@ def test_offloading_more_than_the_host_holds_does_not_fit():
     over = dataclasses.replace(p, host=p.host_budget + 1)
     assert p.fits and not over.fits
     assert over.render().splitlines()[-1].startswith(
-        f"  verdict: does NOT fit: {planner._gib(over.host)} of offloaded activations per device > ")
+        f"  verdict: does NOT fit: {figures.gib(over.host)} of offloaded activations per device > ")
 
 
 def test_training_refuses_a_config_that_cannot_fit_unless_told_to_try():
@@ -270,8 +267,8 @@ def test_the_flagship_is_a_600b_mixture_of_experts_that_trains_2t_tokens_within_
     # fine-grained MoE's ratio to the model, benchmarks/RESULTS.md).
     assert cfg.hardware.mfu == 0 and p.step_s == p.predicted.seconds
     assert p.fits and p.chips == 1024 and p.tokens >= 2e12 and p.days * 1.30 <= 30
-    assert p.mesh == {"data": 1, "fsdp": 64, "expert": 16, "tensor": 1} and p.micro_batch == 1
-    assert p.per_device["total"] * planner.SEARCH_MARGIN <= p.budget
+    assert p.mesh == Mesh(data=1, fsdp=64, expert=16, tensor=1) and p.micro_batch == 1
+    assert p.per_device["total"] * search.SEARCH_MARGIN <= p.budget
     lines = p.render().splitlines()
     assert lines[1].endswith("; active 30.2B of 598B a token (top-8 of 256 routed experts + 1 shared in 52 "
                              "of 55 layers)"), lines[1]
@@ -281,7 +278,7 @@ def test_the_flagship_is_a_600b_mixture_of_experts_that_trains_2t_tokens_within_
     moved = next(line for line in lines if line.startswith("  all-to-all"))
     assert moved.startswith("  all-to-all over expert 16: 341.2 GiB per device per step, 312 of the (E, "
                             "C, D) = (256, 320, 7,168) capacity buffer (1.1 GiB): "), moved
-    assert any(line.startswith(f"  time, predicted: {planner._num(p.step_s)} s/step ({p.predicted.mfu:.1%} "
+    assert any(line.startswith(f"  time, predicted: {figures.num(p.step_s)} s/step ({p.predicted.mfu:.1%} "
                                "MFU)") for line in lines)
     assert lines[-1] == "  " + FITS
 
@@ -305,7 +302,7 @@ def test_the_expert_axis_splits_the_experts_and_every_other_parameters_embed_dim
     whole = planner.plan(dataclasses.replace(cfg, mesh=MeshConfig(data=4, fsdp=2)))
     splittable = sum(param_counts(cfg.model).values()) - 2 * 8              # less 2 MoE layers' router bias
     assert whole.per_device["params"] - split.per_device["params"] == 4 * (splittable // 2 - splittable // 8)
-    assert split.mesh == {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+    assert split.mesh == Mesh(data=1, fsdp=2, expert=4, tensor=1)
 
 
 def test_an_moe_layer_holds_its_dispatch_buffers_in_the_backward_pass_and_moves_them_by_all_to_all():
@@ -313,33 +310,33 @@ def test_an_moe_layer_holds_its_dispatch_buffers_in_the_backward_pass_and_moves_
     m, n, D, bf16 = cfg.model, 128, 256, 2
     # A device's 128 tokens x top-2 into 8 experts' buffers of C = ceil(1.25 x 128 x 2 / 8) = 40 rows.
     rows = 8 * 40
-    assert planner.moe_rows(m, n, expert=4) == rows
-    assert planner.moe_rows(dataclasses.replace(m, moe_capacity_factor=0.0), n, expert=1) == n * 2  # dropless
-    assert planner.moe_rows(dataclasses.replace(m, moe_capacity_factor=0.0), n, expert=4) == 8 * n   # C = n
-    buffers = planner.moe_buffers(m, n, tensor=1, expert=4)
+    assert shards.moe_rows(m, n, expert=4) == rows
+    assert shards.moe_rows(dataclasses.replace(m, moe_capacity_factor=0.0), n, expert=1) == n * 2  # dropless
+    assert shards.moe_rows(dataclasses.replace(m, moe_capacity_factor=0.0), n, expert=4) == 8 * n   # C = n
+    buffers = memory.moe_buffers(m, n, tensor=1, expert=4)
     assert buffers == {"logits": n * 8 * 4, "scores": n * 8 * 4, "sent": rows * D * bf16,
                        "received": rows * D * bf16, "gate": rows * 64 * bf16, "up": rows * 64 * bf16,
                        "act": rows * 64 * bf16, "down": rows * D * bf16, "returned": rows * D * bf16,
                        "combined": n * 2 * D * bf16}
-    assert planner.moe_buffers(m, n, tensor=1, expert=1)["received"] == 0             # no all-to-all
+    assert memory.moe_buffers(m, n, tensor=1, expert=1)["received"] == 0             # no all-to-all
     # Full remat keeps only each layer's input; recomputing an MoE layer holds its buffers and their
     # gradients, more than the larger dense layer's activations here.
-    kept, _ = planner.activation_bytes(m, 1, n, 1, expert=4)
+    kept, _ = memory.activation_bytes(m, 1, n, 1, expert=4)
     assert kept == 3 * n * D * bf16
-    moe_layer = n * sum(planner.layer_activations(m, 1, stack="moe_layers").values()) * bf16 + sum(
+    moe_layer = n * sum(memory.layer_activations(m, 1, stack="moe_layers").values()) * bf16 + sum(
         buffers.values())
-    assert planner.recompute_bytes(m, 1, n, 1, expert=4) == 2 * moe_layer
+    assert memory.recompute_bytes(m, 1, n, 1, expert=4) == 2 * moe_layer
     # Without remat an MoE layer keeps what its backward pass reads: the experts' input (what the all-to-all
     # received, in place of what was sent), gate, up, their product and SiLU's three (rows, Fe) arrays (6 in
     # all), not the buffers the all-to-alls move back.
     none = dataclasses.replace(m, remat="none")
-    kept_none = planner.activation_bytes(none, 1, n, 1, expert=4)[0]
-    assert kept_none == planner.activation_bytes(none, 1, n, 1, expert=1)[0]
+    kept_none = memory.activation_bytes(none, 1, n, 1, expert=4)[0]
+    assert kept_none == memory.activation_bytes(none, 1, n, 1, expert=1)[0]
     wider = dataclasses.replace(none, moe_mlp_dim=128)
-    assert planner.activation_bytes(wider, 1, n, 1, expert=4)[0] - kept_none == 2 * 6 * rows * 64 * bf16
+    assert memory.activation_bytes(wider, 1, n, 1, expert=4)[0] - kept_none == 2 * 6 * rows * 64 * bf16
     # Each MoE layer: to the experts and back, forward, backward and full remat's recompute.
-    assert planner.all_to_all_bytes(cfg, planner.plan(cfg).mesh, 1) == (rows * D * bf16, 2 * 6)
-    assert planner.all_to_all_bytes(cfg, {"data": 4, "fsdp": 2, "expert": 1, "tensor": 1}, 1) == (0, 0)
+    assert shards.all_to_all_bytes(cfg, planner.plan(cfg).mesh, 1) == (rows * D * bf16, 2 * 6)
+    assert shards.all_to_all_bytes(cfg, Mesh(data=4, fsdp=2, expert=1, tensor=1), 1) == (0, 0)
 
 
 def test_the_moe_layers_are_gathered_cast_and_optimized_as_a_layer_stack():
@@ -350,19 +347,19 @@ def test_the_moe_layers_are_gathered_cast_and_optimized_as_a_layer_stack():
     # No dense layer at all: FSDP still gathers one MoE layer (4 of its 8 experts' weights here) and XLA
     # casts the MoE stack to bfloat16 (its router, read in float32, excepted).
     layer = (4 * 256 * 256 + 2 * 256) + 256 * 8 + 8 + 3 * 2 * 256 * 64          # attention, router, 2 experts
-    assert planner.gathered_bytes(moe_only, mesh) == layer * 3 * 2     # this layer, its gradient, the next
+    assert memory.gathered_bytes(moe_only, mesh) == layer * 3 * 2     # this layer, its gradient, the next
     # Split over fsdp 2 x expert 4: attention and norms' embed 8 ways, the 8 experts 4 ways and their embed 2.
     stack = 2 * ((4 * 256 * 256 + 2 * 256) // 8 + 3 * 8 * 256 * 64 // 8)
     unembed = 256 * 1024 // 8
-    assert planner.cast_bytes(moe_only, mesh) == (stack + unembed) * 2
-    assert planner.optimizer_bytes(moe_only, mesh, 4, "adamw") == 2 * planner.param_bytes(moe_only, mesh, 4)
+    assert memory.cast_bytes(moe_only, mesh) == (stack + unembed) * 2
+    assert memory.optimizer_bytes(moe_only, mesh, 4, "adamw") == 2 * shards.param_bytes(moe_only, mesh, 4)
 
 
 def test_days_searches_layouts_and_the_flagship_is_its_fastest_on_the_smallest_slice():
     """DAYS=30: the fastest layout by the predicted step on the smallest v5p slice that does it, with its
     runner-up; the flagship's run file is that layout."""
     cfg = _flagship()
-    found = planner.smallest_slice(cfg, 30)
+    found = search.smallest_slice(cfg, 30)
     p = found.found
     assert p is not None and p.config.hardware.topology == "v5p:8x8x16" and p.days <= 30
     assert p.mesh == planner.plan(cfg).mesh and p.config.model.remat == cfg.model.remat
@@ -385,14 +382,14 @@ def test_days_searches_layouts_and_the_flagship_is_its_fastest_on_the_smallest_s
                   "per chip, data 1 x fsdp 128 x expert 8 x tensor 1, ")
     assert lines[-1].startswith(runner_row), lines[-1]
     # Only meshes along whole sides of the 8x8x16 torus: fsdp 512 x expert 2 would split one.
-    assert planner.whole_sides([8, 8, 16], [128, 8]) and planner.whole_sides([8, 8, 16], [16, 64])
-    assert not planner.whole_sides([8, 8, 16], [512, 2]) and not planner.whole_sides([16, 16], [64, 4])
+    assert tpu.whole_sides([8, 8, 16], [128, 8]) and tpu.whole_sides([8, 8, 16], [16, 64])
+    assert not tpu.whole_sides([8, 8, 16], [512, 2]) and not tpu.whole_sides([16, 16], [64, 4])
     # Every layout tried trades time for memory: none faster than the answer fits with the margin.
-    ranked, _ = planner._fastest_layouts(p.config, 1024)
+    ranked, _ = search._fastest_layouts(p.config, 1024)
     assert ranked[0].predicted.seconds == p.predicted.seconds
     # In 10 days no v5p slice: v5p-4096 needs 18.3, and a 1,024-sequence batch splits over v5p-8192's 4,096
     # chips only with tensor 4 or 8, no whole side of its 16x16x16 torus.
-    ten = planner.smallest_slice(cfg, 10)
+    ten = search.smallest_slice(cfg, 10)
     assert ten.found is None
     assert next(line for line in ten.render().splitlines() if line.startswith("  answer: ")).startswith(
         "  answer: none on TPU v5p: the largest v5p slice that can run it, v5p-4096 (2,048 chips), would "
@@ -438,7 +435,7 @@ def test_a_topology_takes_the_device_of_its_own_generation_only():
     """An H100 planned on "v5p:2x2x1", or a v5p on "v6e:2x2", planned one chip against another's slice; each
     TPU generation's topology now takes its own device and refuses every other, naming both."""
     for generation, (device, _) in TPU_GENERATIONS.items():
-        topology = f"{generation}:{planner.SLICES[generation][2][0]}"
+        topology = f"{generation}:{tpu.SLICES[generation][2][0]}"
         assert HardwareConfig(device=device, topology=topology).topology == topology
         for other in devices.DEVICES.keys() - {device}:
             with pytest.raises(ValueError, match=f"device='{other}' and topology='{topology}' "

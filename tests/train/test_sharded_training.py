@@ -13,7 +13,9 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from stages import train
     from stages.train import loop, sharding
-    from stages.train.configs import MeshConfig, ModelConfig, OptimizerConfig
+    from stages.train.mesh import MeshConfig
+    from stages.train.model_config import ModelConfig
+    from stages.train.optimizer_config import OptimizerConfig
 
     assert jax.device_count() == 8, jax.devices()
     m = ModelConfig(vocab_size=2048, d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, mlp_dim=1024,

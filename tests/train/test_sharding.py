@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stages.train import sharding
-from stages.train.configs import MeshConfig
+from stages.train.mesh import MeshConfig
 from tests.conftest import run_on_simulated_devices
 
 
@@ -77,7 +77,8 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from stages.train import model as M, sharding
-    from stages.train.configs import MeshConfig, ModelConfig
+    from stages.train.mesh import MeshConfig
+    from stages.train.model_config import ModelConfig
 
     assert jax.device_count() == 8, jax.devices()
 

@@ -14,8 +14,11 @@ import pytest
 from pipeline import cache
 from stages import train
 from stages.train import spec
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
 from stages.train.launch import LaunchConfig
+from stages.train.mesh import MeshConfig
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
+from stages.train.planning.hardware import HardwareConfig
 from stages.train.tracking import Tracking
 from tests.conftest import REPO
 

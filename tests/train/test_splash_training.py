@@ -21,7 +21,8 @@ from pipeline import cache
 from stages import train
 from stages.io import storage
 from stages.train import attention as attn
-from stages.train.configs import ModelConfig, OptimizerConfig
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
 from stages.train.stop import TrainingStopped
 from tests.train.test_loop import _write_shards
 

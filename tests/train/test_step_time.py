@@ -1,4 +1,5 @@
-"""The step-time model (stages/train/step_time.py) against hand computations, and its calibration rows."""
+"""The step-time model (stages/train/planning/step_time.py) against hand computations, and its calibration
+rows."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import os
 import pytest
 
 from benchmarks import step_time as bench
-from stages.train import devices, planner, step_time
-from stages.train.configs import HardwareConfig, MeshConfig, ModelConfig, OptimizerConfig
+from stages.train import model_config
+from stages.train.mesh import Mesh, MeshConfig
+from stages.train.model_config import ModelConfig
+from stages.train.optimizer_config import OptimizerConfig
+from stages.train.planning import devices, figures, planner, shards, step_time
+from stages.train.planning.hardware import HardwareConfig
 from stages.train.stage_config import Config
 
 MODEL = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, mlp_dim=512,
@@ -35,8 +40,8 @@ def test_matmul_flops_per_token_are_the_hand_counts():
     assert g["qkv"] == 2 * D * (4 + 2 * 2) * H * L and g["out"] == 2 * 4 * H * D * L
     assert g["mlp_in"] == 2 * 2 * D * F * L and g["mlp_out"] == 2 * D * F * L
     assert g["unembed"] == 2 * D * 1024 and g["router"] == g["experts_in"] == g["experts_out"] == 0
-    # Training FLOPs: 3x the forward matmuls and the causal attention = configs.flops_per_token.
-    from stages.train.configs import flops_per_token
+    # Training FLOPs: 3x the forward matmuls and the causal attention = model_config.flops_per_token.
+    from stages.train.model_config import flops_per_token
     attention = 2 * 512 * 4 * H * L
     assert 3 * (sum(g.values()) + attention) == flops_per_token(MODEL, 512)
 
@@ -86,8 +91,8 @@ def test_fsdp_hides_behind_compute_and_the_logits_all_reduce_does_not():
 def test_fsdp_bytes_are_each_layer_gathered_twice_and_reduce_scattered_once():
     cfg = _cfg()
     t = _predicted(cfg)
-    layer = sum(planner.shard_size(shape[1:], names[1:], {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
-                for name, (shape, names) in planner.param_layout(MODEL).items()
+    layer = sum(shards.shard_size(shape[1:], names[1:], Mesh())
+                for name, (shape, names) in model_config.param_layout(MODEL).items()
                 if name.startswith("layers.") and len(shape) >= 3)          # the matrices: norms stay whole
     device = devices.get("tpu-v5p")
     eff, _ = step_time.efficiency(device)
@@ -193,7 +198,7 @@ ENTRY %main (x: bf16[8,32]) -> bf16[8,32] {
 
 
 def test_hlo_collectives_count_loops_fusions_tuples_and_async_pairs():
-    from stages.train import hlo
+    from stages.train.planning import hlo
 
     cs = hlo.collectives(HLO)
     kinds = {(c.kind, c.shapes, c.group, c.count) for c in cs}
@@ -219,6 +224,6 @@ def test_a_plan_whose_loss_chunks_cost_a_tenth_of_the_step_says_what_one_chunk_w
     one = planner.plan(dataclasses.replace(p.config, loss_chunk=2_097_152))
     # 512 chunks of 4,096 rows a chip, all-reduced forward and backward, against its own 32,768 rows once.
     assert one.predicted.term("logits").exposed == pytest.approx(p.predicted.term("logits").exposed / 64)
-    assert f"predicts {planner._num(one.predicted.seconds)} s/step" in hint
+    assert f"predicts {figures.num(one.predicted.seconds)} s/step" in hint
     flagship = planner.plan(config.load([f"{REPO}/gin/600b.gin"]).stages["train"].config)
     assert "hint:" not in flagship.render()

@@ -19,8 +19,9 @@ import re
 import jax
 import jax.numpy as jnp
 
-from stages.train import hlo, loop, native, sharding
-from stages.train.configs import TPU_GENERATIONS, topology_chips
+from stages.train import loop, native, sharding
+from stages.train.planning import hlo
+from stages.train.planning.tpu import TPU_GENERATIONS, topology_chips
 
 # What libtpu says when a program does not fit a chip's HBM (two forms, sizes like "362.47G"):
 #   Ran out of memory in memory space hbm. Used 120.50G of 95.74G hbm. Exceeded hbm capacity by 24.76G.

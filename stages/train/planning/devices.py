@@ -11,8 +11,8 @@ type the chips come in, divided by its chips (Google Cloud: v4 ct4p-hightpu-4t 4
 2952 GB / 8): what remat policies that offload activations (`offload_*`) can fill. "cpu" is a rough
 stand-in for the host JAX exposes as one CPU device, so MFU stays finite in CPU runs: read it as an order
 of magnitude; its memory is the host's, so it has no separate host memory to offload to (0).
-HBM bandwidth (the step-time model's elementwise work, stages/train/step_time.py) is the vendors': v4 1.2
-TB/s, v5e 819 GB/s, v5p 2.77 TB/s, v6e 1.64 TB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s. The host link, which
+HBM bandwidth (the step-time model's elementwise work, step_time.py) is the vendors': v4 1.2 TB/s,
+v5e 819 GB/s, v5p 2.77 TB/s, v6e 1.64 TB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s. The host link, which
 offloaded activations cross, is assumed, not looked up: one PCIe 4.0 x16 link (32 GB/s) a TPU chip, one
 5.0 x16 (64 GB/s) an H100 or H200.
 """

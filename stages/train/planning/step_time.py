@@ -47,9 +47,9 @@ The model, per device and per step (every micro-batch of gradient accumulation):
 
 The efficiencies (`EFFICIENCY`, per platform) are constants of this model, set from published training
 throughputs and checked against others held out (benchmarks/step_time.py, benchmarks/RESULTS.md); the
-bandwidths are the vendors' (stages/train/devices.py). What it leaves out: stragglers, input pipelines,
-checkpointing, and compiler choices that differ from the rule above (XLA may fuse, reorder or overlap
-more or less than it says).
+bandwidths are the vendors' (devices.py). What it leaves out: stragglers, input pipelines, checkpointing,
+and compiler choices that differ from the rule above (XLA may fuse, reorder or overlap more or less than
+it says).
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stages.train import devices, hlo, shards
-from stages.train.configs import LAYER_STACKS, flops_per_token, param_layout
-from stages.train.shards import DTYPE_BYTES
+from stages.train.mesh import Mesh
+from stages.train.model_config import LAYER_STACKS, flops_per_token, param_layout
+from stages.train.planning import devices, hlo, shards
+from stages.train.planning.shards import DTYPE_BYTES
 
 FLASH_BACKWARD = 2.5     # a flash attention backward's FLOPs over its forward's (5 T x T matmuls to 2)
 # The matmul groups a remat policy recomputes in the backward pass (the down projections never: their
@@ -157,24 +158,24 @@ class StepTime:
         return ", ".join(out)
 
 
-def predict(cfg, mesh: dict[str, int], micro_batch: int, host_bytes: int) -> StepTime:
+def predict(cfg, mesh: Mesh, micro_batch: int, host_bytes: int) -> StepTime:
     """The predicted step of `cfg` (a stages.train.Config) on its hardware (see the module docstring), with
-    `mesh` (the whole mesh's sizes), `micro_batch` (sequences a device a micro-batch) and `host_bytes` (what
+    `mesh` (the whole mesh, a `Mesh`), `micro_batch` (sequences a device a micro-batch) and `host_bytes` (what
     an offload policy keeps in host memory a micro-batch) as `planner.plan` computes them: call that, whose
     `Plan.predicted` this is."""
     m = cfg.model
     device = devices.get(cfg.hardware.device)
     eff, _ = efficiency(device)
     accum = cfg.optimizer.grad_accum_steps
-    T, tensor = cfg.seq_len, mesh["tensor"]
+    T, tensor = cfg.seq_len, mesh.tensor
     tokens = micro_batch * T * accum                       # this device's tokens a step
-    recomputed = _recomputed(m, mesh["expert"])
+    recomputed = _recomputed(m, mesh.expert)
 
-    groups = matmul_flops(m, mesh["expert"], micro_batch * T)          # per token, forward, whole
+    groups = matmul_flops(m, mesh.expert, micro_batch * T)          # per token, forward, whole
     dense = sum(f * (3 + (g in recomputed)) for g, f in groups.items() if g != "experts_in" and
                 g != "experts_out") / tensor
     experts = (groups["experts_in"] * (3 + ("experts_in" in recomputed)) + groups["experts_out"] * 3) / tensor
-    dropless = m.n_experts and not (m.moe_capacity_factor or mesh["expert"] > 1)
+    dropless = m.n_experts and not (m.moe_capacity_factor or mesh.expert > 1)
     attention = 2 * T * m.n_heads * m.effective_head_dim * m.n_layers / tensor   # forward, per token
     attention *= 1 + FLASH_BACKWARD + ("attention" in recomputed)
     peak = device.peak_flops
@@ -213,7 +214,7 @@ def matmul_flops(m, expert: int, tokens: int) -> dict[str, float]:
     return out
 
 
-def memory_bytes_per_step(cfg, mesh: dict[str, int], micro_batch: int, recomputed=frozenset()) -> float:
+def memory_bytes_per_step(cfg, mesh: Mesh, micro_batch: int, recomputed=frozenset()) -> float:
     """HBM bytes a device reads and writes a step in work no matmul hides, in the compute dtype, per token
     and layer: two RMSNorms (read D, write D each), two residual sums (read 2D, write D each), RoPE on q and
     k (read and write (N + K) H), SwiGLU's product (read 2F, write F; an MoE layer's shared experts); an MoE
@@ -223,7 +224,7 @@ def memory_bytes_per_step(cfg, mesh: dict[str, int], micro_batch: int, recompute
     logits, their softmax, its gradient, the gradient in the compute dtype); the optimizer reads the
     parameters, gradients and two moments of this device's shard and writes three of them back, and the
     gradient accumulator is read and written once a micro-batch."""
-    m, tensor = cfg.model, mesh["tensor"]
+    m, tensor = cfg.model, mesh.tensor
     cdt = DTYPE_BYTES[m.dtype]
     D = m.d_model / (tensor if m.sequence_parallel else 1)
     heads = (m.n_heads + m.n_kv_heads) * m.effective_head_dim / tensor
@@ -235,7 +236,7 @@ def memory_bytes_per_step(cfg, mesh: dict[str, int], micro_batch: int, recompute
         F = m.effective_mlp_dim if stack == "layers" else m.n_shared_experts * m.effective_moe_mlp_dim
         layer = 10 * D + 3 * F / tensor + 2 * heads
         if stack == "moe_layers":
-            rows = shards.moe_rows(m, tokens, mesh["expert"]) / tokens        # expert rows a token
+            rows = shards.moe_rows(m, tokens, mesh.expert) / tokens        # expert rows a token
             k = m.n_experts_per_token
             layer += (3 * rows * m.d_model + 3 * rows * m.effective_moe_mlp_dim / tensor
                       + (2 * k + 1) * m.d_model)
@@ -266,7 +267,7 @@ class Collective:
         return self.elements * hlo.DTYPE_BYTES[self.dtype]
 
 
-def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]:
+def collectives(cfg, mesh: Mesh, micro_batch: int) -> list[Collective]:
     """The collectives of one step by the model, per device (tests compare them with a compiled step's):
 
     - fsdp: each layer's matmul weights, whole over fsdp (split over tensor and expert as trained),
@@ -281,13 +282,12 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
     m, accum, T = cfg.model, cfg.optimizer.grad_accum_steps, cfg.seq_len
     cdt, pdt = _HLO_DTYPE[m.dtype], _HLO_DTYPE[m.param_dtype]
     out = []
-    if mesh["fsdp"] * mesh["expert"] > 1:
+    if mesh.embed_shards > 1:
         for name, (shape, names), layers in _layer_matrices(m):
-            gathered = shards.gathered_mesh(shape[1:], names[1:], mesh)
-            dims = shards.shard_shape(shape[1:], names[1:], gathered)
+            dims = shards.gathered_shape(shape[1:], names[1:], mesh)
             if math.prod(dims) == shards.shard_size(shape[1:], names[1:], mesh):
                 continue                                   # its embed is not split: nothing to gather
-            axis = ",".join(a for a in ("fsdp", "expert") if gathered[a] != mesh[a])
+            axis = ",".join(shards.gathered_axes(shape[1:], names[1:], mesh))
             part = name.partition(".")[2]
             # What the compiled TPU step does (tests/train/test_aot.py): the router is read in float32
             # (stages/train/moe.py), so gathered and reduced in the parameters' dtype, and the routed experts'
@@ -300,24 +300,24 @@ def collectives(cfg, mesh: dict[str, int], micro_batch: int) -> list[Collective]
                                   gathers * layers * accum, axis, name))
             out.append(Collective("reduce-scatter", pdt if part == "router" or part.startswith("experts_")
                                   else cdt, dims, layers * accum, axis, name))
-    if mesh["fsdp"] > 1:
+    if mesh.fsdp > 1:
         tokens = micro_batch * T
         chunks = -(-cfg.global_batch // accum * T // cfg.loss_chunk)
-        vocab = m.vocab_size // mesh["tensor"] if m.vocab_size % mesh["tensor"] == 0 else m.vocab_size
+        vocab = m.vocab_size // mesh.tensor if m.vocab_size % mesh.tensor == 0 else m.vocab_size
         out.append(Collective("all-reduce", "f32", (min(cfg.loss_chunk, tokens), vocab), 2 * chunks * accum,
-                              "fsdp,expert" if mesh["expert"] > 1 else "fsdp", "logits"))
-    if mesh["tensor"] > 1:
+                              "fsdp,expert" if mesh.expert > 1 else "fsdp", "logits"))
+    if mesh.tensor > 1:
         # Forward: after the output projection and after the down projection; backward: their transposes
         # (before q, k, v and before gate, up); a remat that recomputes the output projection redoes its
         # all-reduce (the down projection is never recomputed).
-        again = "out" in _recomputed(m, mesh["expert"])
+        again = "out" in _recomputed(m, mesh.expert)
         out.append(Collective("all-reduce", cdt, (micro_batch, T, m.d_model),
                               m.n_layers * (4 + again) * accum, "tensor", "activations"))
     buffer, count = shards.all_to_all_bytes(cfg, mesh, micro_batch)
     if count:
-        rows = shards.moe_rows(m, micro_batch * T, mesh["expert"])
+        rows = shards.moe_rows(m, micro_batch * T, mesh.expert)
         out.append(Collective("all-to-all", cdt, (rows, m.d_model), count, "expert", "capacity buffers"))
-    if mesh["data"] > 1:
+    if mesh.data > 1:
         out.append(Collective("all-reduce", "f32", (shards.param_bytes(m, mesh, 1),), 1, "data",
                               "gradients"))
     return out
@@ -342,7 +342,7 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
     ici, dcn = device.ici_bytes_per_s * eff.ici, device.dcn_bytes_per_s * eff.dcn
     by_what = collectives(cfg, mesh, micro_batch)
     out = []
-    fsdp, dcn_fsdp = mesh["fsdp"], cfg.mesh.dcn_fsdp
+    fsdp, dcn_fsdp = mesh.fsdp, cfg.mesh.dcn_fsdp
     layered = [c for c in by_what if c.axis.startswith("fsdp") and c.what != "logits"
                or c.axis == "expert" and c.kind != "all-to-all"]
     if layered:
@@ -353,19 +353,19 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
         for stack, layers in (("layers", m.n_layers - m.n_moe_layers), ("moe_layers", m.n_moe_layers)):
             seconds = 0.0
             for c in (c for c in layered if c.what.startswith(f"{stack}.")):
-                group = math.prod(mesh[a] for a in c.axis.split(","))
+                group = mesh.product(c.axis.split(","))
                 ring = group // dcn_fsdp
                 seconds += c.bytes * c.count / (layers * accum) * ((ring - 1) / ring / ici
                                                                    + (dcn_fsdp - 1) / group / dcn)
             alone += layers * accum * seconds
             hidden += layers * accum * max(0.0, seconds - per_layer_compute)
-        over = f"fsdp {fsdp}" + (f" (x expert {mesh['expert']} for all but the experts)" if mesh["expert"] > 1
+        over = f"fsdp {fsdp}" + (f" (x expert {mesh.expert} for all but the experts)" if mesh.expert > 1
                                  else "")
         out.append(Term(f"fsdp all-gathers and reduce-scatters over {over}", alone, hidden,
                         "prefetched behind the previous layer's compute"))
 
     for c in by_what:
-        group = math.prod(mesh[a] for a in c.axis.split(","))
+        group = mesh.product(c.axis.split(","))
         if c.what == "logits" or c.axis == "tensor":
             seconds = c.bytes * c.count * 2 * (group - 1) / group / ici
             out.append(Term(f"{c.what}' all-reduce over {c.axis.replace(',', ' x ')} {group}"

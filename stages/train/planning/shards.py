@@ -1,5 +1,5 @@
-"""How big one device's share of a training config's arrays is (no JAX): the sizes both the memory planner
-(stages/train/planner.py) and the step-time model (stages/train/step_time.py) count from.
+"""How big one device's share of a training config's arrays is (no JAX): the sizes both the memory model
+(memory.py) and the step-time model (step_time.py) count from.
 
     shards.shard_size(shape, names, mesh)      # elements of one device's shard of an array
     shards.param_bytes(model_config, mesh, 4)  # every parameter's shard, in bytes
@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import math
 
-from stages.train.configs import ModelConfig, mesh_axes, param_layout
+from stages.train.mesh import Mesh, mesh_axes
+from stages.train.model_config import ModelConfig, param_layout
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def param_bytes(m: ModelConfig, mesh: dict[str, int], dtype_bytes: int) -> int:
+def param_bytes(m: ModelConfig, mesh: Mesh, dtype_bytes: int) -> int:
     """Bytes of one device's shards of every parameter (a dimension a mesh axis does not divide stays
     replicated over it, as in training)."""
     return sum(shard_size(shape, names, mesh) * dtype_bytes for shape, names in param_layout(m).values())
@@ -35,16 +36,16 @@ def moe_rows(m: ModelConfig, tokens: int, expert: int) -> int:
     return E * min(tokens, max(1, math.ceil(m.moe_capacity_factor * tokens * k / E)))
 
 
-def all_to_all_bytes(cfg, mesh: dict[str, int], micro_batch: int) -> tuple[int, int]:
+def all_to_all_bytes(cfg, mesh: Mesh, micro_batch: int) -> tuple[int, int]:
     """(bytes of one all-to-all's buffer on one device, all-to-alls per step) of an MoE model whose experts
     are split over an expert axis (0, 0 without one): each MoE layer sends its (E, C, D) capacity buffer to
     the experts' devices and gets their outputs back the same way, in the compute dtype, for each
     micro-batch: twice forward, twice backward (the transposes), and twice more where a remat policy
     recomputes the layer's forward pass."""
     m = cfg.model
-    if not m.n_experts or mesh["expert"] == 1:
+    if not m.n_experts or mesh.expert == 1:
         return 0, 0
-    buffer = moe_rows(m, micro_batch * cfg.seq_len, mesh["expert"]) * m.d_model * DTYPE_BYTES[m.dtype]
+    buffer = moe_rows(m, micro_batch * cfg.seq_len, mesh.expert) * m.d_model * DTYPE_BYTES[m.dtype]
     passes = 2 + 2 + (0 if m.remat == "none" else 2)
     return buffer, m.n_moe_layers * cfg.optimizer.grad_accum_steps * passes
 
@@ -55,26 +56,40 @@ def capacity_path(m: ModelConfig, expert: int) -> bool:
     return bool(m.moe_capacity_factor) or expert > 1
 
 
-def gathered_mesh(shape, names, mesh: dict[str, int]) -> dict[str, int]:
-    """`mesh` as FSDP sees an array of `shape` and logical `names` once gathered for a layer's compute: the
-    axes its embed dimension is split over (fsdp, and expert for all but the experts) taken as 1."""
+def gathered_axes(shape, names, mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes FSDP gathers an array of `shape` and logical `names` over for a layer's compute: those
+    of more than one device its embed dimension is split over (fsdp, and expert for all but the experts)."""
+    return _gathered(tuple(shape), tuple(names), mesh.shape)[0]
+
+
+def gathered_shape(shape, names, mesh: Mesh) -> tuple[int, ...]:
+    """The dimensions of one device's part of an array of `shape` and logical `names` once FSDP gathered it
+    for a layer's compute (`gathered_axes` taken as 1; still split over tensor, and the experts over
+    expert)."""
+    return _gathered(tuple(shape), tuple(names), mesh.shape)[1]
+
+
+@functools.lru_cache(maxsize=65536)
+def _gathered(shape, names, mesh_shape) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    mesh = Mesh.from_shape(mesh_shape)
     axes = mesh_axes(names, shape, mesh)
     embed = next((a for n, a in zip(names, axes) if n == "embed"), ())
-    return dict(mesh, **dict.fromkeys(embed, 1))
+    over = tuple(a for a in embed if mesh.size(a) > 1)
+    return over, shard_shape(shape, names, mesh.without(over))
 
 
-def shard_size(shape, names, mesh: dict[str, int]) -> int:
+def shard_size(shape, names, mesh: Mesh) -> int:
     """Elements of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
     return math.prod(shard_shape(shape, names, mesh))
 
 
-def shard_shape(shape, names, mesh: dict[str, int]) -> tuple[int, ...]:
+def shard_shape(shape, names, mesh: Mesh) -> tuple[int, ...]:
     """The dimensions of one device's shard of an array of `shape` with logical axes `names` on `mesh`."""
-    return _shard_shape(tuple(shape), tuple(names), tuple(mesh.items()))
+    return _shard_shape(tuple(shape), tuple(names), mesh.shape)
 
 
 @functools.lru_cache(maxsize=65536)
-def _shard_shape(shape, names, mesh_items) -> tuple[int, ...]:   # a layout search plans thousands of meshes
-    mesh = dict(mesh_items)
+def _shard_shape(shape, names, mesh_shape) -> tuple[int, ...]:   # a layout search plans thousands of meshes
+    mesh = Mesh.from_shape(mesh_shape)
     axes = mesh_axes(names, shape, mesh)
-    return tuple(dim // math.prod(mesh[a] for a in dim_axes) for dim, dim_axes in zip(shape, axes))
+    return tuple(dim // mesh.product(dim_axes) for dim, dim_axes in zip(shape, axes))
