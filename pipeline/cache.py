@@ -50,10 +50,9 @@ from typing import Any
 
 from pipeline import lease, provenance
 from stages.io import storage
-from stages.io.committed import Committed
+from stages.io.committed import MANIFEST, Committed
 
 log = logging.getLogger(__name__)
-MANIFEST = "_SUCCESS.json"
 LIBRARIES = ("apache-beam", "sentencepiece", "pyarrow", "numpy", "jax", "flax", "optax",
              "orbax-checkpoint", "luigi", "gin-config", "gcsfs")
 

@@ -378,9 +378,9 @@ def committed(path: str, stage: str):
     """A `Committed` for a stage output directory: a key directory (its `_SUCCESS.json` names the attempt
     and its files) or an attempt directory itself (its files as listed)."""
     from stages.io import storage
-    from stages.io.committed import Committed
+    from stages.io.committed import MANIFEST, Committed
 
-    manifest_path = storage.join(path, "_SUCCESS.json")
+    manifest_path = storage.join(path, MANIFEST)
     if storage.exists(manifest_path):
         manifest = storage.read_json(manifest_path)
         return Committed(stage, os.path.basename(path.rstrip("/")), storage.join(path, manifest["attempt"]),
