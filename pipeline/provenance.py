@@ -120,7 +120,8 @@ def _git(*args: str) -> str | None:
 
 
 def source_hash(files: Mapping[str, str]) -> str:
-    """The hash of a source: sha256 of its files' paths and hashes, canonical JSON."""
+    """The hash of a {path: hash} map, sha256 of its canonical JSON: a stage's source (its files' hashes
+    here), and an output's digest in tests/stage_digests.py."""
     return hashlib.sha256(json.dumps(dict(sorted(files.items())), separators=(",", ":")).encode()).hexdigest()
 
 

@@ -65,13 +65,13 @@ import tempfile
 from importlib import metadata as importlib_metadata
 
 from pipeline import dag
+from pipeline.provenance import FILE_HASH_CHARS, source_hash
 from stages.io import storage
 from stages.io.committed import Committed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(REPO, "tests", "data", "stage_digests.json")
 RECORD = ".venv/bin/python -m tests.stage_digests --record"
-FILE_HASH_CHARS = 16
 
 # Run-specific fields of a JSON object, at any depth: the clock and the rates measured with it.
 TIMING_KEYS = frozenset({"time", "tokens_per_s", "step_time_s", "compile_and_first_step_s", "mfu"})
@@ -116,15 +116,11 @@ class Digest:
 
     @property
     def digest(self) -> str:
-        return _combine(self.files)
+        return source_hash(self.files)
 
     @property
     def numerics_digest(self) -> str:
-        return _combine(self.numerics) if self.numerics else ""
-
-
-def _combine(files: dict[str, str]) -> str:
-    return hashlib.sha256(json.dumps(dict(sorted(files.items())), separators=(",", ":")).encode()).hexdigest()
+        return source_hash(self.numerics) if self.numerics else ""
 
 
 def _short(data: bytes) -> str:
