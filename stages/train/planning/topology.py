@@ -310,23 +310,24 @@ def group(g: Grid, order: Order, axes: Sequence[str]) -> Group:
 _SEARCHED_GROUPS = (("data",), ("fsdp",), ("expert",), ("tensor",), ("fsdp", "expert"))
 
 
-def orders(g: Grid, sizes: Sequence[int]) -> list[Order]:
-    """Device orders a layout search tries for a mesh of `sizes`: jax's (where it has one), and each way
-    of laying the busiest axis (expert, else tensor) as a contiguous block of sides dividing the grid's
-    (a ring, a plane, a block), innermost, the other axes then taking whole remaining extents as jax
-    does; one order per distinct set of group shapes."""
+def order_choices(g: Grid, sizes: Sequence[int]) -> list[str]:
+    """The device orders a layout search tries for a mesh of `sizes` (per slice), as
+    train.MeshConfig.device_order strings: "" (jax's placement, where it has one without splitting a side),
+    then each way of laying the busiest axis (expert, else tensor) as a contiguous block dividing the
+    grid's sides (a ring, a plane, a block), innermost, the other axes taking whole remaining extents as
+    jax does (tensor first); one order per distinct set of group shapes."""
     named = dict(zip(AXES, sizes))
     busiest = next((a for a in ("expert", "tensor") if named[a] > 1), None)
     out, seen = [], set()
 
-    def add(order):
-        key = tuple(sorted(group(g, order, axes).describe() for axes in _SEARCHED_GROUPS))
+    def add(text: str, order: Order) -> None:
+        key = tuple(group(g, order, axes).describe() for axes in _SEARCHED_GROUPS)
         if key not in seen:
             seen.add(key)
-            out.append(order)
+            out.append(text)
 
     if (first := default_order(g, sizes)) is not None:
-        add(first)
+        add("", first)
     if busiest is None:
         return out
     size = named[busiest]
@@ -339,12 +340,12 @@ def orders(g: Grid, sizes: Sequence[int]) -> list[Order]:
             if axis == busiest:
                 continue
             pick = next((c for k in range(3, 0, -1) for c in itertools.combinations(range(3), k)
-                         if math.prod(free[i] for i in c) == named[axis]), None)
-            if pick is None and named[axis] > 1:
+                         if math.prod(free[i] for i in c) == named[axis]), ())
+            if not pick and named[axis] > 1:
                 break
-            extents[axis] = tuple(free[i] if pick and i in pick else 1 for i in range(3))
-            free = [1 if pick and i in pick else n for i, n in enumerate(free)]
+            extents[axis] = tuple(free[i] if i in pick else 1 for i in range(3))
+            free = [1 if i in pick else n for i, n in enumerate(free)]
         else:
-            listed = tuple(a for a in AXES if a != busiest) + (busiest,)
-            add(Order({a: extents[a] for a in AXES}, listed))
+            order = Order({a: extents[a] for a in AXES}, tuple(a for a in AXES if a != busiest) + (busiest,))
+            add(order.describe(), order)
     return out
