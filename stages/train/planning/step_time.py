@@ -113,11 +113,11 @@ class Efficiency:
 # file there says which constant it sets; `python -m benchmarks.step_time --calibrate` refits them); every
 # other row is held out (the H100's grouped figure is the TPUs': no published GPU MoE row here). The rest
 # are assumed, neither fitted nor measured here: attention kernels at 70% of the dense matmuls' rate,
-# elementwise work at 70% of HBM bandwidth, collectives at 70% of the ICI figure of devices.py (a port's
-# each way on a placed TPU slice, `Links`; 40% of
-# NVLink's bidirectional 900 GB/s, a ring's one direction less its overhead), host offload at 70% of the
-# host link. No published row here exposes its collectives, so none of these has been checked against a
-# throughput. A device without a row of its own borrows its platform's (`efficiency`); the plan says so.
+# elementwise work at 70% of HBM bandwidth, collectives at 70% of the ICI figure of devices.py (on a TPU
+# slice with a topology, of one port's rate each way, `Links`; 40% of NVLink's bidirectional 900 GB/s, a
+# ring's one direction less its overhead), host offload at 70% of the host link. No published row here
+# exposes its collectives, so none of these has been checked against a throughput. A device without a row
+# of its own borrows its platform's (`efficiency`); the plan says so.
 EFFICIENCY = {
     "tpu-v5p": Efficiency(matmul=0.840, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
     "tpu-v6e": Efficiency(matmul=0.659, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
@@ -426,7 +426,8 @@ class Links:
     beyond the bisection bound)."""
 
     device: devices.Device
-    rate: float                         # bytes/s: a port each way x eff.ici (placed), else the whole ICI x it
+    whole: float                        # bytes/s: the chip's whole ICI figure x eff.ici
+    port: float = 0.0                   # bytes/s: one port each way x eff.ici (placed)
     grid: object = None                 # topology.Grid, or None: not placed
     order: object = None                # topology.Order
     explicit: bool = False              # the order is train.MeshConfig.device_order's, not jax's
@@ -449,7 +450,7 @@ class Links:
         order = topology.device_order(g, sizes, text)
         if order is None:
             return whole
-        return cls(device, device.ici_port_bytes_per_s * eff.ici, g, order, bool(text))
+        return cls(device, whole.whole, device.ici_port_bytes_per_s * eff.ici, g, order, bool(text))
 
     def describe(self) -> str:
         """"device order fsdp:8x8x1,expert:1x1x16 on v5p:8x8x16 (8x8x16, every side wrapped; jax's
@@ -469,15 +470,15 @@ class Links:
         rate each way (placed), else the whole ICI rate."""
         g = self.group(axes)
         if g is None or g.chips <= 1:
-            return self.rate
-        return g.ring_ports * self.rate
+            return self.whole
+        return g.ring_ports * self.port
 
     def all_to_all(self, nbytes: float, chips: int) -> float:
         """Seconds for an all-to-all of `nbytes` a device among `chips` (the expert axis)."""
         g = self.group(("expert",))
-        if g is None or g.chips != chips:
-            return nbytes * (chips - 1) / chips / self.rate * all_to_all_hops(self.device, chips)
-        return g.all_to_all_time(nbytes, self.rate)
+        if g is None or g.chips != chips:        # not placed, or the axis also crosses slices
+            return nbytes * (chips - 1) / chips / self.whole * all_to_all_hops(self.device, chips)
+        return g.all_to_all_time(nbytes, self.port)
 
     def says(self, axes) -> str:
         """"; expert 16 as 1x1x16 (a ring along z, wrapped): 4.27 hops, 2 ports" ("" when not placed)."""
