@@ -73,10 +73,13 @@ MOE = ("train.ModelConfig.n_experts=8", "train.ModelConfig.n_experts_per_token=2
 
 
 @pytest.mark.parametrize("mesh", ["train.MeshConfig.expert=2 train.MeshConfig.fsdp=2",
+                                  "train.MeshConfig.expert=2 train.MeshConfig.fsdp=2 "
+                                  'train.MeshConfig.device_order="fsdp:2x1x1,expert:1x2x1"',
                                   "train.MeshConfig.fsdp=4"])
 def test_the_moe_train_step_compiles_for_a_tpu_topology(mesh):
     """The mixture-of-experts train step compiled by the TPU compiler: with an expert axis (all-to-all of
-    the capacity buffers inside shard_map) and without (dropless, the Pallas megablox grouped matmul)."""
+    the capacity buffers inside shard_map), also laid in a device order other than jax's (expert along y,
+    where jax puts it along x), and without (dropless, the Pallas megablox grouped matmul)."""
     cfg = _tiny(*MOE, *mesh.split())
     compiled = []
     figures = aot.compile_train_step(cfg, collectives=compiled)
