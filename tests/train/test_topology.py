@@ -91,7 +91,7 @@ def test_a_device_order_that_does_not_tile_the_grid_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"along z multiply to 32, but v5p:8x8x16's side there is 16"):
         topology.parse_order("fsdp:8x8x2,expert:1x1x16", V5P, (1, 128, 16, 1))
     with pytest.raises(ValueError, match=r"does not place the expert axis of 16 chips"):
-        topology.parse_order("fsdp:8x8x16", V5P, SIZES)
+        topology.parse_order("fsdp:8x8x1", V5P, SIZES)
 
 
 def test_the_search_tries_the_ring_the_plane_and_the_block():
