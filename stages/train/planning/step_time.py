@@ -120,7 +120,7 @@ class Efficiency:
 # of its own borrows its platform's (`efficiency`); the plan says so.
 EFFICIENCY = {
     "tpu-v5p": Efficiency(matmul=0.840, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
-    "tpu-v6e": Efficiency(matmul=0.659, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
+    "tpu-v6e": Efficiency(matmul=0.681, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
     "h100": Efficiency(matmul=0.634, grouped=0.797, attention=0.7, memory=0.7, ici=0.4, dcn=0.7, host=0.7),
     "cpu": Efficiency(matmul=0.5, grouped=0.6, attention=0.6, memory=0.5, ici=0.5, dcn=0.5, host=0.5),
 }
