@@ -103,7 +103,6 @@ class Plan:
             f"micro-batch {self.micro_batch} x {cfg.seq_len} tokens per device "
             f"(x {cfg.optimizer.grad_accum_steps} accumulated); remat {m.remat}; "
             f"{m.dtype} compute, {m.param_dtype} params; attention {m.attention_impl}",
-            *_order_row(self),
             _render_memory(self.per_device) + f" = {gib(self.per_device['total'])} of "
             f"{gib(self.budget)} usable ({HEADROOM:.0%} of {gib(self.device.hbm_bytes)})",
         ]
@@ -115,6 +114,7 @@ class Plan:
         elif m.remat.startswith(OFFLOAD):
             rows.append(f"  host memory: {self.device.label} has none to offload to; remat {m.remat} runs "
                         f"as {m.remat.removeprefix(OFFLOAD)} (training logs the same)")
+        rows += _order_row(self)
         if moved := self.all_to_all_row():
             rows.append(moved)
         rows += self.time_rows()
