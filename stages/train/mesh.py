@@ -169,7 +169,9 @@ class MeshConfig:
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
     dcn_expert: int = 1
-    device_order: str = ""  # "": jax's placement; else "axis:XxYxZ,..." on the topology's grid (above)
+    # "": jax's placement; else "axis:XxYxZ,..." on the topology's grid (above). Where the chips sit, not
+    # what they compute: not part of the train stage's cache key (as train.HardwareConfig is not).
+    device_order: str = dataclasses.field(default="", metadata={"key": False})
 
     def __post_init__(self):
         for name in AXES:
