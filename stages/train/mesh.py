@@ -151,6 +151,14 @@ class MeshConfig:
     data 2 x fsdp 4 x expert 1 x tensor 1, data crossing the slices and fsdp within each. Put the DCN split
     on data: it crosses the slow network once per step (the gradient reduction), fsdp, expert and tensor
     every layer. With every dcn_* = 1 (the default) there is one slice and the sizes are the whole mesh's.
+
+    device_order says where each axis lies on a TPU slice's chip grid (train.HardwareConfig.topology), per
+    axis its extent along each side, x by y by z: "fsdp:8x8x1,expert:1x1x16" on v5p:8x8x16 lays each
+    expert group as a ring along the 16-long side, "fsdp:2x2x16,expert:4x4x1" as a 4x4 plane,
+    "fsdp:4x4x4,expert:2x2x4" as a 2x2x4 block (stages/train/planning/topology.py: the format, and what
+    each shape costs a collective). "" (the default) is jax's own placement (the torus rule of its
+    create_device_mesh; for fsdp 64 x expert 16 on 8x8x16 that is the ring). `sharding.make_mesh` builds an
+    explicit order from the devices' coordinates, one slice's; the planner charges collectives by it.
     """
 
     data: int = -1         # -1: all of a slice's devices that fsdp, expert and tensor leave
@@ -161,6 +169,9 @@ class MeshConfig:
     dcn_fsdp: int = 1
     dcn_tensor: int = 1
     dcn_expert: int = 1
+    # "": jax's placement; else "axis:XxYxZ,..." on the topology's grid (above). Where the chips sit, not
+    # what they compute: not part of the train stage's cache key (as train.HardwareConfig is not).
+    device_order: str = dataclasses.field(default="", metadata={"key": False})
 
     def __post_init__(self):
         for name in AXES:

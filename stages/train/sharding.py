@@ -30,6 +30,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec
 
 from stages.train.mesh import AXES, BATCH_AXES, Mesh, MeshConfig, mesh_axes
+from stages.train.planning import topology
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,16 @@ def make_mesh(cfg: MeshConfig, devices=None):
     compile-only devices) are grouped by it with `mesh_utils.create_hybrid_device_mesh`; devices without it
     (CPU and GPU, like the simulated devices in tests) are split in order into `num_slices` contiguous
     groups that stand for the slices, so the same config gives the same layout.
+
+    `cfg.device_order` (one slice's; "" is jax's placement, the code below) is built exactly on devices
+    that carry `coords` (a TPU slice's, or an AOT topology's compile-only devices): the device at each mesh
+    index is the one at `topology.coords` of it. Devices without coordinates (CPU, GPU) ignore it.
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = cfg.shape(len(devices))                           # whole mesh: ici x dcn per axis
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+    if (grid := _placed(cfg, devices)) is not None:
+        return jax.sharding.Mesh(grid, AXES, axis_types=auto)
     found = _slices_in(devices)
     if found is not None and found != cfg.num_slices:
         raise ValueError(f"the {len(devices)} devices are in {found} slices, but MeshConfig "
@@ -70,6 +77,31 @@ def make_mesh(cfg: MeshConfig, devices=None):
     else:
         grid = _contiguous_slices(devices, ici, cfg.dcn_shape)
     return jax.sharding.Mesh(grid, AXES, axis_types=auto)
+
+
+def _placed(cfg: MeshConfig, devices) -> np.ndarray | None:
+    """`devices` as the (data, fsdp, expert, tensor) array `cfg.device_order` plans, by their coordinates;
+    None for jax's placement ("") or devices without coordinates; ValueError for an order over several
+    slices (an order names one slice's grid) or one that does not tile these devices' grid."""
+    if not cfg.device_order or not all(hasattr(d, "coords") for d in devices):
+        return None
+    if cfg.num_slices > 1:
+        raise ValueError(f"MeshConfig.device_order={cfg.device_order!r} places one slice's grid; with "
+                         f"{cfg.num_slices} slices ({cfg.describe_dcn()}) leave it \"\" (jax's placement)")
+    low = [min(d.coords[i] for d in devices) for i in range(3)]
+    at = {tuple(c - m for c, m in zip(d.coords[:3], low)): d for d in devices}
+    sides = tuple(max(xyz[i] for xyz in at) + 1 for i in range(3))
+    if len(at) != len(devices) or math.prod(sides) != len(devices):
+        raise ValueError(f"the {len(devices)} devices are not one chip each of a {sides} grid (a megacore "
+                         "TPU's devices are; MeshConfig.device_order needs that)")
+    named = "x".join(map(str, sides))
+    grid = topology.Grid(f"the devices' grid {named}", sides, (False,) * 3)   # wraps: no part of the order
+    sizes = cfg.ici_shape(len(devices))
+    order = topology.parse_order(cfg.device_order, grid, sizes)
+    out = np.empty(sizes, dtype=object)
+    for index in np.ndindex(*sizes):
+        out[index] = at[topology.coords(grid, order, index)]
+    return out
 
 
 def _warn_split(shape, error) -> None:

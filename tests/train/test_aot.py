@@ -5,6 +5,7 @@
 
 import collections
 import dataclasses
+import itertools
 import math
 
 import jax
@@ -14,7 +15,7 @@ import pytest
 from pipeline import config
 from stages.train import attention, moe, sharding
 from stages.train.mesh import MeshConfig
-from stages.train.planning import aot, hlo, planner, step_time
+from stages.train.planning import aot, hlo, planner, step_time, topology
 from tests.conftest import REPO
 
 TOPOLOGY = "v5p:2x2x1"        # 4 chips: the smallest v5p slice
@@ -72,10 +73,13 @@ MOE = ("train.ModelConfig.n_experts=8", "train.ModelConfig.n_experts_per_token=2
 
 
 @pytest.mark.parametrize("mesh", ["train.MeshConfig.expert=2 train.MeshConfig.fsdp=2",
+                                  "train.MeshConfig.expert=2 train.MeshConfig.fsdp=2 "
+                                  'train.MeshConfig.device_order="fsdp:2x1x1,expert:1x2x1"',
                                   "train.MeshConfig.fsdp=4"])
 def test_the_moe_train_step_compiles_for_a_tpu_topology(mesh):
     """The mixture-of-experts train step compiled by the TPU compiler: with an expert axis (all-to-all of
-    the capacity buffers inside shard_map) and without (dropless, the Pallas megablox grouped matmul)."""
+    the capacity buffers inside shard_map), also laid in a device order other than jax's (expert along y,
+    where jax puts it along x), and without (dropless, the Pallas megablox grouped matmul)."""
     cfg = _tiny(*MOE, *mesh.split())
     compiled = []
     figures = aot.compile_train_step(cfg, collectives=compiled)
@@ -133,3 +137,30 @@ def _the_model_names_the_compiled_collectives(cfg, compiled: list[hlo.Collective
     assert {k: got[k] for k in want} == dict(want), [c for c in compiled if c.count]
     # Each array, count and dtype equal, so are the bytes of each kind the model names.
     assert any(c.kind == "all-gather" for c in model)
+
+
+@pytest.mark.parametrize("order, shape", [("", (1, 1, 16)), ("fsdp:8x8x1,expert:1x1x16", (1, 1, 16)),
+                                          ("fsdp:2x2x16,expert:4x4x1", (4, 4, 1)),
+                                          ("fsdp:4x4x4,expert:2x2x4", (2, 2, 4))])
+def test_make_mesh_lays_the_planned_device_order_on_a_topologys_chips(order, shape):
+    """On v5p:8x8x16's compile-only devices (they carry `coords`) every mesh position holds the chip the
+    order plans ("" : jax's own placement, which topology.default_order describes), and an expert group's
+    hops and ports read from those chips' coordinates are the planner's."""
+    devices = aot._topology_devices("v5p:8x8x16")
+    cfg = MeshConfig(fsdp=64, expert=16, device_order=order)
+    mesh = sharding.make_mesh(cfg, devices=devices)
+    grid = topology.grid("v5p:8x8x16")
+    planned = topology.device_order(grid, (1, 64, 16, 1), order)
+    for index in itertools.product(range(1), range(64), range(16), range(1)):
+        assert tuple(mesh.devices[index].coords) == topology.coords(grid, planned, index), index
+    group = [tuple(d.coords) for d in mesh.devices[0, 5, :, 0]]          # one expert group's 16 chips
+    spans = tuple(len({c[i] for c in group}) for i in range(3))
+    assert spans == shape
+    placed = topology.group(grid, planned, ("expert",))
+    assert placed.shape == shape
+    wrapped = [grid.wraps[i] and spans[i] == grid.sides[i] for i in range(3)]
+    pairs = [(a, b) for a in group for b in group if a != b]
+    hops = sum(min(abs(a[i] - b[i]), 8 * (1 + (i == 2)) - abs(a[i] - b[i])) if wrapped[i] else
+               abs(a[i] - b[i]) for a, b in pairs for i in range(3)) / len(pairs)
+    assert placed.hops == pytest.approx(hops)
+    assert placed.ring_ports == sum((2 if wrapped[i] else 1) for i in range(3) if spans[i] > 1)

@@ -34,7 +34,7 @@ def advice(failed: Plan, replan: Callable[[object], Plan | None]) -> str:
     tries = []
     f = fsdp * 2
     while data * fsdp % f == 0 and f <= data * fsdp:
-        wider = dataclasses.replace(mesh, fsdp=f, data=-1)
+        wider = dataclasses.replace(mesh, fsdp=f, data=-1, device_order="")
         tries.append((f"train.MeshConfig.fsdp={f}", dataclasses.replace(cfg, mesh=wider)))
         f *= 2
 
@@ -65,7 +65,7 @@ def advice(failed: Plan, replan: Callable[[object], Plan | None]) -> str:
     n = data * fsdp * tensor
     for t in (d for d in power_of_two_divisors(n) if d >= tensor):
         for f in power_of_two_divisors(n // t):
-            layout = dataclasses.replace(mesh, data=-1, fsdp=f, tensor=t)
+            layout = dataclasses.replace(mesh, data=-1, fsdp=f, tensor=t, device_order="")
             p = replan(dataclasses.replace(cfg, mesh=layout))
             if p is not None and p.fits:
                 return (f"It would fit with train.MeshConfig.fsdp={f} train.MeshConfig.tensor={t} "
@@ -107,5 +107,5 @@ def _unsplit_tries(failed: Plan) -> tuple[list, list]:
         for s in (d for d in reversed(power_of_two_divisors(hw.num_slices)) if d < hw.num_slices):
             last.append((f"train.HardwareConfig.num_slices={s} train.MeshConfig.dcn_data={s}",
                          dataclasses.replace(cfg, hardware=dataclasses.replace(hw, num_slices=s),
-                                             mesh=dataclasses.replace(mesh, dcn_data=s))))
+                                             mesh=dataclasses.replace(mesh, dcn_data=s, device_order=""))))
     return first, last

@@ -15,6 +15,16 @@ HBM bandwidth (the step-time model's elementwise work, step_time.py) is the vend
 v5e 819 GB/s, v5p 2.77 TB/s, v6e 1.64 TB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s. The host link, which
 offloaded activations cross, is assumed, not looked up: one PCIe 4.0 x16 link (32 GB/s) a TPU chip, one
 5.0 x16 (64 GB/s) an H100 or H200.
+
+ICI (a TPU's inter-chip links) is the bidirectional total over all of a chip's ports, and a collective
+drives only the ports its group's sides give it (planning/topology.py), so the step-time model charges
+per port and direction: `ici_port_bytes_per_s` = ici_bytes_per_s / (2 x ici_ports). v5p: 1,200 GB/s
+bidirectional per chip (Cloud TPU's v5p page, "Bidirectional inter-chip interconnect (ICI) bandwidth per
+chip (GBps) 1200"), a 3D torus, so 6 ports: 100 GB/s a port each way. v6e: 800 GB/s bidirectional and
+"ICI ports per chip 4" (the v6e page), a 2D torus: 100 GB/s a port each way. v4 (300 GB/s, 6 ports: 25 GB/s)
+and v5e (400 GB/s, 4 ports: 50 GB/s) keep this table's totals, not checked again here; their port counts
+are their tori's (3D: 2 a side x 3, 2D: 2 x 2). NVLink (a switch, every GPU to every other) has no ports in
+this sense (0): a GPU's collectives use its whole NVLink figure.
 """
 
 from __future__ import annotations
@@ -39,17 +49,24 @@ class Device:
     hbm_bytes_per_s: float     # device memory bandwidth
     host_link_bytes_per_s: float   # host to device (PCIe) per chip, what offloaded activations cross
     kinds: tuple[str, ...]     # lower-case substrings of jax's `device_kind` that mean this device
+    ici_ports: int = 0         # a TPU chip's ICI ports (2 a side of its torus); 0: a switch (NVLink)
+
+    @property
+    def ici_port_bytes_per_s(self) -> float:
+        """One ICI port's bandwidth in one direction (the bidirectional total over 2 x ici_ports); a
+        switched device (no ports) has its whole figure."""
+        return self.ici_bytes_per_s / (2 * self.ici_ports) if self.ici_ports else self.ici_bytes_per_s
 
 
 DEVICES = {d.name: d for d in (
     Device("tpu-v4", "TPU v4", 32 * GiB, 275e12, 300 * GB, 25e9 / 8, 407 * GB // 4, 1228 * GB, 32 * GB,
-           ("tpu v4",)),
+           ("tpu v4",), ici_ports=6),
     Device("tpu-v5e", "TPU v5e", 16 * GiB, 197e12, 400 * GB, 25e9 / 8, 64 * GiB, 819 * GB, 32 * GB,
-           ("tpu v5 lite", "tpu v5e")),
+           ("tpu v5 lite", "tpu v5e"), ici_ports=4),
     Device("tpu-v5p", "TPU v5p", 95 * GiB, 459e12, 1200 * GB, 50e9 / 8, 112 * GB, 2765 * GB, 32 * GB,
-           ("tpu v5p", "tpu v5")),
+           ("tpu v5p", "tpu v5"), ici_ports=6),
     Device("tpu-v6e", "TPU v6e", 32 * GiB, 918e12, 800 * GB, 100e9 / 8, 192 * GiB, 1640 * GB, 32 * GB,
-           ("tpu v6 lite", "tpu v6e")),
+           ("tpu v6 lite", "tpu v6e"), ici_ports=4),
     Device("h100", "H100", 80 * GB, 989e12, 900 * GB, 400e9 / 8, 234 * GB, 3350 * GB, 64 * GB, ("h100",)),
     Device("h200", "H200", 141 * GB, 989e12, 900 * GB, 400e9 / 8, 369 * GB, 4800 * GB, 64 * GB, ("h200",)),
     # A few cores with AVX2/AVX-512 FMA reach ~50 GFLOP/s each: 1e11 for a small VM. Memory: what a

@@ -114,6 +114,7 @@ class Plan:
         elif m.remat.startswith(OFFLOAD):
             rows.append(f"  host memory: {self.device.label} has none to offload to; remat {m.remat} runs "
                         f"as {m.remat.removeprefix(OFFLOAD)} (training logs the same)")
+        rows += _order_row(self)
         if moved := self.all_to_all_row():
             rows.append(moved)
         rows += self.time_rows()
@@ -215,19 +216,28 @@ class Plan:
         passes = "forward, backward" + ("" if m.remat == "none" else " and the remat's recompute")
         accum = self.config.optimizer.grad_accum_steps
         term = self.predicted.term("all-to-all")
-        hops = step_time.all_to_all_hops(self.device, ep)
+        if term.note:           # placed on the topology's grid: the group's shape, hops and ports
+            links = term.note.removeprefix("; ")
+        else:
+            hops = step_time.all_to_all_hops(self.device, ep)
+            links = (f"each byte {hops:,.2g} link{'s' if hops != 1 else ''} on average at "
+                     f"{self.device.label}'s {self.device.ici_bytes_per_s / 1e9:,.0f} GB/s ICI")
         return (f"  all-to-all over expert {ep}: {gib(count * buffer)} per device per step, {count:,} of "
                 f"the (E, C, D) = ({m.n_experts}, {rows:,}, {m.d_model:,}) capacity buffer ({gib(buffer)}): "
                 f"{m.n_moe_layers} MoE layers x {accum} micro-batch{'es' if accum > 1 else ''} x to the "
                 f"experts and back x {passes}; {num(term.seconds)} s of the predicted {num(t.seconds)} s "
-                f"step (each byte {hops:,.2g} link{'s' if hops != 1 else ''} on average at "
-                f"{self.device.label}'s "
-                f"{self.device.ici_bytes_per_s / 1e9:,.0f} GB/s ICI, on the critical path)")
+                f"step ({links}, on the critical path)")
 
 
 # What to try when XLA's figure, not the estimate, is over: the changes that shrink what XLA holds most.
 _XLA_ADVICE = ("Try more FSDP or tensor parallelism, a heavier remat policy or more gradient accumulation "
                "(train.OptimizerConfig.grad_accum_steps), and compare XLA's figure again.")
+
+
+def _order_row(p) -> list[str]:
+    """["  device order ... on <topology> (...)"] where the plan lays the mesh on a TPU grid, else []."""
+    said = step_time.Links.of(p.config, p.mesh, p.device, step_time.efficiency(p.device)[0]).describe()
+    return [f"  {said}"] if said else []
 
 
 def _slices(mesh, chips: int) -> str:

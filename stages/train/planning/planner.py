@@ -18,6 +18,8 @@
     search.py     the reverse question: the smallest TPU slice that trains the tokens in N days and fits
     tpu.py        the TPU generations and slices a topology may name; devices.py each chip's figures;
                   hardware.py the hardware a run names (`train.HardwareConfig`)
+    topology.py   where the mesh's devices sit on a slice's chip grid (`train.MeshConfig.device_order`),
+                  and each collective group's shape, hops, ports and bisection there
     shards.py     one device's share of an array; aot.py and hlo.py XLA's own figures for the compiled step;
                   figures.py how a plan writes its sizes and counts
 

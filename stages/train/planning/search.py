@@ -24,6 +24,8 @@ from stages.train.planning.memory import OFFLOAD_ORDER, REMAT_ORDER, optimizer_b
 from stages.train.planning.plan import HEADROOM, Plan
 from stages.train.planning.planner import try_plan
 from stages.train.planning.shards import DTYPE_BYTES, param_bytes
+from stages.train.planning.topology import grid as chip_grid
+from stages.train.planning.topology import order_choices
 from stages.train.planning.tpu import SLICES, TPU_GENERATIONS, slice_name, topology_chips, whole_sides
 
 # A layout search takes only layouts whose estimate fits 10% under the budget: the estimate is checked to
@@ -170,10 +172,13 @@ def layouts(cfg, chips: int):
     """Every layout `smallest_slice` tries for `cfg` on one slice of `chips`, as configs: tensor 1-8 (dividing
     the heads), for an MoE an expert axis dividing the experts (with it, capacity buffers; without, dropless
     or capacity), fsdp any power of two of the rest and data what remains, 1-8 micro-batches a step whose
-    micro-batch splits over the batch shards; the remat policy is `_fastest_layouts`'."""
+    micro-batch splits over the batch shards, and on a TPU topology each device order
+    (`topology.order_choices`: jax's placement, and the busiest axis as each ring, plane or block); the remat
+    policy is `_fastest_layouts`'."""
     m = cfg.model
     capacity = m.moe_capacity_factor or 1.25
     sides = [int(n) for n in cfg.hardware.topology.partition(":")[2].split("x")]
+    grid = chip_grid(cfg.hardware.topology)
     for tensor in (t for t in (1, 2, 4, 8) if chips % t == 0 and m.n_heads % t == 0):
         experts = ([e for e in power_of_two_divisors(chips // tensor) if m.n_experts % e == 0]
                    if m.n_experts else [1])
@@ -183,15 +188,18 @@ def layouts(cfg, chips: int):
             for fsdp in power_of_two_divisors(rest):
                 if not whole_sides(sides, [fsdp, expert, tensor]):
                     continue
+                orders = order_choices(grid, (rest // fsdp, fsdp, expert, tensor)) or [""]
                 for k in (1, 2, 4, 8):
                     micro = cfg.global_batch // k
                     if cfg.global_batch % k or micro % (rest * expert):
                         continue
                     for factor in factors:
-                        yield dataclasses.replace(
-                            cfg, mesh=MeshConfig(data=-1, fsdp=fsdp, expert=expert, tensor=tensor),
-                            optimizer=dataclasses.replace(cfg.optimizer, grad_accum_steps=k),
-                            model=dataclasses.replace(m, moe_capacity_factor=factor))
+                        for order in orders:
+                            yield dataclasses.replace(
+                                cfg, mesh=MeshConfig(data=-1, fsdp=fsdp, expert=expert, tensor=tensor,
+                                                     device_order=order),
+                                optimizer=dataclasses.replace(cfg.optimizer, grad_accum_steps=k),
+                                model=dataclasses.replace(m, moe_capacity_factor=factor))
 
 
 def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
@@ -201,15 +209,19 @@ def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
     (`OFFLOAD_ORDER`): a heavier policy only adds recompute, so these two are the layout's fastest."""
     fitting, closest = [], None
     host = devices.get(cfg.hardware.device).host_bytes
+    lightest = {}          # a layout's first fitting remat, whatever its device order (memory ignores it)
     for layout in layouts(cfg, chips):
+        same = (layout.mesh.fsdp, layout.mesh.expert, layout.mesh.tensor,
+                layout.optimizer.grad_accum_steps, layout.model.moe_capacity_factor)
         for order in (REMAT_ORDER, OFFLOAD_ORDER) if host else (REMAT_ORDER,):
-            for remat in order:
+            for remat in order[order.index(lightest[same, order]) if (same, order) in lightest else 0:]:
                 with_remat = dataclasses.replace(layout.model, remat=remat)
                 p = try_plan(dataclasses.replace(layout, model=with_remat))
                 if p is None or p.problem:
                     break
                 if _roomy(p):
                     fitting.append(p)
+                    lightest[same, order] = remat
                     break
                 if closest is None or p.per_device["total"] < closest.per_device["total"]:
                     closest = p
@@ -231,7 +243,10 @@ def _roomy(p: Plan) -> bool:
 def _layout(p: Plan) -> str:
     """"data 1 x fsdp 16 x expert 64 x tensor 1, remat full, capacity 1.25"."""
     m = p.config.model
-    out = f"{p.mesh.describe()}, remat {m.remat}"
+    out = p.mesh.describe()
+    if p.config.mesh.device_order:
+        out += f" placed {p.config.mesh.device_order}"
+    out += f", remat {m.remat}"
     if p.config.optimizer.grad_accum_steps > 1:
         out += f", {p.config.optimizer.grad_accum_steps} micro-batches"
     if m.n_experts:
@@ -248,6 +263,8 @@ def _slice_answer(p: Plan, device: bool = False) -> str:
     if m.n_experts:
         bindings.append(f"train.MeshConfig.expert={p.mesh.expert}")
         bindings.append(f"train.ModelConfig.moe_capacity_factor={m.moe_capacity_factor:g}")
+    if cfg.mesh.device_order:
+        bindings.append(f'train.MeshConfig.device_order="{cfg.mesh.device_order}"')
     bindings.append(f'train.ModelConfig.remat="{m.remat}"')
     bindings.append(f"train.OptimizerConfig.grad_accum_steps={cfg.optimizer.grad_accum_steps}")
     return (f"{slice_name(cfg.hardware.topology)} ({p.chips:,} chips, {num(p.days)} days, "

@@ -22,7 +22,9 @@ The model, per device and per step (every micro-batch of gradient accumulation):
                  and softmax, the optimizer's update of this device's shard (`memory_bytes_per_step`),
                  at `Efficiency.memory` of the chip's HBM bandwidth
 
-  communication (each term's bytes per device, at its link's bandwidth x `Efficiency.ici` / `.dcn`)
+  communication (each term's bytes per device over the links its group spans, `Links`: on a TPU slice
+  with a topology the group's shape on the chip grid by train.MeshConfig.device_order (planning/topology.py)
+  at one port's bandwidth each way x `Efficiency.ici`; across slices the DCN x `.dcn`)
     fsdp         every layer's matrices all-gathered forward and again backward (a third time for the
                  attention projections under full remat), their gradients reduce-scattered (`collectives`
                  says each one, as the compiled TPU step runs it): prefetched, so a layer's collectives run
@@ -34,6 +36,19 @@ The model, per device and per step (every micro-batch of gradient accumulation):
                  on the critical path
     all-to-all   an MoE layer's capacity buffers to the experts and back (`shards.all_to_all_bytes`):
                  on the critical path (what is sent depends on the routing just computed)
+    ring collectives (all-gather, reduce-scatter; an all-reduce is both) move (g - 1) / g of the array
+                 through each chip at the group's ring ports x a port's rate: 2 ports a side the group
+                 wraps, 1 a side it spans without wraparound (topology.Group.ring_ports)
+    an all-to-all of B bytes a chip over a group of N moves (N - 1) / N of B, each byte `hops` links on
+                 average, over the chip's link-directions along the group's sides, or the group's
+                 bisection if that is slower: t = max(B (N - 1) / N x hops / (links x r),
+                 B n s / (4 w r)) for the worst side (n chips, stride s, w = 2 wrapped, else 1), r a port's
+                 rate each way x Efficiency.ici. By hand, the flagship's expert group of 16 as a wrapped
+                 ring along z of v5p:8x8x16: hops = (16 / 4) x 16 / 15 = 4.267 (mean ring distance to the
+                 15 others), links = 2, so the spread bound is B x 15 / 16 x 4.267 / (2 r) = 2 B / r, and
+                 the bisection (the ring cut twice, 16 B / 4 each way over 2 links) is 2 B / r too: with
+                 r = 100 GB/s x 0.7, 28.6 ms a GB. As a 4x4 plane (no wraparound, a part of the 8-long
+                 sides) or a 2x2x4 block the bisection gives B / r, half the ring's
     data         the gradients' all-reduce over the data axis (ICI) and across slices (DCN), once a step
                  after the last micro-batch: hidden behind that micro-batch's backward pass where shorter
     offload      an offload_* policy's activations to host memory and back over the host link: hidden
@@ -47,9 +62,9 @@ The model, per device and per step (every micro-batch of gradient accumulation):
 
 The efficiencies (`EFFICIENCY`, per platform) are constants of this model, set from published training
 throughputs and checked against others held out (benchmarks/step_time.py, benchmarks/RESULTS.md); the
-bandwidths are the vendors' (devices.py). What it leaves out: stragglers, input pipelines, checkpointing,
-and compiler choices that differ from the rule above (XLA may fuse, reorder or overlap more or less than
-it says).
+bandwidths are the vendors' (devices.py: ICI per port each way, with its source). What it leaves out:
+stragglers, input pipelines, checkpointing, and compiler choices that differ from the rule above (XLA may
+fuse, reorder or overlap more or less than it says).
 """
 
 from __future__ import annotations
@@ -59,7 +74,7 @@ import math
 
 from stages.train.mesh import Mesh
 from stages.train.model_config import LAYER_STACKS, flops_per_token, param_layout
-from stages.train.planning import devices, hlo, shards
+from stages.train.planning import devices, hlo, shards, topology
 from stages.train.planning.shards import DTYPE_BYTES
 
 FLASH_BACKWARD = 2.5     # a flash attention backward's FLOPs over its forward's (5 T x T matmuls to 2)
@@ -98,13 +113,14 @@ class Efficiency:
 # file there says which constant it sets; `python -m benchmarks.step_time --calibrate` refits them); every
 # other row is held out (the H100's grouped figure is the TPUs': no published GPU MoE row here). The rest
 # are assumed, neither fitted nor measured here: attention kernels at 70% of the dense matmuls' rate,
-# elementwise work at 70% of HBM bandwidth, collectives at 70% of the ICI figure of devices.py (40% of
-# NVLink's bidirectional 900 GB/s, a ring's one direction less its overhead), host offload at 70% of the
-# host link. No published row here exposes its collectives, so none of these has been checked against a
-# throughput. A device without a row of its own borrows its platform's (`efficiency`); the plan says so.
+# elementwise work at 70% of HBM bandwidth, collectives at 70% of the ICI figure of devices.py (on a TPU
+# slice with a topology, of one port's rate each way, `Links`; 40% of NVLink's bidirectional 900 GB/s, a
+# ring's one direction less its overhead), host offload at 70% of the host link. No published row here
+# exposes its collectives, so none of these has been checked against a throughput. A device without a row
+# of its own borrows its platform's (`efficiency`); the plan says so.
 EFFICIENCY = {
     "tpu-v5p": Efficiency(matmul=0.840, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
-    "tpu-v6e": Efficiency(matmul=0.659, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
+    "tpu-v6e": Efficiency(matmul=0.681, grouped=0.797, attention=0.7, memory=0.7, ici=0.7, dcn=0.7, host=0.7),
     "h100": Efficiency(matmul=0.634, grouped=0.797, attention=0.7, memory=0.7, ici=0.4, dcn=0.7, host=0.7),
     "cpu": Efficiency(matmul=0.5, grouped=0.6, attention=0.6, memory=0.5, ici=0.5, dcn=0.5, host=0.5),
 }
@@ -335,11 +351,12 @@ def _layer_matrices(m):
 
 
 def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_bytes) -> list[Term]:
-    """Each collective of `collectives` at its link's bandwidth (a ring all-gather or reduce-scatter moves
-    (g - 1) / g of the array a device, an all-reduce twice that, an all-to-all (g - 1) / g over its torus
-    hops), hidden or not by the overlap rule of the module docstring."""
+    """Each collective of `collectives` over the links its group spans (`Links`: a ring all-gather or
+    reduce-scatter moves (g - 1) / g of the array a device, an all-reduce twice that; an all-to-all by its
+    group's hops and bisection), hidden or not by the overlap rule of the module docstring."""
     m, accum = cfg.model, cfg.optimizer.grad_accum_steps
-    ici, dcn = device.ici_bytes_per_s * eff.ici, device.dcn_bytes_per_s * eff.dcn
+    dcn = device.dcn_bytes_per_s * eff.dcn
+    links = Links.of(cfg, mesh, device, eff)
     by_what = collectives(cfg, mesh, micro_batch)
     out = []
     fsdp, dcn_fsdp = mesh.fsdp, cfg.mesh.dcn_fsdp
@@ -353,34 +370,36 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
         for stack, layers in (("layers", m.n_layers - m.n_moe_layers), ("moe_layers", m.n_moe_layers)):
             seconds = 0.0
             for c in (c for c in layered if c.what.startswith(f"{stack}.")):
-                group = mesh.product(c.axis.split(","))
+                axes = c.axis.split(",")
+                group = mesh.product(axes)
                 ring = group // dcn_fsdp
-                seconds += c.bytes * c.count / (layers * accum) * ((ring - 1) / ring / ici
+                seconds += c.bytes * c.count / (layers * accum) * ((ring - 1) / ring / links.ring_rate(axes)
                                                                    + (dcn_fsdp - 1) / group / dcn)
             alone += layers * accum * seconds
             hidden += layers * accum * max(0.0, seconds - per_layer_compute)
         over = f"fsdp {fsdp}" + (f" (x expert {mesh.expert} for all but the experts)" if mesh.expert > 1
                                  else "")
         out.append(Term(f"fsdp all-gathers and reduce-scatters over {over}", alone, hidden,
-                        "prefetched behind the previous layer's compute"))
+                        "prefetched behind the previous layer's compute" + links.says(("fsdp",))))
 
     for c in by_what:
-        group = mesh.product(c.axis.split(","))
+        axes = c.axis.split(",")
+        group = mesh.product(axes)
         if c.what == "logits" or c.axis == "tensor":
-            seconds = c.bytes * c.count * 2 * (group - 1) / group / ici
+            seconds = c.bytes * c.count * 2 * (group - 1) / group / links.ring_rate(axes)
             out.append(Term(f"{c.what}' all-reduce over {c.axis.replace(',', ' x ')} {group}"
                             if c.what == "logits" else
-                            f"tensor all-reduces over tensor {group}", seconds, seconds))
+                            f"tensor all-reduces over tensor {group}", seconds, seconds, links.says(axes)))
         elif c.kind == "all-to-all":
-            seconds = c.bytes * c.count * (group - 1) / group / ici * all_to_all_hops(device, group)
-            out.append(Term(f"all-to-all over expert {group}", seconds, seconds))
+            seconds = c.count * links.all_to_all(c.bytes, group)
+            out.append(Term(f"all-to-all over expert {group}", seconds, seconds, links.says(("expert",))))
         elif c.axis == "data":
             ici_data, dcn_data = group // cfg.mesh.dcn_data, cfg.mesh.dcn_data
-            ring = (ici_data - 1) / ici_data / ici + (dcn_data - 1) / dcn_data / dcn
+            ring = (ici_data - 1) / ici_data / links.ring_rate(axes) + (dcn_data - 1) / dcn_data / dcn
             seconds = 2 * c.bytes * c.count * ring
             backward = busy / accum * 2 / 3
             out.append(Term(f"gradient all-reduce over data {group}", seconds, max(0.0, seconds - backward),
-                            "behind the last micro-batch's backward pass"))
+                            "behind the last micro-batch's backward pass" + links.says(axes)))
     behind = layered + [c for c in by_what if c.axis == "data"]
     if behind:
         seconds = sum(c.bytes * c.count * HBM_PASSES[c.kind] for c in behind) / (device.hbm_bytes_per_s
@@ -393,12 +412,89 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """The links a step's collectives cross: on a TPU slice with a topology, each group's own (its shape on
+    the chip grid by the mesh's device order, planning/topology.py) at one port's bandwidth each way
+    (`devices.Device.ici_port_bytes_per_s`) x `Efficiency.ici`; elsewhere (a GPU's NVLink switch, a TPU
+    without a topology, an order jax would split a side for) the chip's whole ICI figure x `Efficiency.ici`,
+    an all-to-all crossing `all_to_all_hops`.
+
+    Rates assumed, not measured: `Efficiency.ici` (0.7 on TPUs) of the vendor's per-port figure for every
+    collective; a ring collective driving every port its group's sides give it at once (XLA's multi-
+    dimensional rings); an all-to-all's traffic spread evenly over the group's links (no routing hot spot
+    beyond the bisection bound)."""
+
+    device: devices.Device
+    whole: float                        # bytes/s: the chip's whole ICI figure x eff.ici
+    port: float = 0.0                   # bytes/s: one port each way x eff.ici (placed)
+    grid: object = None                 # topology.Grid, or None: not placed
+    order: object = None                # topology.Order
+    explicit: bool = False              # the order is train.MeshConfig.device_order's, not jax's
+
+    @classmethod
+    def of(cls, cfg, mesh: Mesh, device: devices.Device, eff: Efficiency) -> Links:
+        """The links of `cfg`'s step on `device`; ValueError naming a device_order that does not tile the
+        topology."""
+        whole = cls(device, device.ici_bytes_per_s * eff.ici)
+        text, topo = cfg.mesh.device_order, cfg.hardware.topology
+        if not topo or not device.ici_ports:
+            if text and topo:
+                raise ValueError(f"train.MeshConfig.device_order={text!r} places the mesh on a TPU grid, but "
+                                 f"device={device.name!r} has none")
+            return whole
+        g = topology.grid(topo)
+        sizes = cfg.mesh.ici_shape(mesh.devices)
+        if math.prod(sizes) != g.chips:
+            return whole
+        order = topology.device_order(g, sizes, text)
+        if order is None:
+            return whole
+        return cls(device, whole.whole, device.ici_port_bytes_per_s * eff.ici, g, order, bool(text))
+
+    def describe(self) -> str:
+        """"device order fsdp:8x8x1,expert:1x1x16 on v5p:8x8x16 (8x8x16, every side wrapped; jax's
+        placement: train.MeshConfig.device_order="")", or "" when not placed."""
+        if self.grid is None:
+            return ""
+        whose = "train.MeshConfig.device_order's" if self.explicit else \
+            'jax\'s placement: train.MeshConfig.device_order=""'
+        return (f"device order {self.order.describe() or 'one chip'} on {self.grid.topology} "
+                f"({self.grid.describe()}; {whose})")
+
+    def group(self, axes) -> topology.Group | None:
+        return None if self.grid is None else topology.group(self.grid, self.order, tuple(axes))
+
+    def ring_rate(self, axes) -> float:
+        """Bytes/s a ring collective over `axes` moves through a chip: its group's ring ports x a port's
+        rate each way (placed), else the whole ICI rate."""
+        g = self.group(axes)
+        if g is None or g.chips <= 1:
+            return self.whole
+        return g.ring_ports * self.port
+
+    def all_to_all(self, nbytes: float, chips: int) -> float:
+        """Seconds for an all-to-all of `nbytes` a device among `chips` (the expert axis)."""
+        g = self.group(("expert",))
+        if g is None or g.chips != chips:        # not placed, or the axis also crosses slices
+            return nbytes * (chips - 1) / chips / self.whole * all_to_all_hops(self.device, chips)
+        return g.all_to_all_time(nbytes, self.port)
+
+    def says(self, axes) -> str:
+        """"; expert 16 as 1x1x16 (a ring along z, wrapped): 4.27 hops, 2 ports" ("" when not placed)."""
+        g = self.group(axes)
+        if g is None or g.chips <= 1:
+            return ""
+        return (f"; {' x '.join(axes)} {g.chips} as {g.describe()}: {g.hops:.3g} hops, "
+                f"{g.ring_ports:.3g} ring ports, {g.links:.3g} link-directions, "
+                f"{self.device.ici_port_bytes_per_s / 1e9:,.0f} GB/s a port each way")
+
+
 def all_to_all_hops(device: devices.Device, chips: int) -> float:
-    """The links an all-to-all's byte crosses on average among `chips` chips: 1 through a switch (NVLink,
-    the data-center network); on a TPU torus (v4, v5p: 3D; v5e, v6e: 2D) the mean ring distance n / 4 of
-    each side, the chips taken as a cube (a square) of side n. An all-to-all keeps every link of a chip busy,
-    so its bytes move at the chip's ICI bandwidth over this many hops; an all-gather or reduce-scatter moves
-    each byte one hop (rings)."""
+    """Where the placement is unknown (no topology): the links an all-to-all's byte crosses on average among
+    `chips` chips: 1 through a switch (NVLink, the data-center network); on a TPU torus (v4, v5p: 3D; v5e,
+    v6e: 2D) the mean ring distance n / 4 of each side, the chips taken as a cube (a square) of side n, at
+    the chip's whole ICI bandwidth. With a topology, `Links` charges the group's own shape instead."""
     if platform(device) != "tpu" or chips <= 1:
         return 1.0
     dims = 3 if device.name in ("tpu-v4", "tpu-v5p") else 2
