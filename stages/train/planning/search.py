@@ -51,7 +51,7 @@ class SliceSearch:
         cfg = self.config
         tokens = cfg.steps * cfg.global_batch * cfg.seq_len
         pace = (f"at {cfg.hardware.mfu:.0%} MFU" if cfg.hardware.mfu else "by the predicted step time") + \
-            " and goodput"
+            " over the goodput"
         rows = [f"smallest TPU {self.generation} slice that trains {token_count(tokens)} tokens in "
                 f"{self.days:,.3g} days {pace} and fits (one slice; on each, the fastest layout by the "
                 "predicted step: the mesh"
