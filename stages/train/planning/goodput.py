@@ -118,8 +118,8 @@ class Goodput:
             return f"{duration(seconds)} ({seconds / wall:.2%})" if math.isfinite(wall) else duration(seconds)
 
         if math.isfinite(wall):
-            head = (f"  goodput: {self.share:.1%} of the wall-clock time trains: {num(self.train_s / per)} days "
-                    f"of steps take {num(wall / per)} days")
+            head = (f"  goodput: {self.share:.1%} of the wall-clock time trains: "
+                    f"{num(self.train_s / per)} days of steps take {num(wall / per)} days")
         else:
             head = (f"  goodput: 0%: the run never finishes, interrupted faster than it recovers "
                     f"({num(self.train_s / per)} days of steps)")
@@ -149,14 +149,15 @@ class Goodput:
         if not rate:
             rows.append("    restarts: none (train.HardwareConfig.interruptions_per_chip_hour=0)")
         elif math.isfinite(self.restart_s):
-            rows.append(f"    restarts: {num(self.interruptions)} interruptions expected ({rate:.3g} a chip-hour, "
-                        f"train.HardwareConfig.interruptions_per_chip_hour{source}, x {chips:,} chips), {cost}: "
-                        f"{part(self.restart_s)} in all")
+            rows.append(f"    restarts: {num(self.interruptions)} interruptions expected ({rate:.3g} a "
+                        f"chip-hour, train.HardwareConfig.interruptions_per_chip_hour{source}, x {chips:,} "
+                        f"chips), {cost}: {part(self.restart_s)} in all")
         else:
             every = 3600 / (rate * chips)
-            rows.append(f"    restarts: one every {duration(every)} ({rate:.3g} a chip-hour{source}, x {chips:,} "
-                        f"chips), {cost} = {duration(self.interruption_s)}: longer than the time between them; "
-                        "checkpoint more often (train.Config.checkpoint_every) or use fewer chips")
+            rows.append(f"    restarts: one every {duration(every)} ({rate:.3g} a chip-hour{source}, x "
+                        f"{chips:,} chips), {cost} = {duration(self.interruption_s)}: longer than the time "
+                        "between them; checkpoint more often (train.Config.checkpoint_every) or use fewer "
+                        "chips")
         return rows
 
 
@@ -203,7 +204,7 @@ def forward_seconds(cfg, mesh: Mesh, batch: int) -> float:
                                optimizer=dataclasses.replace(cfg.optimizer, grad_accum_steps=1))
     device = devices.get(cfg.hardware.device)
     eff, _ = step_time.efficiency(device)
-    update = step_time.memory_bytes_per_step(once, mesh, 0) / (device.hbm_bytes_per_s * eff.memory)
+    update = step_time.update_bytes(once, mesh) / (device.hbm_bytes_per_s * eff.memory)
     seconds = 0.0
     for term in step_time.predict(once, mesh, batch, 0).terms:
         if term.name == "memory-bound ops":

@@ -71,11 +71,12 @@ class HardwareConfig:
             raise ValueError(f"HardwareConfig: device={self.device!r} is not one of {tuple(devices.DEVICES)}")
         if not 0 <= self.mfu <= 1:
             raise ValueError(f"HardwareConfig: mfu={self.mfu} must be in [0, 1] (0: predict the step time)")
-        for name, low, what in (("storage_bytes_per_s", "> 0", "bytes a host writes to the checkpoint directory a "
-                                 "second, e.g. 1e9"),
-                                ("interruptions_per_chip_hour", ">= 0", "interruptions of the job a chip-hour, "
-                                 f"e.g. {INTERRUPTIONS_PER_CHIP_HOUR:.3g} (Llama 3's); 0: none"),
-                                ("restart_s", ">= 0", "seconds from an interruption to training again, e.g. 600")):
+        for name, low, what in (
+                ("storage_bytes_per_s", "> 0", "bytes a host writes to the checkpoint directory a second, "
+                 "e.g. 1e9"),
+                ("interruptions_per_chip_hour", ">= 0", "interruptions of the job a chip-hour, e.g. "
+                 f"{INTERRUPTIONS_PER_CHIP_HOUR:.3g} (Llama 3's); 0: none"),
+                ("restart_s", ">= 0", "seconds from an interruption to training again, e.g. 600")):
             value = getattr(self, name)
             bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
             if bad or (value <= 0 if low == "> 0" else value < 0):
