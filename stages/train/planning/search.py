@@ -53,8 +53,8 @@ class SliceSearch:
         pace = (f"at {cfg.hardware.mfu:.0%} MFU" if cfg.hardware.mfu else "by the predicted step time") + \
             " over the goodput"
         rows = [f"smallest TPU {self.generation} slice that trains {token_count(tokens)} tokens in "
-                f"{self.days:,.3g} days {pace} and fits (one slice; on each, the fastest layout by the "
-                "predicted step: the mesh"
+                f"{self.days:,.3g} days {pace} and fits (one slice; on each, the layout with the fewest "
+                "days: the mesh"
                 f"{', expert axis' if cfg.model.n_experts else ''} included, micro-batches, remat"
                 f"{', dropless or capacity' if cfg.model.n_experts else ''}):"]
         width = max(len(slice_name(t)) for t, _, _ in self.tried)
