@@ -126,14 +126,20 @@ class Goodput:
         stall = max(0.0, self.write_s - self.interval_s)
         waits = (f"the next save waits {duration(stall)} for it" if stall else
                  f"done before the next save, {duration(self.interval_s)} of steps later")
+        state = f"{num(self.state_bytes / 1e12)} TB" if self.state_bytes >= 1e12 else gib(self.state_bytes)
+        shard = gib(self.shard_bytes)
+        if device.host_link_bytes_per_s:
+            copy = (f"blocks while a chip copies its {shard} to host memory ({duration(self.copy_s)} at "
+                    f"{num(device.host_link_bytes_per_s / 1e9)} GB/s)")
+        else:
+            copy = f"blocks only to hand each device's {shard} over (its memory is the host's)"
         rows = [head,
-                f"    checkpoints: {self.checkpoints:,} + the final one of {num(self.state_bytes / 1e12)} TB "
-                f"(parameters and optimizer state) every {cfg.checkpoint_every:,} steps, asynchronous: each "
-                f"blocks while a chip copies its {gib(self.shard_bytes)} to host memory "
-                f"({duration(self.copy_s)} at {num(device.host_link_bytes_per_s / 1e9)} GB/s), then a host "
-                f"writes {gib(self.host_bytes)} in the background ({duration(self.write_s)} at "
+                f"    checkpoints: {self.checkpoints:,} + the final one of {state} (parameters and optimizer "
+                f"state) every {cfg.checkpoint_every:,} steps, asynchronous: each {copy}, then a host writes "
+                f"{gib(self.host_bytes)} in the background ({duration(self.write_s)} at "
                 f"{num(hw.storage_bytes_per_s / 1e9)} GB/s, train.HardwareConfig.storage_bytes_per_s), "
-                f"{waits}; the final save blocks for its write: {part(self.checkpoint_s)} in all"]
+                f"{waits}; with the final save, which blocks for its write too, {part(self.checkpoint_s)} "
+                "in all"]
         if self.evaluations:
             rows.append(f"    evaluations: {self.evaluations:,} x {cfg.eval_batches:,} batches of "
                         f"{cfg.global_batch:,} x {cfg.seq_len:,} tokens, forward only, "
@@ -151,7 +157,7 @@ class Goodput:
         elif math.isfinite(self.restart_s):
             rows.append(f"    restarts: {num(self.interruptions)} interruptions expected ({rate:.3g} a "
                         f"chip-hour, train.HardwareConfig.interruptions_per_chip_hour{source}, x {chips:,} "
-                        f"chips), {cost}: {part(self.restart_s)} in all")
+                        f"chip{'s' if chips != 1 else ''}), {cost}: {part(self.restart_s)} in all")
         else:
             every = 3600 / (rate * chips)
             rows.append(f"    restarts: one every {duration(every)} ({rate:.3g} a chip-hour{source}, x "
