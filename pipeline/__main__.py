@@ -440,7 +440,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: when a topology is named)")
     p.add_argument("--days", type=float, metavar="N",
                    help="plan: also the smallest slice of the configured TPU generation that trains the "
-                        "configured tokens in N days at the configured MFU and fits (make plan DAYS=N)")
+                        "configured tokens in N days (its step over its goodput: checkpoints, evaluations, "
+                        "restarts) and fits (make plan DAYS=N)")
     return p
 
 

@@ -54,6 +54,13 @@ CASES = [
           "device='tpu-v6e' and topology='v4:2x2x1' are different TPU generations",
           'train.HardwareConfig.device="tpu-v6e"', 'train.HardwareConfig.topology="v4:2x2x1"',
           command="sweep", gin_path="gin/sweeps/lr.gin"),
+    # The goodput's assumptions (stages/train/planning/goodput.py): a plan's days divide by them.
+    _case("checkpoint_storage_rate_of_zero_in_plan",
+          "HardwareConfig: storage_bytes_per_s=0.0 must be a finite number > 0 (bytes a host writes to the "
+          "checkpoint directory a second, e.g. 1e9)", "train.HardwareConfig.storage_bytes_per_s=0",
+          command="plan", args=("--no-compile",)),
+    _case("negative_restart_time", "HardwareConfig: restart_s=-600.0 must be a finite number >= 0",
+          "train.HardwareConfig.restart_s=-600"),
     _case("moe_no_transformers_class_holds", NOT_EXPORTABLE, *UNEXPORTABLE_MOE),
     _case("moe_no_transformers_class_holds_sigmoid_without_shared_experts",
           ["export: the trained model cannot be exported to transformers: "

@@ -47,7 +47,8 @@ FULL = train.Config(
     launcher=LaunchConfig(kind="tpu_vm", num_processes=4, tpu_name="pod", zone="us-east5-a", project="proj",
                           remote_dir="/opt/refinery", timeout_s=3600),
     hardware=HardwareConfig(device="tpu-v5p", topology="v5p:2x2x2", chips=16, num_slices=16, mfu=0.5,
-                            allow_unfit=True),
+                            allow_unfit=True, storage_bytes_per_s=2.5e9, interruptions_per_chip_hour=1e-5,
+                            restart_s=300.0),
     stop_after=120,
     tracking=Tracking(tracker="wandb", project="p", entity="team", mode="offline", tags=("a", "b"), group="g",
                       name="n", dir="/tmp/wandb"))

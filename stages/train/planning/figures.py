@@ -5,6 +5,7 @@ every plan, search and piece of advice reads alike (no JAX).
     figures.num(29.27)                # "29.3": three significant figures, no exponent
     figures.param_count(30.2e9)       # "30.2B" parameters
     figures.token_count(2.01e12)      # "2.01T" tokens
+    figures.duration(1980)            # "33 min": seconds as s, min, h or days
 """
 
 from __future__ import annotations
@@ -31,3 +32,11 @@ def token_count(n: float) -> str:
         if n >= size:
             return f"{n / size:,.3g}{unit}"
     return f"{n:,.0f}"
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit that reads best: "0.22 s", "28 s", "33 min", "8.7 h", "2.1 days"."""
+    for unit, size, below in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, 172800)):
+        if seconds < below:
+            return f"{num(seconds / size)} {unit}"
+    return f"{num(seconds / 86400)} days"

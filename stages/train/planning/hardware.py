@@ -11,10 +11,22 @@ refuses to start a config that does not fit unless `allow_unfit`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 from stages.train.planning import devices
 from stages.train.planning.tpu import TPU_GENERATIONS, generation_problem, topology_chips, topology_problem
+
+# The goodput's defaults (goodput.py), each configurable in HardwareConfig.
+# Assumed, conservative: 1 GB/s a host. One stream to Cloud Storage moves ~200 MiB/s and one VM with parallel
+# streams over 8 GiB/s (beginswithdata.com, "High throughput file transfers with Google Cloud Storage", 2024);
+# TensorStore writes a checkpoint's chunks in parallel, below a v5p host's 200 Gbps network (devices.py).
+STORAGE_BYTES_PER_S = 1e9
+# Llama 3 405B (Meta, "The Llama 3 Herd of Models", 2024, section 3.3.4): 466 job interruptions (47 planned,
+# 419 unexpected) in a 54-day snapshot on 16,384 H100s, each stopping the whole synchronous job.
+INTERRUPTIONS_PER_CHIP_HOUR = 466 / (54 * 24 * 16_384)
+# Assumed: rescheduling the slice, starting JAX on every host and compiling the train step again, 10 minutes.
+RESTART_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +43,14 @@ class HardwareConfig:
     mfu: 0 (the default): the plan's days come from the predicted step (stages/train/planning/step_time.py);
         else the model FLOPs utilization the days assume instead (the prediction is printed beside them).
     allow_unfit: start training even when the plan says the state does not fit in device memory.
+
+    What the plan's goodput (goodput.py: the share of wall-clock time that trains) assumes:
+    storage_bytes_per_s: the rate at which one host writes its chips' checkpoint shards to the checkpoint
+        directory, and reads them back on a restart (bytes/s). Default `STORAGE_BYTES_PER_S`.
+    interruptions_per_chip_hour: how often a chip's failure or maintenance stops the whole job, per chip-hour.
+        Default `INTERRUPTIONS_PER_CHIP_HOUR`; 0 plans no restarts.
+    restart_s: what one interruption costs before training resumes, besides restoring the checkpoint and
+        redoing the steps since it (s). Default `RESTART_S`.
     """
 
     device: str = "cpu"
@@ -39,6 +59,9 @@ class HardwareConfig:
     num_slices: int = 1
     mfu: float = 0.0
     allow_unfit: bool = False
+    storage_bytes_per_s: float = STORAGE_BYTES_PER_S
+    interruptions_per_chip_hour: float = INTERRUPTIONS_PER_CHIP_HOUR
+    restart_s: float = RESTART_S
 
     def __post_init__(self):
         if self.chips < 0 or self.num_slices < 1:
@@ -48,6 +71,16 @@ class HardwareConfig:
             raise ValueError(f"HardwareConfig: device={self.device!r} is not one of {tuple(devices.DEVICES)}")
         if not 0 <= self.mfu <= 1:
             raise ValueError(f"HardwareConfig: mfu={self.mfu} must be in [0, 1] (0: predict the step time)")
+        for name, low, what in (
+                ("storage_bytes_per_s", "> 0", "bytes a host writes to the checkpoint directory a second, "
+                 "e.g. 1e9"),
+                ("interruptions_per_chip_hour", ">= 0", "interruptions of the job a chip-hour, e.g. "
+                 f"{INTERRUPTIONS_PER_CHIP_HOUR:.3g} (Llama 3's); 0: none"),
+                ("restart_s", ">= 0", "seconds from an interruption to training again, e.g. 600")):
+            value = getattr(self, name)
+            bad = not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+            if bad or (value <= 0 if low == "> 0" else value < 0):
+                raise ValueError(f"HardwareConfig: {name}={value!r} must be a finite number {low} ({what})")
         if self.topology and (":" not in self.topology or topology_chips(self.topology) < 1):
             raise ValueError(f"HardwareConfig: topology={self.topology!r} is not a TPU topology such as "
                              '"v5p:8x8x16" (generation, then the chip grid)')

@@ -4,6 +4,7 @@ as the text `make plan` prints (no JAX).
     p = planner.plan(train_config)          # a Plan
     p.fits, p.per_device["total"], p.days   # the verdict, bytes per device (memory.py), the run's length
     p.predicted.seconds                     # the step predicted by step_time.py
+    p.goodput.share                         # the share of wall-clock time that trains (goodput.py)
     print(p.render())                       # make plan GIN=gin/600b.gin
     print(p.render(xla=aot.compile_train_step(train_config)))   # with XLA's figure beside the estimate
 
@@ -15,10 +16,11 @@ where they exist they win (`Plan.fits_with`), and a compile that ran out of memo
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from stages.train.mesh import AXES, Mesh
 from stages.train.model_config import active_params
-from stages.train.planning import devices, hlo, step_time
+from stages.train.planning import devices, goodput, hlo, step_time
 from stages.train.planning.figures import gib, num, param_count, token_count
 from stages.train.planning.memory import ALWAYS, OFFLOAD, memory_bytes
 from stages.train.planning.shards import all_to_all_bytes, moe_rows
@@ -72,9 +74,22 @@ class Plan:
         """The run's token budget: steps x global batch x sequence length."""
         return self.config.steps * self.config.global_batch * self.config.seq_len
 
+    @functools.cached_property
+    def goodput(self) -> goodput.Goodput:
+        """What checkpoints, evaluations and restarts take besides the steps (goodput.py), computed when first
+        asked (the slice search asks only of the layouts that fit)."""
+        return goodput.estimate(self)
+
+    @property
+    def train_days(self) -> float:
+        """The steps alone: steps x the step."""
+        return self.config.steps * self.step_s / 86400
+
     @property
     def days(self) -> float:
-        return self.config.steps * self.step_s / 86400
+        """The run's wall-clock days: the steps over the goodput's share (inf where it never finishes)."""
+        share = self.goodput.share
+        return self.train_days / share if share else float("inf")
 
     def render(self, xla: dict[str, int] | None = None, xla_note: str = "", collectives=None) -> str:
         """The plan as text, its verdict last; `xla` (aot.compile_train_step's figures) adds XLA's own
@@ -118,6 +133,7 @@ class Plan:
         if moved := self.all_to_all_row():
             rows.append(moved)
         rows += self.time_rows()
+        rows += self.goodput.rows(cfg, self.device, self.chips)
         if collectives:
             rows.append(self.collectives_row(collectives))
         oom = xla is not None and "hbm" in xla          # the compile ran out of memory (aot.OutOfMemory)
@@ -167,7 +183,7 @@ class Plan:
         if hw.mfu:
             rows.append(f"  time at the assumed {hw.mfu:.0%} MFU (train.HardwareConfig.mfu, which sets the "
                         "days): "
-                        f"{num(self.step_s)} s/step, {num(self.days)} days")
+                        f"{num(self.step_s)} s/step, {num(self.train_days)} days of steps")
         return rows + self._loss_chunk_hint()
 
     def _loss_chunk_hint(self) -> list[str]:

@@ -15,6 +15,8 @@
                   each collective's bytes at its link's bandwidth, what hides behind what
     plan.py       the `Plan` record and its text, the verdict last
     advice.py     when it does not fit, the smallest single change that would (`Plan.advice`)
+    goodput.py    the share of wall-clock time that trains: checkpoint saves, evaluations and restarts after
+                  interruptions besides the steps (`Plan.goodput`)
     search.py     the reverse question: the smallest TPU slice that trains the tokens in N days and fits
     tpu.py        the TPU generations and slices a topology may name; devices.py each chip's figures;
                   hardware.py the hardware a run names (`train.HardwareConfig`)
@@ -25,7 +27,8 @@
 
 The run's days are its steps x the predicted step (step_time.py), or, where train.HardwareConfig.mfu
 assumes a model FLOPs utilization, its FLOPs per token (`model_config.flops_per_token`) x tokens / (chips x
-peak x that MFU), the prediction printed beside them. A mixture of experts (`ModelConfig.n_experts`) is
+peak x that MFU), the prediction printed beside them; over the goodput (goodput.py): days = tokens /
+(throughput x goodput). A mixture of experts (`ModelConfig.n_experts`) is
 planned from the same parameter table (`model_config.param_layout`), its time from the active parameters
 (`model_config.active_params`), and its plan adds the bytes the expert axis's all-to-all moves a step.
 

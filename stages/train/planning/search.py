@@ -7,8 +7,9 @@
 The documented slices of the configured TPU generation (`tpu.SLICES`), smallest first; on each, every layout
 (`layouts`: the mesh's fsdp, expert and tensor sizes along whole sides of the torus, `tpu.whole_sides`; the
 micro-batches a step; the remat policy; dropless or capacity buffers for an MoE) is planned
-(`planner.try_plan`) and ranked by its predicted step (step_time.py). The answer is the first slice whose
-fastest layout that fits with `SEARCH_MARGIN` to spare trains the tokens in time.
+(`planner.try_plan`) and ranked by its days: the predicted step (step_time.py) over the goodput (goodput.py:
+checkpoints, evaluations, restarts). The answer is the first slice whose fastest layout that fits with
+`SEARCH_MARGIN` to spare trains the tokens in time.
 """
 
 from __future__ import annotations
@@ -51,10 +52,11 @@ class SliceSearch:
     def render(self) -> str:
         cfg = self.config
         tokens = cfg.steps * cfg.global_batch * cfg.seq_len
-        pace = f"at {cfg.hardware.mfu:.0%} MFU" if cfg.hardware.mfu else "by the predicted step time"
+        pace = (f"at {cfg.hardware.mfu:.0%} MFU" if cfg.hardware.mfu else "by the predicted step time") + \
+            " over the goodput"
         rows = [f"smallest TPU {self.generation} slice that trains {token_count(tokens)} tokens in "
-                f"{self.days:,.3g} days {pace} and fits (one slice; on each, the fastest layout by the "
-                "predicted step: the mesh"
+                f"{self.days:,.3g} days {pace} and fits (one slice; on each, the layout with the fewest "
+                "days: the mesh"
                 f"{', expert axis' if cfg.model.n_experts else ''} included, micro-batches, remat"
                 f"{', dropless or capacity' if cfg.model.n_experts else ''}):"]
         width = max(len(slice_name(t)) for t, _, _ in self.tried)
@@ -106,8 +108,9 @@ def smallest_slice(cfg, days: float, *, elsewhere: bool = True) -> SliceSearch:
 
     On each slice every layout is planned (`layouts`: the mesh's fsdp, expert and tensor sizes, data the
     rest; the micro-batches a step; the remat policy, host offload among them; for an MoE, dropless or
-    capacity buffers) and ranked by the predicted step (`step_time`); the days are the plan's (the
-    prediction's, or an assumed MFU's where train.HardwareConfig.mfu sets one). A slice is skipped, with
+    capacity buffers) and ranked by the plan's days: its step (the prediction's, or an assumed MFU's where
+    train.HardwareConfig.mfu sets one) over its goodput (goodput.py), whose checkpoint writes and restarts
+    grow with the chips and the step. A slice is skipped, with
     why, where even its matmuls at the calibrated rate need more than `days`, or where the parameters and
     optimizer state split over every chip do not fit. Where no slice of the generation does it
     (`elsewhere`), the smallest of each other generation that would. ValueError for a device that is not
@@ -203,10 +206,11 @@ def layouts(cfg, chips: int):
 
 
 def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
-    """(every layout's fastest plan that fits with the estimate's margin (`SEARCH_MARGIN`), fastest first,
-    else the one layout closest to fitting; why none can run). For each layout the lightest remat policy
-    that fits (`REMAT_ORDER`), and where the device has host memory the lightest offload policy that fits
-    (`OFFLOAD_ORDER`): a heavier policy only adds recompute, so these two are the layout's fastest."""
+    """(every layout's fastest plan that fits with the estimate's margin (`SEARCH_MARGIN`), fewest days first
+    (the step over the goodput: `Plan.days`), else the one layout closest to fitting; why none can run). For
+    each layout the lightest remat policy that fits (`REMAT_ORDER`), and where the device has host memory the
+    lightest offload policy that fits (`OFFLOAD_ORDER`): a heavier policy only adds recompute, so these two
+    are the layout's fastest."""
     fitting, closest = [], None
     host = devices.get(cfg.hardware.device).host_bytes
     lightest = {}          # a layout's first fitting remat, whatever its device order (memory ignores it)
@@ -225,9 +229,8 @@ def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
                     break
                 if closest is None or p.per_device["total"] < closest.per_device["total"]:
                     closest = p
-    if fitting:       # fastest first; within 0.1% of each other, the one holding less memory
-        return sorted(fitting, key=lambda p: (round(math.log(p.predicted.seconds), 3),
-                                              p.per_device["total"])), ""
+    if fitting:       # fewest days first; within 0.1% of each other, the one holding less memory
+        return sorted(fitting, key=lambda p: (round(math.log(p.days), 3), p.per_device["total"])), ""
     if closest is not None:
         return [closest], ""
     return [], (f"a global batch of {cfg.global_batch} sequences does not split over its batch shards "
@@ -255,7 +258,8 @@ def _layout(p: Plan) -> str:
 
 
 def _slice_answer(p: Plan, device: bool = False) -> str:
-    """"v5p-2048 (1,024 chips, 23.8 days, 40.6% MFU, 46.0 GiB of 85.5 GiB per chip, <layout>): <bindings>"."""
+    """"v5p-2048 (1,024 chips, 23.8 days at 98.1% goodput, 40.6% MFU predicted, 46.0 GiB of 85.5 GiB per chip,
+    <layout>): <bindings>"."""
     cfg, m = p.config, p.config.model
     bindings = [f'train.HardwareConfig.device="{cfg.hardware.device}"'] if device else []
     bindings += [f'train.HardwareConfig.topology="{cfg.hardware.topology}"', "train.MeshConfig.data=-1",
@@ -267,7 +271,8 @@ def _slice_answer(p: Plan, device: bool = False) -> str:
         bindings.append(f'train.MeshConfig.device_order="{cfg.mesh.device_order}"')
     bindings.append(f'train.ModelConfig.remat="{m.remat}"')
     bindings.append(f"train.OptimizerConfig.grad_accum_steps={cfg.optimizer.grad_accum_steps}")
-    return (f"{slice_name(cfg.hardware.topology)} ({p.chips:,} chips, {num(p.days)} days, "
+    return (f"{slice_name(cfg.hardware.topology)} ({p.chips:,} chips, {num(p.days)} days at "
+            f"{p.goodput.share:.1%} goodput, "
             f"{p.predicted.mfu:.1%} MFU predicted, {gib(p.per_device['total'])} of {gib(p.budget)} per "
             "chip, "
             f"{_layout(p)}): " + " ".join(bindings))

@@ -258,9 +258,16 @@ def memory_bytes_per_step(cfg, mesh: Mesh, micro_batch: int, recomputed=frozense
                       + (2 * k + 1) * m.d_model)
         per_token += layers * layer * cdt * passes
     per_token += 4 * 4 * m.vocab_size / tensor
-    shard = shards.param_bytes(m, mesh, DTYPE_BYTES[m.param_dtype])
-    optimizer = 7 * shard + (2 * shard * accum if accum > 1 else 0)
-    return tokens * accum * per_token + optimizer
+    return tokens * accum * per_token + update_bytes(cfg, mesh)
+
+
+def update_bytes(cfg, mesh: Mesh) -> float:
+    """The HBM bytes of a step's optimizer update on a device (part of `memory_bytes_per_step`): it reads the
+    parameters, gradients and two moments of this device's shard and writes three of them back, and with
+    gradient accumulation the accumulator is read and written once a micro-batch."""
+    accum = cfg.optimizer.grad_accum_steps
+    shard = shards.param_bytes(cfg.model, mesh, DTYPE_BYTES[cfg.model.param_dtype])
+    return 7 * shard + (2 * shard * accum if accum > 1 else 0)
 
 
 @dataclasses.dataclass(frozen=True)
