@@ -134,6 +134,7 @@ LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
     "kv_heads": "tensor",
     "mlp": "tensor",
     "head_dim": None,
+    "latent": None,          # multi-head latent attention's compressed query and key-value (model_config)
     "layers": None,
     "experts": "expert",
 }
