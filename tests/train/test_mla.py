@@ -24,8 +24,9 @@ MLA = C.ModelConfig(vocab_size=61, d_model=48, n_layers=2, n_heads=4, n_kv_heads
                     max_seq_len=64, dtype="float32", attention_impl="xla", attention_kind="mla",
                     q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
                     init_std=0.2)
-# DeepSeek-V3 (arXiv 2412.19437 section 4.2 and its config.json, transformers' DeepseekV3Config defaults): 61 layers, d 7168, 128 heads, MLA ranks
-# 1536 / 512, head dims 128 nope + 64 rope, values 128; 256 routed experts of 2048, 1 shared, top 8.
+# DeepSeek-V3 (arXiv 2412.19437 section 4.2, its config.json and transformers' DeepseekV3Config defaults):
+# 61 layers, d 7168, 128 heads, MLA ranks 1536 / 512, head dims 128 nope + 64 rope, values 128; 256
+# routed experts of 2048, 1 shared, top 8.
 DEEPSEEK_V3 = C.ModelConfig(vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, n_kv_heads=128,
                             mlp_dim=18432, attention_kind="mla", q_lora_rank=1536, kv_lora_rank=512,
                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_experts=256,
@@ -217,3 +218,41 @@ def test_flops_per_token_counts_the_projections_and_the_scores_at_their_widths()
     n_matmul = cfg.n_layers * per_layer + D * V                                    # the unembedding
     attention = cfg.n_layers * 3 * N * (Hn + Hr + Hv) * T                          # causal, fwd + bwd
     assert C.flops_per_token(cfg, T) == 6 * n_matmul + attention
+
+
+def test_deepseek_v3s_flops_per_token_equal_maxtexts_published_count():
+    # MaxText's DeepSeek-V3 671B run on v5p-1024 printed 152.415 TFLOP/s a device at 542.108 tokens/s a
+    # device (benchmarks/published/throughput_sources.md section 3): 281.15 GFLOP a token by its count.
+    assert C.flops_per_token(DEEPSEEK_V3, 8192) == pytest.approx(152.415e12 / 542.108, rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- the planner
+def test_the_step_time_models_matmuls_are_the_flops_per_token_without_the_scores():
+    from stages.train.planning import step_time
+
+    cfg, T = dataclasses.replace(DEEPSEEK_V3, n_experts=0, n_dense_layers=0), 8192
+    groups = step_time.matmul_flops(cfg, 1, 6 * T)                                 # forward, a token
+    D, N, L = 7168, 128, 61
+    assert groups["qkv"] == 2 * L * (D * 1536 + 1536 * N * 192 + D * (512 + 64) + 512 * N * (128 + 128))
+    assert groups["out"] == 2 * L * N * 128 * D
+    scores = 3 * L * N * (192 + 128) * T
+    assert 3 * sum(groups.values()) + scores == pytest.approx(C.flops_per_token(cfg, T), rel=1e-12)
+
+
+def test_memory_counts_the_latents_and_the_kv_cache_holds_them_alone():
+    from stages.train.planning import memory
+
+    layer = memory.layer_activations(DEEPSEEK_V3, tensor=1)
+    assert (layer["latent"], layer["q"], layer["k"], layer["v"], layer["attention"]) == (
+        1536 + 512 + 64, 128 * 192, 128 * 192, 128 * 128, 128 * 128)
+    assert memory.layer_activations(DEEPSEEK_V3, tensor=1, lanes=128)["latent"] == 1536 + 640
+    assert memory.layer_activations(C.ModelConfig(), tensor=1)["latent"] == 0
+    # bfloat16: 61 layers x (512 + 64) x 2 bytes a token, and an int32 segment id a slot
+    assert memory.kv_cache_bytes(DEEPSEEK_V3, batch=2, seq_len=1000) == 2 * 1000 * (61 * 576 * 2 + 4)
+    gqa = dataclasses.replace(DEEPSEEK_V3, attention_kind="mha", n_kv_heads=8, head_dim=128,
+                              **dict.fromkeys(C.MLA_DIMS, 0))
+    assert memory.kv_cache_bytes(gqa, 1, 1) == 61 * 2 * 8 * 128 * 2 + 4
+    net = build()
+    cache = net.init_cache(3, 7)
+    assert memory.kv_cache_bytes(MLA, 3, 7) == sum(x.size * x.dtype.itemsize for x in (cache.k, cache.v)) \
+        + cache.segment_ids.size * 4
