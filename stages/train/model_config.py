@@ -281,8 +281,9 @@ def mla_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, 
     projection (D, Rq), its RMSNorm (Rq,) and up projection (Rq, N, Hn + Hr) (or, with q_lora_rank 0, one
     (D, N, Hn + Hr) projection), the joint down projection to the key-value latent and the shared RoPE key
     (D, Rkv + Hr), the latent's RMSNorm (Rkv,), its up projection to each head's nope key and value
-    (Rkv, N, Hn + Hv), and the output projection (N, Hv, D). The latent axes are not split ("latent": held
-    whole, as head_dim is): their matrices shard over embed (fsdp) and heads (tensor) like wq's."""
+    (Rkv, N, Hn + Hv), and the output projection (N, Hv, D). The "latent" axis is split as "embed" is (fsdp
+    x expert, stages/train/mesh.py), so the up projections are sharded and gathered per layer like wq; a
+    down projection's latent output stays whole (its embed input took those axes)."""
     D, N = cfg.d_model, cfg.n_heads
     Rq, Rkv, Hn, Hr, Hv = (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
                            cfg.v_head_dim)
