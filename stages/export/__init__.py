@@ -9,7 +9,8 @@
 
 Writes into `out_dir`:
     config.json                 LlamaForCausalLM, or for a mixture of experts MixtralForCausalLM or
-                                Glm4MoeForCausalLM (stages/train/hf.py: GQA, RoPE and its scaling in the form
+                                Glm4MoeForCausalLM, or with multi-head latent attention DeepseekV3ForCausalLM
+                                (stages/train/hf.py: GQA or MLA, RoPE and its scaling in the form
                                 transformers 5 reads and the one 4.x reads, tied embeddings, rms_norm_eps;
                                 the experts one tensor each, the layout vLLM and llama.cpp read)
     generation_config.json      bos/eos ids, greedy by default

@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 Node = tuple[str, str]              # (stage, key): one commit, whatever name a reader reads it by
 
 
+def _heads(mcfg) -> str:
+    if mcfg.attention_kind == "mla":
+        rank = mcfg.q_lora_rank or "full"
+        return (f"{mcfg.n_heads} heads of multi-head latent attention (query rank {rank}, "
+                f"key-value rank {mcfg.kv_lora_rank}, head dims {mcfg.qk_nope_head_dim} + "
+                f"{mcfg.qk_rope_head_dim} rope, values {mcfg.v_head_dim})")
+    return f"{mcfg.n_heads} heads / {mcfg.n_kv_heads} kv heads"
+
+
 def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None = None) -> str:
     """The card's markdown. start: (piece, id) of the token every context starts with (the export's
     bos_token); None when no tokenizer was exported."""
@@ -44,8 +53,8 @@ def model_card(name: str, inputs: Mapping, mcfg, start: tuple[str, int] | None =
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              f"tags: [refinery, {kind}]", "---", "", f"# {name}", "",
              f"A decoder in transformers' {arch} architecture ({_params(mcfg)} parameters: "
-             f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, {mcfg.n_heads} heads / {mcfg.n_kv_heads} kv "
-             f"heads{experts}, vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from "
+             f"{mcfg.n_layers} layers, d_model {mcfg.d_model}, {_heads(mcfg)}{experts}, "
+             f"vocabulary {mcfg.vocab_size:,}, context {mcfg.max_seq_len:,}) trained from "
              "raw text by Refinery's cached pipeline. Load it with transformers:", "", "```python",
              "from transformers import AutoModelForCausalLM, AutoTokenizer",
              'model = AutoModelForCausalLM.from_pretrained("<this directory or hub id>")',

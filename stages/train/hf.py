@@ -2,7 +2,9 @@
 each of its tensors as a function of one of ours. A dense model is `LlamaForCausalLM`; a mixture of experts
 is `MixtralForCausalLM` (softmax routing over every expert, top-k renormalised) or `Glm4MoeForCausalLM`
 (DeepSeek-V3's routing: sigmoid scores, a selection-only bias, group-limited top-k, shared experts, leading
-dense layers), whichever holds it exactly (`architecture`).
+dense layers), whichever holds it exactly (`architecture`). A model with multi-head latent attention
+(ModelConfig.attention_kind "mla") is `DeepseekV3ForCausalLM`, whose MoE block is GLM-4-MoE's (the same
+tensors) and whose dense model is all leading dense layers (first_k_dense_replace = num_hidden_layers).
 
     from stages.train import hf
     hf.problem(model_config)                     # "" or one line naming a setting no class can express
@@ -24,7 +26,10 @@ is where it sits in our stacked parameter: (layer,) or (layer, expert).
 
 RoPE parameters are written twice: `rope_parameters` (what transformers 5 reads, rope_theta inside) and the
 older `rope_scaling` + `rope_theta` (transformers 4). transformers 5 prefers `rope_scaling` when present, so
-the two hold the same dict. Our "ntk" scaling (a stretched base, applied at every length) is transformers'
+the two hold the same dict. DeepSeek-V3 rotates only the qk_rope_head_dim tail of each query head and the
+shared key, in the rotate_half layout when `rope_interleave` is false, which the export writes (its
+default, true, would read the pairs (2i, 2i + 1)); its latent norms' epsilon is 1e-6 as ours
+(model.MLA_NORM_EPS). Our "ntk" scaling (a stretched base, applied at every length) is transformers'
 default RoPE with that base as rope_theta; transformers' "dynamic" NTK, which changes the base only past
 max_position_embeddings, is not the same model and is refused on import. GLM-4-MoE rotates only part of
 each head unless told otherwise (`partial_rotary_factor`, 0.5 by default): the export writes 1.0 at the top
@@ -48,7 +53,8 @@ if TYPE_CHECKING:        # numpy only names the conversions' types: planning imp
 
 ARCHITECTURE = "LlamaForCausalLM"         # a dense model
 MIXTRAL, GLM4_MOE = "MixtralForCausalLM", "Glm4MoeForCausalLM"
-MODEL_TYPES = {ARCHITECTURE: "llama", MIXTRAL: "mixtral", GLM4_MOE: "glm4_moe"}
+DEEPSEEK_V3 = "DeepseekV3ForCausalLM"     # multi-head latent attention, dense or with GLM-4-MoE's MoE block
+MODEL_TYPES = {ARCHITECTURE: "llama", MIXTRAL: "mixtral", GLM4_MOE: "glm4_moe", DEEPSEEK_V3: "deepseek_v3"}
 # Llama 3's fixed llama3-scaling shape and YaRN's default ramp: the only values model.rope_inv_freq uses.
 LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -65,11 +71,17 @@ MOE_EXPRESSED = ("n_experts", "n_experts_per_token", "n_shared_experts", "moe_ml
                  "router_score", "router_norm_topk", "router_scale", "router_groups", "router_topk_groups")
 MOE_TRAINING = ("moe_capacity_factor", "moe_aux_loss", "moe_aux_scope", "moe_router_z_loss",
                 "moe_bias_update_rate")
+# What DeepseekV3ForCausalLM adds: multi-head latent attention's kind and sizes.
+MLA_EXPRESSED = ("attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim")
 
 
 def architecture(cfg: ModelConfig) -> str:
     """The transformers class that holds `cfg`: Llama for a dense model; for an MoE, Mixtral's softmax router
-    or GLM-4-MoE's sigmoid one (`problem` says whether it holds every setting)."""
+    or GLM-4-MoE's sigmoid one; DeepSeek-V3 for multi-head latent attention (`problem` says whether it holds
+    every setting)."""
+    if cfg.mla:
+        return DEEPSEEK_V3
     if not cfg.n_experts:
         return ARCHITECTURE
     return MIXTRAL if cfg.router_score == "softmax" else GLM4_MOE
@@ -81,6 +93,7 @@ def problem(cfg: ModelConfig) -> str:
     away from its default: the export never writes a silently different model."""
     defaults, arch = ModelConfig(), architecture(cfg)
     moe = MOE_EXPRESSED + MOE_TRAINING if cfg.n_experts else ()
+    moe += MLA_EXPRESSED if cfg.mla else ()
     for f in dataclasses.fields(ModelConfig):
         if f.name in EXPRESSED or f.name in NUMERICS or f.name in moe:
             continue
@@ -92,7 +105,11 @@ def problem(cfg: ModelConfig) -> str:
 
 def _moe_problem(cfg: ModelConfig, arch: str) -> str:
     """What of an MoE `arch` cannot hold: Mixtral has no bias, groups, scale, shared or dense layers and
-    always renormalises; GLM-4-MoE scores each group by its best two experts and always has shared ones."""
+    always renormalises; GLM-4-MoE (and DeepSeek-V3, the same block) scores each group by its best two
+    experts and always has shared ones, and DeepSeek-V3 routes by sigmoid scores only."""
+    if arch == DEEPSEEK_V3 and cfg.router_score != "sigmoid":
+        return (f"train.ModelConfig.router_score={cfg.router_score!r}: transformers' {DEEPSEEK_V3} "
+                "(multi-head latent attention) routes by sigmoid scores; export needs router_score='sigmoid'")
     if arch == MIXTRAL:
         fixed = (("router_norm_topk", True, "renormalises the top-k weights always"),
                  ("router_scale", 1.0, "has no routed scaling factor"),
@@ -112,7 +129,7 @@ def _moe_problem(cfg: ModelConfig, arch: str) -> str:
         return (f"train.ModelConfig.router_groups={cfg.router_groups}: groups of one expert; transformers' "
                 f"{GLM4_MOE} scores a group by its best two (export needs n_experts / router_groups >= 2)")
     if cfg.n_shared_experts < 1:
-        return (f"train.ModelConfig.n_shared_experts=0: transformers' {GLM4_MOE} (sigmoid routing) always "
+        return (f"train.ModelConfig.n_shared_experts=0: transformers' {arch} (sigmoid routing) always "
                 "has shared experts (vLLM builds them too); export needs n_shared_experts >= 1")
     return ""
 
@@ -128,7 +145,7 @@ def notes(cfg: ModelConfig) -> list[str]:
 
 def rope_parameters(cfg: ModelConfig) -> dict:
     """transformers' rope_parameters for `cfg` (rope_theta included)."""
-    H, s = cfg.effective_head_dim, cfg.rope_factor
+    H, s = cfg.rope_dim, cfg.rope_factor
     if cfg.rope_scaling == "none" or (s == 1.0 and cfg.rope_scaling != "ntk"):
         return {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling == "ntk":      # model.rope_inv_freq: the base stretched by s^(H / (H - 2))
@@ -163,6 +180,8 @@ def config_json(cfg: ModelConfig, *, bos_id: int, eos_id: int, dtype: str) -> di
     }
     if arch == ARCHITECTURE:
         return common | {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+    if arch == DEEPSEEK_V3:
+        return common | _deepseek_fields(cfg)
     moe = {"num_experts_per_tok": cfg.n_experts_per_token}
     if arch == MIXTRAL:
         return common | moe | {"intermediate_size": cfg.effective_moe_mlp_dim,
@@ -177,9 +196,28 @@ def config_json(cfg: ModelConfig, *, bos_id: int, eos_id: int, dtype: str) -> di
         "num_nextn_predict_layers": 0}
 
 
+def _deepseek_fields(cfg: ModelConfig) -> dict:
+    """What DeepseekV3's config.json adds: MLA's sizes, RoPE in the rotate_half layout, and the MoE block
+    as GLM-4-MoE's; a dense model is n_layers leading dense layers (the MoE sizes then unused, written as
+    one expert so the file stays a valid DeepSeek-V3 config)."""
+    moe = cfg.n_experts > 0
+    return {
+        "head_dim": cfg.qk_rope_head_dim,            # what DeepseekV3Config sets: the rotary embedding's dims
+        "q_lora_rank": cfg.q_lora_rank or None, "kv_lora_rank": cfg.kv_lora_rank,
+        "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
+        "v_head_dim": cfg.v_head_dim, "rope_interleave": False, "attention_bias": False,
+        "first_k_dense_replace": cfg.n_dense_layers if moe else cfg.n_layers,
+        "n_routed_experts": cfg.n_experts if moe else 1,
+        "num_experts_per_tok": cfg.n_experts_per_token if moe else 1,
+        "moe_intermediate_size": cfg.effective_moe_mlp_dim, "n_shared_experts": cfg.n_shared_experts or 1,
+        "n_group": cfg.router_groups if moe else 1, "topk_group": cfg.router_topk_groups if moe else 1,
+        "norm_topk_prob": cfg.router_norm_topk, "routed_scaling_factor": cfg.router_scale,
+        "num_nextn_predict_layers": 0, "num_mtp_layers": 0}
+
+
 def model_fields(config: dict, where: str = "config.json") -> dict:
-    """The ModelConfig fields a Hugging Face Llama, Mixtral or GLM-4-MoE config.json describes; ValueError
-    naming the setting (and `where`) for anything our decoder would compute differently."""
+    """The ModelConfig fields a Hugging Face Llama, Mixtral, GLM-4-MoE or DeepSeek-V3 config.json describes;
+    ValueError naming the setting (and `where`) for anything our decoder would compute differently."""
     arch = config.get("architectures") or []
     by_type = {t: a for a, t in MODEL_TYPES.items()}
     kind = config.get("model_type")
@@ -192,11 +230,14 @@ def model_fields(config: dict, where: str = "config.json") -> dict:
     fixed |= {"sliding_window": None} if kind == "mixtral" else {}
     fixed |= {"use_qk_norm": False, "partial_rotary_factor": 1.0, "num_nextn_predict_layers": 0} \
         if kind == "glm4_moe" else {}
+    fixed |= {"rope_interleave": False} if kind == "deepseek_v3" else {}
     for name, want in fixed.items():
         value = config.get(name, want)
         if name == "partial_rotary_factor":           # GLM's default, 0.5, when no file says otherwise
             rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
             value = config.get(name, rope.get(name, 0.5))
+        if name == "rope_interleave":                 # DeepSeek-V3's default: the pairs (2i, 2i + 1)
+            value = config.get(name, True)
         if value != want:
             raise ValueError(f"{where}: {name}={value!r}; Refinery's decoder has {name}={want!r}")
     size = {name: _count(config, name, where) for name in REQUIRED}
@@ -226,11 +267,38 @@ def model_fields(config: dict, where: str = "config.json") -> dict:
                    "router_norm_topk": bool(config.get("norm_topk_prob", True)),
                    "router_scale": _number(config, "routed_scaling_factor", 1.0, where),
                    "router_score": "sigmoid"}
+    elif kind == "deepseek_v3":
+        fields |= _deepseek_model_fields(config, where, size)
     try:
         return fields | _rope_fields(config, where)
     except (KeyError, TypeError) as e:        # a rope setting missing or of the wrong kind
         raise ValueError(f"{where}: its rope settings cannot be read ({type(e).__name__}: {e}): "
                          f"rope_scaling={config.get('rope_scaling')!r}") from None
+
+
+def _deepseek_model_fields(config: dict, where: str, size: dict) -> dict:
+    """A DeepSeek-V3 config.json's MLA sizes, and its MoE block unless every layer is a leading dense one."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if rope.get("mscale_all_dim"):
+        raise ValueError(f"{where}: rope mscale_all_dim={rope['mscale_all_dim']!r} scales DeepSeek-V3's "
+                         "softmax by mscale^2; Refinery's decoder scales only the rotated dims (YaRN's "
+                         "temperature on cos and sin)")
+    fields = {"attention_kind": "mla", "head_dim": 0, "n_kv_heads": size["num_attention_heads"],
+              "q_lora_rank": _count(config, "q_lora_rank", where, required=False),
+              **{name: _count(config, name, where) for name in
+                 ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}}
+    dense = int(config.get("first_k_dense_replace", 3))
+    if dense >= size["num_hidden_layers"]:
+        return fields
+    return fields | {"n_experts": _count(config, "n_routed_experts", where),
+                     "n_experts_per_token": _count(config, "num_experts_per_tok", where),
+                     "moe_mlp_dim": _count(config, "moe_intermediate_size", where),
+                     "n_shared_experts": _count(config, "n_shared_experts", where), "n_dense_layers": dense,
+                     "router_groups": _count(config, "n_group", where),
+                     "router_topk_groups": _count(config, "topk_group", where),
+                     "router_norm_topk": bool(config.get("norm_topk_prob", True)),
+                     "router_scale": _number(config, "routed_scaling_factor", 1.0, where),
+                     "router_score": "sigmoid"}
 
 
 # The sizes every Llama config.json states (transformers' defaults for them describe a 7B model: never
@@ -313,16 +381,17 @@ def tensors(cfg: ModelConfig) -> Iterator[Tensor]:
 
     transposed = (lambda a: a.T, lambda a: a.T)
     yield Tensor("model.embed_tokens.weight", (V, D), "embed", None, _same, _same)
-    attention = (
-        ("input_layernorm.weight", (D,), "attn_norm", (_same, _same)),
+    grouped = (
         ("self_attn.q_proj.weight", (N * H, D), "wq", heads_in(N)),
         ("self_attn.k_proj.weight", (K * H, D), "wk", heads_in(K)),
         ("self_attn.v_proj.weight", (K * H, D), "wv", heads_in(K)),
         # ours (N, H, D) <-> torch Linear (D, N * H)
         ("self_attn.o_proj.weight", (D, N * H), "wo",
          (lambda a: a.reshape(N * H, D).T, lambda a: a.T.reshape(N, H, D))),
-        ("post_attention_layernorm.weight", (D,), "mlp_norm", (_same, _same)),
     )
+    attention = (("input_layernorm.weight", (D,), "attn_norm", (_same, _same)),
+                 *(_mla_tensors(cfg) if cfg.mla else grouped),
+                 ("post_attention_layernorm.weight", (D,), "mlp_norm", (_same, _same)))
     dense_mlp = (("mlp.gate_proj.weight", (F, D), "w_gate", transposed),
                  ("mlp.up_proj.weight", (F, D), "w_up", transposed),
                  ("mlp.down_proj.weight", (D, F), "w_down", transposed))
@@ -338,15 +407,42 @@ def tensors(cfg: ModelConfig) -> Iterator[Tensor]:
         yield Tensor("lm_head.weight", (V, D), "unembedding", None, *transposed)
 
 
+def _mla_tensors(cfg: ModelConfig) -> tuple:
+    """One layer's multi-head latent attention as DeepseekV3Attention holds it: (suffix, torch shape, our
+    parameter, (to_hf, from_hf)). torch's Linear stores (out, in); a head's query is its Hn nope dims then
+    its Hr rope dims, a head's kv_b rows its Hn key dims then its Hv value dims, as ours."""
+    D, N, Rq, Rkv = cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+    Hqk, Hr, Hkv, Hv = cfg.effective_head_dim, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim + cfg.v_head_dim, \
+        cfg.v_head_dim
+    transposed = (lambda a: a.T, lambda a: a.T)
+
+    def heads_out(rows, n, h):     # ours (rows, n, h) <-> torch Linear (n * h, rows)
+        return (lambda a: a.reshape(rows, n * h).T, lambda a: a.T.reshape(rows, n, h))
+
+    query = ((("self_attn.q_a_proj.weight", (Rq, D), "wq_a", transposed),
+              ("self_attn.q_a_layernorm.weight", (Rq,), "q_norm", (_same, _same)),
+              ("self_attn.q_b_proj.weight", (N * Hqk, Rq), "wq_b", heads_out(Rq, N, Hqk))) if Rq else
+             (("self_attn.q_proj.weight", (N * Hqk, D), "wq", heads_out(D, N, Hqk)),))
+    return query + (
+        ("self_attn.kv_a_proj_with_mqa.weight", (Rkv + Hr, D), "wkv_a", transposed),
+        ("self_attn.kv_a_layernorm.weight", (Rkv,), "kv_norm", (_same, _same)),
+        ("self_attn.kv_b_proj.weight", (N * Hkv, Rkv), "wkv_b", heads_out(Rkv, N, Hkv)),
+        # ours (N, Hv, D) <-> torch Linear (D, N * Hv)
+        ("self_attn.o_proj.weight", (D, N * Hv), "wo",
+         (lambda a: a.reshape(N * Hv, D).T, lambda a: a.T.reshape(N, Hv, D))),
+    )
+
+
 def _moe_block(cfg: ModelConfig, arch: str, i: int, j: int, transposed) -> Iterator[Tensor]:
     """Model layer i's MoE block (our moe_layers[j]), per expert: Mixtral's `block_sparse_moe.` (w1 gate,
     w3 up, w2 down) or GLM-4-MoE's `mlp.` (gate_proj, up_proj, down_proj, the selection bias and the shared
     experts as one MLP of n_shared x the expert width)."""
     D, E, Fe = cfg.d_model, cfg.n_experts, cfg.effective_moe_mlp_dim
     block = f"model.layers.{i}.block_sparse_moe." if arch == MIXTRAL else f"model.layers.{i}.mlp."
-    router_dtype = "float32" if arch == GLM4_MOE else ""
+    sigmoid = arch in (GLM4_MOE, DEEPSEEK_V3)              # the same MoE block and tensor names
+    router_dtype = "float32" if sigmoid else ""
     yield Tensor(block + "gate.weight", (E, D), "moe_layers.router", (j,), *transposed, i, router_dtype)
-    if arch == GLM4_MOE:
+    if sigmoid:
         yield Tensor(block + "gate.e_score_correction_bias", (E,), "moe_layers.router_bias", (j,), _same,
                      _same, i, "float32")
     names = {"experts_gate": "w1", "experts_down": "w2", "experts_up": "w3"} if arch == MIXTRAL else \
@@ -356,7 +452,7 @@ def _moe_block(cfg: ModelConfig, arch: str, i: int, j: int, transposed) -> Itera
             shape = (D, Fe) if param == "experts_down" else (Fe, D)
             yield Tensor(f"{block}experts.{e}.{name}.weight", shape, f"moe_layers.{param}", (j, e),
                          *transposed, i)
-    if arch == GLM4_MOE:
+    if sigmoid:
         S = cfg.n_shared_experts * Fe
         for param, name, shape in (("shared_gate", "gate_proj", (S, D)), ("shared_up", "up_proj", (S, D)),
                                    ("shared_down", "down_proj", (D, S))):

@@ -134,6 +134,9 @@ LOGICAL_RULES: dict[str, tuple[str, ...] | str | None] = {
     "kv_heads": "tensor",
     "mlp": "tensor",
     "head_dim": None,
+    # Multi-head latent attention's compressed query and key-value (model_config.mla_layout): the input
+    # dimension of its up projections, split as embed is (FSDP gathers it per layer, planning/shards.py).
+    "latent": ("fsdp", "expert"),
     "layers": None,
     "experts": "expert",
 }

@@ -52,11 +52,12 @@ from jax.ad_checkpoint import checkpoint_name
 
 from stages.train import moe
 from stages.train.attention import attention
-from stages.train.model_config import REMAT_NAMES, ModelConfig, param_layout
+from stages.train.model_config import REMAT_NAMES, ModelConfig, mla_layout, param_layout
 from stages.train.sharding import target_platform, with_logical_constraint
 
 log = logging.getLogger(__name__)
 EMPTY_SLOT = -1          # the segment id of a KV-cache slot not yet written: no query has it
+MLA_NORM_EPS = 1e-6      # the epsilon of MLA's latent RMSNorms: DeepSeek's and transformers' fixed value
 
 _cp = jax.checkpoint_policies
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj")     # what "minimal" saves
@@ -118,6 +119,10 @@ class KVCache(NamedTuple):
     token last lets the attention's causal rule (the last query sees up to the last key) hold for a chunk of
     any length without a dynamic slice; a chunk's keys are concatenated after the cache, attended, and the
     last S kept, so once more than S tokens have been written the oldest drop out (a sliding window).
+    With multi-head latent attention (ModelConfig.attention_kind "mla") k holds the normed key-value latent
+    (L, B, S, kv_lora_rank) and v the rotated RoPE key the heads share (L, B, S, qk_rope_head_dim): what
+    DeepSeek-V3 caches, (512 + 64) numbers a token and layer where per-head keys and values take
+    2 * 128 * 192.
     """
 
     k: Any
@@ -165,7 +170,7 @@ class Transformer(nnx.Module):
                 positions = jnp.arange(T, dtype=jnp.int32)[None].repeat(B, 0)
         inv_freq, scale = rope_inv_freq(cfg)
         angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-        # angles (B, T, H/2); sin and cos are computed once and shared by all layers.
+        # angles (B, T, H/2), H = cfg.rope_dim; sin and cos are computed once and shared by all layers.
         sin, cos = jnp.sin(angles) * scale, jnp.cos(angles) * scale
 
         if cache is None:
@@ -232,8 +237,12 @@ class Transformer(nnx.Module):
     def init_cache(self, batch: int, max_len: int) -> KVCache:
         """An empty cache for `batch` sequences of up to `max_len` tokens (see KVCache)."""
         cfg = self.config
-        shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.effective_head_dim)
-        return KVCache(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype),
+        if cfg.mla:                    # the latent and the shared RoPE key, not per-head keys and values
+            k_shape = (cfg.n_layers, batch, max_len, cfg.kv_lora_rank)
+            v_shape = (cfg.n_layers, batch, max_len, cfg.qk_rope_head_dim)
+        else:
+            k_shape = v_shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.effective_head_dim)
+        return KVCache(jnp.zeros(k_shape, cfg.dtype), jnp.zeros(v_shape, cfg.dtype),
                        jnp.full((batch, max_len), EMPTY_SLOT, jnp.int32), jnp.zeros((), jnp.int32))
 
 
@@ -251,10 +260,11 @@ class Block(nnx.Module):
         out_std = std / math.sqrt(2 * cfg.n_layers)   # GPT-2: residual branches sum over 2L additions
         # One creation call per parameter, in this order: the random streams (and the weights) depend on it.
         self.attn_norm = param(None, *layout["attn_norm"], None, pd)
-        self.wq = param(rngs.params(), *layout["wq"], std, pd)
-        self.wk = param(rngs.params(), *layout["wk"], std, pd)
-        self.wv = param(rngs.params(), *layout["wv"], std, pd)
-        self.wo = param(rngs.params(), *layout["wo"], out_std, pd)
+        for name in mla_layout(cfg) if cfg.mla else ("wq", "wk", "wv", "wo"):
+            if name.endswith("_norm"):                         # MLA's latent norms: scales of one
+                setattr(self, name, param(None, *layout[name], None, pd))
+            else:
+                setattr(self, name, param(rngs.params(), *layout[name], out_std if name == "wo" else std, pd))
         self.mlp_norm = param(None, *layout["mlp_norm"], None, pd)
         if not self.moe:
             self.w_gate = param(rngs.params(), *layout["w_gate"], std, pd)
@@ -275,23 +285,15 @@ class Block(nnx.Module):
 
     def __call__(self, cfg: ModelConfig, x, sin, cos, q_seg, kv_seg, cache_kv=None):
         """x (B, T, D); q_seg (B, T); kv_seg (B, S + T) with a cache, else (B, T); cache_kv: this layer's
-        (k, v), each (B, S, K, H). Returns (x, new (k, v) or None, MoE statistics ({} when dense))."""
+        (k, v), each (B, S, K, H) (MLA: the latent (B, S, Rkv) and RoPE key (B, S, Hr)). Returns (x, new
+        (k, v) or None, MoE statistics ({} when dense))."""
         dt = jnp.dtype(cfg.dtype)
         w = lambda p: p[...].astype(dt)                                    # noqa: E731
         h = rms_norm(x, self.attn_norm[...], cfg.norm_eps)
-        q = checkpoint_name(jnp.einsum("btd,dnh->btnh", h, w(self.wq)), "query_proj")   # (B, T, N, H)
-        k = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wk)), "key_proj")     # (B, T, K, H)
-        v = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wv)), "value_proj")   # (B, T, K, H)
-        q = with_logical_constraint(apply_rope(q, sin, cos), ("batch", "length", "heads", "head_dim"))
-        k = with_logical_constraint(apply_rope(k, sin, cos), ("batch", "length", "kv_heads", "head_dim"))
-        new_kv = None
-        if cache_kv is not None:       # attend over the cache then this chunk; keep the last S slots
-            S = cache_kv[0].shape[1]
-            k = jnp.concatenate([cache_kv[0], k.astype(cache_kv[0].dtype)], axis=1)   # (B, S + T, K, H)
-            v = jnp.concatenate([cache_kv[1], v.astype(cache_kv[1].dtype)], axis=1)
-            new_kv = (k[:, -S:], v[:, -S:])
-        o = attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg), impl=cfg.attention_impl,
-                      block_q=cfg.attention_block_q, block_k=cfg.attention_block_k)             # (B, T, N, H)
+        if cfg.mla:
+            o, new_kv = self._latent_attention(cfg, h, sin, cos, q_seg, kv_seg, cache_kv)
+        else:
+            o, new_kv = self._attention(cfg, h, sin, cos, q_seg, kv_seg, cache_kv)
         o = checkpoint_name(o, "attention")
         o = checkpoint_name(jnp.einsum("btnh,nhd->btd", o, w(self.wo)), "out_proj")      # (B, T, D)
         x = with_logical_constraint(x + o, residual_names(cfg))
@@ -307,6 +309,64 @@ class Block(nnx.Module):
             down = swiglu(h, w(self.w_gate), w(self.w_up), w(self.w_down))
         x = with_logical_constraint(x + down, residual_names(cfg))
         return x, new_kv, stats
+
+    def _attention(self, cfg: ModelConfig, h, sin, cos, q_seg, kv_seg, cache_kv):
+        """Grouped-query attention of the normed input h (B, T, D): (output (B, T, N, H), new (k, v) or
+        None)."""
+        w = lambda p: p[...].astype(cfg.dtype)                             # noqa: E731
+        q = checkpoint_name(jnp.einsum("btd,dnh->btnh", h, w(self.wq)), "query_proj")   # (B, T, N, H)
+        k = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wk)), "key_proj")     # (B, T, K, H)
+        v = checkpoint_name(jnp.einsum("btd,dkh->btkh", h, w(self.wv)), "value_proj")   # (B, T, K, H)
+        q = with_logical_constraint(apply_rope(q, sin, cos), ("batch", "length", "heads", "head_dim"))
+        k = with_logical_constraint(apply_rope(k, sin, cos), ("batch", "length", "kv_heads", "head_dim"))
+        new_kv = None
+        if cache_kv is not None:       # attend over the cache then this chunk; keep the last S slots
+            S = cache_kv[0].shape[1]
+            k = jnp.concatenate([cache_kv[0], k.astype(cache_kv[0].dtype)], axis=1)   # (B, S + T, K, H)
+            v = jnp.concatenate([cache_kv[1], v.astype(cache_kv[1].dtype)], axis=1)
+            new_kv = (k[:, -S:], v[:, -S:])
+        o = attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg), impl=cfg.attention_impl,
+                      block_q=cfg.attention_block_q, block_k=cfg.attention_block_k)             # (B, T, N, H)
+        return o, new_kv
+
+    def _latent_attention(self, cfg: ModelConfig, h, sin, cos, q_seg, kv_seg, cache_kv):
+        """DeepSeek-V3's multi-head latent attention of the normed input h (B, T, D) (see ModelConfig and
+        `model_config.mla_layout`): (output (B, T, N, Hv), the new cache (latent (B, S, Rkv), RoPE key
+        (B, S, Hr)) or None). The cache holds the normed latent and the rotated shared key, what DeepSeek
+        caches; each step projects the whole window's keys and values up from it again.
+
+        The attention kernels take one head width for q, k and v, so v (Hv) is padded with zeros to the
+        query's Hn + Hr and the output cut back to Hv: the same softmax, scaled by 1/sqrt(Hn + Hr)."""
+        w = lambda p: p[...].astype(cfg.dtype)                             # noqa: E731
+        Rkv, Hn, Hr, Hv = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        if cfg.q_lora_rank:
+            cq = jnp.einsum("btd,dr->btr", h, w(self.wq_a))                                # (B, T, Rq)
+            cq = rms_norm(cq, self.q_norm[...], MLA_NORM_EPS)
+            q = jnp.einsum("btr,rnh->btnh", cq, w(self.wq_b))                              # (B, T, N, Hn+Hr)
+        else:
+            q = jnp.einsum("btd,dnh->btnh", h, w(self.wq))
+        q = checkpoint_name(q, "query_proj")
+        q = jnp.concatenate([q[..., :Hn], apply_rope(q[..., Hn:], sin, cos)], axis=-1)
+        q = with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+        ckv = jnp.einsum("btd,dr->btr", h, w(self.wkv_a))                                 # (B, T, Rkv + Hr)
+        latent = rms_norm(ckv[..., :Rkv], self.kv_norm[...], MLA_NORM_EPS)               # (B, T, Rkv)
+        k_rope = apply_rope(ckv[..., None, Rkv:], sin, cos)[:, :, 0]                       # (B, T, Hr)
+        new_kv = None
+        if cache_kv is not None:       # attend over the cache then this chunk; keep the last S slots
+            S = cache_kv[0].shape[1]
+            latent = jnp.concatenate([cache_kv[0], latent.astype(cache_kv[0].dtype)], axis=1)  # (B, S+T, Rkv)
+            k_rope = jnp.concatenate([cache_kv[1], k_rope.astype(cache_kv[1].dtype)], axis=1)  # (B, S+T, Hr)
+            new_kv = (latent[:, -S:], k_rope[:, -S:])
+        kv = jnp.einsum("bsr,rnh->bsnh", latent, w(self.wkv_b))                          # (B, S, N, Hn + Hv)
+        k_nope = checkpoint_name(kv[..., :Hn], "key_proj")                               # (B, S, N, Hn)
+        v = checkpoint_name(kv[..., Hn:], "value_proj")                                  # (B, S, N, Hv)
+        rope_k = jnp.broadcast_to(k_rope[:, :, None], (*k_nope.shape[:3], Hr)).astype(k_nope.dtype)
+        k = with_logical_constraint(jnp.concatenate([k_nope, rope_k], axis=-1),
+                                    ("batch", "length", "heads", "head_dim"))            # (B, S, N, Hn + Hr)
+        v = jnp.pad(v, [(0, 0)] * 3 + [(0, Hn + Hr - Hv)]) if Hn + Hr > Hv else v
+        o = attention(q, k, v, causal=True, segment_ids=(q_seg, kv_seg), impl=cfg.attention_impl,
+                      block_q=cfg.attention_block_q, block_k=cfg.attention_block_k)      # (B, T, N, Hn + Hr)
+        return o[..., :Hv], new_kv
 
 
 def residual_names(cfg: ModelConfig) -> tuple[str, str, str]:
@@ -351,9 +411,10 @@ def apply_rope(x, sin, cos):
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-    """(H/2,) float64 inverse frequencies after the configured scaling, and the factor cos/sin are scaled
-    by (YaRN's attention temperature; 1 otherwise). Rotation pairs are (i, i + H/2), Llama/NeoX layout."""
-    H, s = cfg.effective_head_dim, cfg.rope_factor
+    """(H/2,) float64 inverse frequencies (H = cfg.rope_dim) after the configured scaling, and the factor
+    cos/sin are scaled by (YaRN's attention temperature; 1 otherwise). Rotation pairs are (i, i + H/2),
+    Llama/NeoX layout."""
+    H, s = cfg.rope_dim, cfg.rope_factor          # the rotated dims: a whole head, or MLA's RoPE part
     base = cfg.rope_theta
     if cfg.rope_scaling == "ntk":       # "NTK-aware": stretch the base so the lowest frequency slows by s
         base = base * s ** (H / (H - 2)) if H > 2 else base

@@ -32,6 +32,10 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_AUX_SCOPES = ("batch", "sequence")
 MOE_IMPLS = ("auto", "ragged_dot", "megablox", "tiled")
 LAYER_STACKS = ("layers", "moe_layers")        # the stacked (scanned) parameter groups, in layer order
+# "mha": Llama's grouped-query attention (wq, wk, wv); "mla": DeepSeek-V2/V3's multi-head latent attention
+# (compressed query and key-value latents, a decoupled RoPE key shared by the heads; `mla_layout`).
+ATTENTION_KINDS = ("mha", "mla")
+MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,19 @@ class ModelConfig:
     dtype: str = "bfloat16"              # activations and matmul inputs
     param_dtype: str = "float32"
     attention_impl: str = "auto"         # stages.train.attention.IMPLS
+    # Multi-head latent attention (DeepSeek-V2/V3, `attention_kind = "mla"`; DeepSeek-V3: 1536, 512, 128,
+    # 64, 128). The query is projected down to q_lora_rank, RMS-normed and up to n_heads heads of
+    # qk_nope_head_dim + qk_rope_head_dim (q_lora_rank 0: projected directly, as DeepSeek-V2-Lite); keys and
+    # values come from one latent of kv_lora_rank (RMS-normed, projected up to each head's qk_nope_head_dim
+    # key and v_head_dim value) and a qk_rope_head_dim RoPE key shared by every head. The KV cache holds the
+    # latent and the RoPE key. Scores are scaled by 1/sqrt(qk_nope_head_dim + qk_rope_head_dim). Each head
+    # has its own key and value (n_kv_heads must equal n_heads); head_dim is not used.
+    attention_kind: str = "mha"          # one of ATTENTION_KINDS
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
     attention_block_q: int = 512         # query and key tiles of the blockwise and splash kernels (clipped to
     attention_block_k: int = 512         # the sequence; splash needs multiples of 128)
     remat: str = "none"                  # one of REMAT_NAMES
@@ -98,7 +115,18 @@ class ModelConfig:
                            ("n_shared_experts", "none"), ("n_dense_layers", "none")):
             if getattr(self, name) < 0:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = {zero})")
-        if self.head_dim == 0 and self.d_model % self.n_heads:
+        if self.attention_kind not in ATTENTION_KINDS:
+            raise ValueError(f"ModelConfig.attention_kind={self.attention_kind!r} is not one of "
+                             f"{ATTENTION_KINDS}")
+        if self.attention_kind == "mla":
+            self._check_mla()
+        else:
+            for name in MLA_DIMS:
+                if getattr(self, name):
+                    raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is a multi-head latent "
+                                     f"attention size, but attention_kind={self.attention_kind!r}; set "
+                                     f"attention_kind='mla' or leave {name} at 0")
+        if self.head_dim == 0 and self.d_model % self.n_heads and self.attention_kind == "mha":
             raise ValueError(f"ModelConfig: n_heads={self.n_heads} does not divide d_model={self.d_model}; "
                              f"pick n_heads dividing d_model or set head_dim explicitly")
         if self.n_heads % self.n_kv_heads:
@@ -121,6 +149,28 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be > 0")
         if self.n_experts:
             self._check_moe()
+
+    def _check_mla(self) -> None:
+        for name in MLA_DIMS[1:]:
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 1 with "
+                                 "attention_kind='mla' (DeepSeek-V3: kv_lora_rank 512, qk_nope_head_dim 128, "
+                                 "qk_rope_head_dim 64, v_head_dim 128)")
+        if self.q_lora_rank < 0:
+            raise ValueError(f"ModelConfig.q_lora_rank={self.q_lora_rank!r} must be >= 0 (0 = the query "
+                             "projected directly; DeepSeek-V3: 1536)")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"ModelConfig.qk_rope_head_dim={self.qk_rope_head_dim} must be even for RoPE")
+        if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise ValueError(f"ModelConfig.v_head_dim={self.v_head_dim} must be <= qk_nope_head_dim + "
+                             f"qk_rope_head_dim = {self.qk_nope_head_dim + self.qk_rope_head_dim} (the "
+                             "attention kernels take the values padded to the query's width)")
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError(f"ModelConfig.n_kv_heads={self.n_kv_heads}: multi-head latent attention gives "
+                             f"every head its own key and value; set n_kv_heads = n_heads = {self.n_heads}")
+        if self.head_dim:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim}: attention_kind='mla' sizes its heads by "
+                             "qk_nope_head_dim, qk_rope_head_dim and v_head_dim; leave head_dim at 0")
 
     def _check_moe(self) -> None:
         E, k = self.n_experts, self.n_experts_per_token
@@ -158,8 +208,26 @@ class ModelConfig:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     @property
+    def mla(self) -> bool:
+        return self.attention_kind == "mla"
+
+    @property
     def effective_head_dim(self) -> int:
+        """The query's and key's width a head (what the scores contract over and are scaled by): MLA's
+        qk_nope_head_dim + qk_rope_head_dim, else head_dim or d_model / n_heads."""
+        if self.mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def value_head_dim(self) -> int:
+        """The value's width a head (and the attention output's): MLA's v_head_dim, else the head dim."""
+        return self.v_head_dim if self.mla else self.effective_head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """The dims RoPE rotates a head: MLA's decoupled qk_rope_head_dim, else the whole head."""
+        return self.qk_rope_head_dim if self.mla else self.effective_head_dim
 
     @property
     def effective_mlp_dim(self) -> int:
@@ -179,14 +247,17 @@ def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str
     The layers' parameters are stacked on a leading ("layers",) axis of size n_layers (scan); a mixture of
     experts has two stacks, "layers." (the first n_dense_layers) and "moe_layers." (the rest)."""
     D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim, cfg.effective_mlp_dim
-    attention = {
-        "attn_norm": ((D,), ("embed",)),
-        "wq": ((D, N, H), ("embed", "heads", "head_dim")),
-        "wk": ((D, K, H), ("embed", "kv_heads", "head_dim")),
-        "wv": ((D, K, H), ("embed", "kv_heads", "head_dim")),
-        "wo": ((N, H, D), ("heads", "head_dim", "embed")),
-        "mlp_norm": ((D,), ("embed",)),
-    }
+    attention = {"attn_norm": ((D,), ("embed",))}
+    if cfg.mla:
+        attention |= mla_layout(cfg)
+    else:
+        attention |= {
+            "wq": ((D, N, H), ("embed", "heads", "head_dim")),
+            "wk": ((D, K, H), ("embed", "kv_heads", "head_dim")),
+            "wv": ((D, K, H), ("embed", "kv_heads", "head_dim")),
+            "wo": ((N, H, D), ("heads", "head_dim", "embed")),
+        }
+    attention["mlp_norm"] = ((D,), ("embed",))
     dense = {
         "w_gate": ((D, F), ("embed", "mlp")),
         "w_up": ((D, F), ("embed", "mlp")),
@@ -203,6 +274,30 @@ def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str
     if not cfg.tie_embeddings:
         out["unembedding"] = ((D, cfg.vocab_size), ("embed", "vocab"))
     return out
+
+
+def mla_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """One layer's multi-head latent attention parameters (DeepSeek-V3's, in its order): the query's down
+    projection (D, Rq), its RMSNorm (Rq,) and up projection (Rq, N, Hn + Hr) (or, with q_lora_rank 0, one
+    (D, N, Hn + Hr) projection), the joint down projection to the key-value latent and the shared RoPE key
+    (D, Rkv + Hr), the latent's RMSNorm (Rkv,), its up projection to each head's nope key and value
+    (Rkv, N, Hn + Hv), and the output projection (N, Hv, D). The "latent" axis is split as "embed" is (fsdp
+    x expert, stages/train/mesh.py), so the up projections are sharded and gathered per layer like wq; a
+    down projection's latent output stays whole (its embed input took those axes)."""
+    D, N = cfg.d_model, cfg.n_heads
+    Rq, Rkv, Hn, Hr, Hv = (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                           cfg.v_head_dim)
+    if Rq:
+        query = {"wq_a": ((D, Rq), ("embed", "latent")), "q_norm": ((Rq,), ("latent",)),
+                 "wq_b": ((Rq, N, Hn + Hr), ("latent", "heads", "head_dim"))}
+    else:
+        query = {"wq": ((D, N, Hn + Hr), ("embed", "heads", "head_dim"))}
+    return query | {
+        "wkv_a": ((D, Rkv + Hr), ("embed", "latent")),
+        "kv_norm": ((Rkv,), ("latent",)),
+        "wkv_b": ((Rkv, N, Hn + Hv), ("latent", "heads", "head_dim")),
+        "wo": ((N, Hv, D), ("heads", "head_dim", "embed")),
+    }
 
 
 def moe_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -257,8 +352,15 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
     For a mixture of experts N_matmul counts the active parameters (`active_params`: the top-k routed
     experts, the shared ones, the router), as MaxText and DeepSeek count MoE FLOPs; the bias is no matmul.
+
+    Multi-head latent attention (attention_kind "mla") counts its down and up projections as parameters (not
+    its latents' norms), and its scores and values at their own widths: 3 * L * n_heads * (qk_nope_head_dim
+    + qk_rope_head_dim + v_head_dim) * seq_len (the score matmul at the query's width, the value matmul at
+    the value's), which is the 6 * L * n_heads * head_dim * seq_len above when the widths are equal.
     """
     c = param_counts(cfg)
     layers = c["layers"] - (sum(c.values()) - active_params(cfg)) - cfg.n_moe_layers * cfg.n_experts
-    n_matmul = layers - cfg.n_layers * 2 * cfg.d_model + (c["unembed"] or c["embed"])
-    return 6.0 * n_matmul + 6.0 * cfg.n_layers * cfg.n_heads * cfg.effective_head_dim * seq_len
+    norms = 2 * cfg.d_model + (cfg.q_lora_rank + cfg.kv_lora_rank if cfg.mla else 0)
+    n_matmul = layers - cfg.n_layers * norms + (c["unembed"] or c["embed"])
+    widths = cfg.effective_head_dim + cfg.value_head_dim
+    return 6.0 * n_matmul + 3.0 * cfg.n_layers * cfg.n_heads * widths * seq_len

@@ -73,11 +73,13 @@ OFFLOAD_ORDER = ("offload_dots_no_batch", "offload_minimal", "offload_full")
 assert sorted(REMAT_ORDER + OFFLOAD_ORDER) == sorted(REMAT_NAMES)
 # What each policy keeps of a layer for the backward pass (rows of `layer_activations`). The down
 # projection is never kept: it only feeds the residual sum, whose gradient needs no operand.
+# Multi-head latent attention's down projections ("latent") are matmuls without a batch dimension, kept by
+# the policies that keep such dots; the projections it tags (query_proj, key_proj, value_proj) are q, k, v.
 KEPT = {
-    "none": {"input", "normed", "q", "k", "v", "attention", "out", "residual", "normed2", "gate", "up",
-             "act"},
-    "save_dots": {"input", "q", "k", "v", "attention", "out", "gate", "up"},
-    "dots_no_batch": {"input", "q", "k", "v", "out", "gate", "up"},
+    "none": {"input", "normed", "latent", "q", "k", "v", "attention", "out", "residual", "normed2", "gate",
+             "up", "act"},
+    "save_dots": {"input", "latent", "q", "k", "v", "attention", "out", "gate", "up"},
+    "dots_no_batch": {"input", "latent", "q", "k", "v", "out", "gate", "up"},
     "minimal": {"input", "q", "k", "v", "out"},
     "save_qkv_proj": {"input", "q", "k", "v"},
     "full": {"input"},
@@ -189,15 +191,29 @@ def layer_activations(m: ModelConfig, tensor: int, lanes: int = 1, stack: str = 
     tile of the minor dimension (TPU_LANES on a TPU), to which a per-head array's head dim is rounded up.
     `stack` "moe_layers": an MoE layer, whose F is its shared experts' width (0 without them); its routed
     experts' activations depend on the device's tokens, not per token: `moe_buffers`. With
-    ModelConfig.sequence_parallel the input and the residual sum are split over `tensor` too."""
+    ModelConfig.sequence_parallel the input and the residual sum are split over `tensor` too.
+    Multi-head latent attention (attention_kind "mla"): "latent" is its down projections' outputs, the
+    query's (Rq) and the key-value latent with the RoPE key (Rkv + Hr), whole on every tensor device; q and k
+    are N heads of qk_nope + qk_rope, v and the attention's output N heads of v_head_dim (0 for "mha")."""
     D = m.d_model
     F = m.n_shared_experts * m.effective_moe_mlp_dim if stack == "moe_layers" else m.effective_mlp_dim
     N, K, F = (n // tensor if n % tensor == 0 else n for n in (m.n_heads, m.n_kv_heads, F))
-    H = -(-m.effective_head_dim // lanes) * lanes
+    H, Hv = (-(-h // lanes) * lanes for h in (m.effective_head_dim, m.value_head_dim))
+    latent = sum(-(-r // lanes) * lanes for r in (m.q_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim) if r)
     # Sequence parallelism splits the residual stream (the layer input, the residual sum) over tensor.
     R = D // tensor if m.sequence_parallel and D % tensor == 0 else D
-    return {"input": R, "normed": D, "q": N * H, "k": K * H, "v": K * H, "attention": N * H, "out": D,
-            "residual": R, "normed2": D, "gate": F, "up": F, "act": F, "down": D}
+    return {"input": R, "normed": D, "latent": latent if m.mla else 0, "q": N * H, "k": K * H, "v": K * Hv,
+            "attention": N * Hv, "out": D, "residual": R, "normed2": D, "gate": F, "up": F, "act": F,
+            "down": D}
+
+
+def kv_cache_bytes(m: ModelConfig, batch: int, seq_len: int) -> int:
+    """Bytes of a decoding KV cache (`model.Transformer.init_cache`) in the compute dtype: every layer's
+    keys and values, n_kv_heads of head_dim each a token, or with multi-head latent attention the latent and
+    the shared RoPE key (kv_lora_rank + qk_rope_head_dim a token: DeepSeek-V3's 576 where its 128 heads'
+    keys and values would take 2 x 128 x 192 = 49,152), plus each slot's int32 segment id."""
+    per_token = (m.kv_lora_rank + m.qk_rope_head_dim if m.mla else 2 * m.n_kv_heads * m.effective_head_dim)
+    return batch * seq_len * (m.n_layers * per_token * DTYPE_BYTES[m.dtype] + 4)
 
 
 def moe_buffers(m: ModelConfig, tokens: int, tensor: int, expert: int) -> dict[str, int]:

@@ -73,7 +73,8 @@ def gathered_shape(shape, names, mesh: Mesh) -> tuple[int, ...]:
 def _gathered(shape, names, mesh_shape) -> tuple[tuple[str, ...], tuple[int, ...]]:
     mesh = Mesh.from_shape(mesh_shape)
     axes = mesh_axes(names, shape, mesh)
-    embed = next((a for n, a in zip(names, axes) if n == "embed"), ())
+    # "latent": an MLA up projection's input dimension, split as embed is (mesh.LOGICAL_RULES)
+    embed = next((a for n, a in zip(names, axes) if n in ("embed", "latent") and a), ())
     over = tuple(a for a in embed if mesh.size(a) > 1)
     return over, shard_shape(shape, names, mesh.without(over))
 

@@ -192,7 +192,9 @@ def predict(cfg, mesh: Mesh, micro_batch: int, host_bytes: int) -> StepTime:
                 g != "experts_out") / tensor
     experts = (groups["experts_in"] * (3 + ("experts_in" in recomputed)) + groups["experts_out"] * 3) / tensor
     dropless = m.n_experts and not (m.moe_capacity_factor or mesh.expert > 1)
-    attention = 2 * T * m.n_heads * m.effective_head_dim * m.n_layers / tensor   # forward, per token
+    # Forward, per token, causal: the scores and the values at the query's width (MLA's values are padded
+    # to it for the kernels, stages/train/model.py, so they cost as much as the scores).
+    attention = 2 * T * m.n_heads * m.effective_head_dim * m.n_layers / tensor
     attention *= 1 + FLASH_BACKWARD + ("attention" in recomputed)
     peak = device.peak_flops
     rate = peak * eff.matmul
@@ -212,12 +214,19 @@ def predict(cfg, mesh: Mesh, micro_batch: int, host_bytes: int) -> StepTime:
 def matmul_flops(m, expert: int, tokens: int) -> dict[str, float]:
     """Forward FLOPs per token of each matmul group, whole (not split over tensor): "qkv", "out", "mlp_in"
     (gate and up, the shared experts' too), "mlp_out", "router", "experts_in", "experts_out" (a capacity
-    buffer's padding rows included: rows / tokens assignments a token) and "unembed"."""
+    buffer's padding rows included: rows / tokens assignments a token) and "unembed". Multi-head latent
+    attention's "qkv" is its down and up projections (`model_config.mla_layout`), its "out" N heads of
+    v_head_dim."""
     D, N, K, H = m.d_model, m.n_heads, m.n_kv_heads, m.effective_head_dim
     dense_layers, moe_layers = m.n_layers - m.n_moe_layers, m.n_moe_layers
     F = m.effective_mlp_dim
     Fs = m.n_shared_experts * m.effective_moe_mlp_dim
-    out = {"qkv": 2 * D * (N + 2 * K) * H * m.n_layers, "out": 2 * N * H * D * m.n_layers,
+    qkv = 2 * D * (N + 2 * K) * H
+    if m.mla:
+        Rq, Rkv, Hr = m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
+        query = D * Rq + Rq * N * H if Rq else D * N * H
+        qkv = 2 * (query + D * (Rkv + Hr) + Rkv * N * (m.qk_nope_head_dim + m.v_head_dim))
+    out = {"qkv": qkv * m.n_layers, "out": 2 * N * m.value_head_dim * D * m.n_layers,
            "mlp_in": 2 * 2 * D * (F * dense_layers + Fs * moe_layers),
            "mlp_out": 2 * D * (F * dense_layers + Fs * moe_layers),
            "router": 2 * D * m.n_experts * moe_layers, "experts_in": 0.0, "experts_out": 0.0,
@@ -244,6 +253,10 @@ def memory_bytes_per_step(cfg, mesh: Mesh, micro_batch: int, recomputed=frozense
     cdt = DTYPE_BYTES[m.dtype]
     D = m.d_model / (tensor if m.sequence_parallel else 1)
     heads = (m.n_heads + m.n_kv_heads) * m.effective_head_dim / tensor
+    if m.mla:   # RoPE on the query's and the shared key's rope dims, the latents' norms, the key concatenated
+        # with the broadcast RoPE key and the value padded to the query's width (each written, then read)
+        heads = ((m.n_heads + 1) * m.qk_rope_head_dim / tensor + m.q_lora_rank + m.kv_lora_rank
+                 + 2 * m.n_heads * m.effective_head_dim / tensor)
     passes = 3 + (1 if recomputed else 0)
     accum = cfg.optimizer.grad_accum_steps
     tokens = micro_batch * cfg.seq_len                     # a micro-batch's, on this device
