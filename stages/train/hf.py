@@ -60,7 +60,7 @@ LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 # ModelConfig fields that say how the model computes, not what: no transformers setting is needed for them.
 NUMERICS = ("dtype", "param_dtype", "attention_impl", "attention_block_q", "attention_block_k", "remat",
-            "scan_layers", "init_std", "moe_impl", "sequence_parallel")
+            "scan_layers", "init_std", "moe_impl", "moe_tile_rows", "sequence_parallel")
 # ModelConfig fields config.json expresses (`config_json`, `model_fields`).
 EXPRESSED = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
              "max_seq_len", "rope_theta", "rope_scaling", "rope_factor", "rope_original_max_len",

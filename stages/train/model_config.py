@@ -96,6 +96,10 @@ class ModelConfig:
     router_topk_groups: int = 1          # from its best router_topk_groups groups (DeepSeek-V3: 8 and 4)
     moe_capacity_factor: float = 0.0     # 0: dropless; else each expert takes at most factor * N * k / E
     moe_impl: str = "auto"               # MOE_IMPLS: the dropless path's grouped matmul
+    # Rows a tile of the megablox grouped matmul (MaxText's tile_batch_seq, 512 there). Each expert's rows
+    # start a tile, so a call does about (n_experts - 1) tiles more than its rows fill: small tiles waste
+    # less on many small experts, large ones run each tile faster (the step-time model charges the first).
+    moe_tile_rows: int = 128
     moe_aux_loss: float = 0.0            # weight of the switch/GShard load-balancing loss
     moe_aux_scope: str = "batch"         # MOE_AUX_SCOPES: "batch": one loss over the batch's tokens, averaged
                                          # over the MoE layers; "sequence": DeepSeek-V3's sequence-wise loss,
@@ -192,6 +196,9 @@ class ModelConfig:
         for name in ("moe_capacity_factor", "moe_aux_loss", "moe_router_z_loss", "moe_bias_update_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be >= 0 (0 = off)")
+        if self.moe_tile_rows < 8 or self.moe_tile_rows % 8:
+            raise ValueError(f"ModelConfig.moe_tile_rows={self.moe_tile_rows!r} must be a positive multiple "
+                             "of 8 (a TPU tile's sublanes; 128 by default, MaxText's tile_batch_seq is 512)")
 
     @property
     def n_moe_layers(self) -> int:

@@ -215,7 +215,8 @@ def _dropless(cfg, x, routing: Routing, gate, up, down, tensor_axis):
     xs = jnp.take(x, order // k, axis=0)                                    # (n * k, D) sorted by expert
     sizes = jnp.bincount(flat, length=cfg.n_experts).astype(jnp.int32)      # (E,)
     impl = resolve_impl(cfg.moe_impl)
-    out = _swiglu(xs, gate, up, down, lambda a, b: grouped_matmul(a, b, sizes, impl), tensor_axis)
+    out = _swiglu(xs, gate, up, down, lambda a, b: grouped_matmul(a, b, sizes, impl, cfg.moe_tile_rows),
+                  tensor_axis)
     unsorted = _gather_rows(out, _inverse(order, n * k))                    # (n * k, D) in token order
     return unsorted.reshape(n, k, -1)
 
@@ -279,14 +280,15 @@ def resolve_impl(impl: str) -> str:
     return "ragged_dot" if platform == "gpu" else "tiled"
 
 
-def grouped_matmul(x, w, group_sizes, impl: str = "auto"):
+def grouped_matmul(x, w, group_sizes, impl: str = "auto", tile_rows: int = 128):
     """x (M, K) rows grouped by expert in order (group_sizes (E,) int32, summing to at most M; rows past
-    the groups give 0), w (E, K, N) -> (M, N) in x's dtype: row i times the weight of its group."""
+    the groups give 0), w (E, K, N) -> (M, N) in x's dtype: row i times the weight of its group. tile_rows:
+    the megablox kernel's rows a tile (ModelConfig.moe_tile_rows)."""
     impl = resolve_impl(impl)
     if impl == "ragged_dot":
         return jax.lax.ragged_dot(x, w, group_sizes)
     if impl == "megablox":
-        return _megablox_gmm(x, w, group_sizes)
+        return _megablox_gmm(x, w, group_sizes, tile_rows)
     return _tiled(x, w, group_sizes)
 
 
@@ -333,16 +335,18 @@ def _megablox():
     return gmm
 
 
-def _megablox_gmm(x, w, group_sizes):
-    """The Pallas TPU grouped matmul; rows padded to its 128-row tile (the padding is in no group)."""
+def _megablox_gmm(x, w, group_sizes, tile_rows: int):
+    """The Pallas TPU grouped matmul; rows padded to whole tiles of tile_rows (the padding is in no group).
+    Each group starts a tile of its own, sharing the one it starts in: the kernel visits about
+    M / tile_rows + E - 1 tiles (step_time charges them)."""
     gmm = _megablox()
     if gmm is None:
         raise ValueError("moe_impl='megablox' needs jax.experimental.pallas.ops.tpu.megablox (a jax with "
                          "Pallas TPU); use 'ragged_dot'")
     M = x.shape[0]
-    pad = -M % 128
+    pad = -M % tile_rows
     xp = jnp.pad(x, ((0, pad), (0, 0)))
     k, n = w.shape[1:]
-    tiling = (128, min(k, 512), min(n, 512))
+    tiling = (tile_rows, min(k, 512), min(n, 512))
     out = gmm(xp, w, group_sizes.astype(jnp.int32), preferred_element_type=x.dtype, tiling=tiling)
     return out[:M]

@@ -29,13 +29,15 @@ def advice(failed: Plan, replan: Callable[[object], Plan | None]) -> str:
     without advice, or None where the configs reject it). A micro-batch that does not split over the batch
     shards is never told to use more chips (`_unsplit_tries`)."""
     cfg, mesh = failed.config, failed.config.mesh
-    # The candidates bind MeshConfig's sizes within a slice; the split across slices (dcn_*) stays.
+    # The candidates bind MeshConfig's sizes within a slice; the split across slices (dcn_*) stays. A new
+    # mesh is laid as jax lays it: a run file's device order no longer tiles it.
+    unorder = ' train.MeshConfig.device_order=""' if mesh.device_order else ""
     data, fsdp, _, tensor = mesh.ici_shape(failed.chips)
     tries = []
     f = fsdp * 2
     while data * fsdp % f == 0 and f <= data * fsdp:
         wider = dataclasses.replace(mesh, fsdp=f, data=-1, device_order="")
-        tries.append((f"train.MeshConfig.fsdp={f}", dataclasses.replace(cfg, mesh=wider)))
+        tries.append((f"train.MeshConfig.fsdp={f}{unorder}", dataclasses.replace(cfg, mesh=wider)))
         f *= 2
 
     def with_remat(remat):
@@ -68,7 +70,7 @@ def advice(failed: Plan, replan: Callable[[object], Plan | None]) -> str:
             layout = dataclasses.replace(mesh, data=-1, fsdp=f, tensor=t, device_order="")
             p = replan(dataclasses.replace(cfg, mesh=layout))
             if p is not None and p.fits:
-                return (f"It would fit with train.MeshConfig.fsdp={f} train.MeshConfig.tensor={t} "
+                return (f"It would fit with train.MeshConfig.fsdp={f} train.MeshConfig.tensor={t}{unorder} "
                         f"({gib(p.per_device['total'])} per device).")
     for binding, candidate in unsplit_last:
         p = replan(candidate)
@@ -105,7 +107,8 @@ def _unsplit_tries(failed: Plan) -> tuple[list, list]:
                  dataclasses.replace(cfg, global_batch=larger)))
     if mesh.dcn_fsdp == mesh.dcn_tensor == 1:
         for s in (d for d in reversed(power_of_two_divisors(hw.num_slices)) if d < hw.num_slices):
-            last.append((f"train.HardwareConfig.num_slices={s} train.MeshConfig.dcn_data={s}",
+            unorder = ' train.MeshConfig.device_order=""' if mesh.device_order else ""
+            last.append((f"train.HardwareConfig.num_slices={s} train.MeshConfig.dcn_data={s}{unorder}",
                          dataclasses.replace(cfg, hardware=dataclasses.replace(hw, num_slices=s),
                                              mesh=dataclasses.replace(mesh, dcn_data=s, device_order=""))))
     return first, last

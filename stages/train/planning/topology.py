@@ -118,6 +118,11 @@ class Order:
         return tuple(math.prod(self.extents[b][i] for b in later) for i in range(3))
 
 
+# What a device order that no longer matches its mesh (a run file's, after an override of the mesh) says.
+RELAY = ('; an override of the mesh needs its own train.MeshConfig.device_order, or device_order="" for '
+         "jax's placement (make plan DAYS=N finds one)")
+
+
 def parse_order(text: str, g: Grid, sizes: Sequence[int]) -> Order:
     """`text` ("fsdp:8x8x1,expert:1x1x16"; a 2D grid's extents may leave z out: "fsdp:16x16") as an Order
     over `g` for a mesh of `sizes` per slice ((data, fsdp, expert, tensor), `MeshConfig.ici_shape`);
@@ -145,12 +150,13 @@ def parse_order(text: str, g: Grid, sizes: Sequence[int]) -> Order:
         if axis not in extents:
             if size > 1:
                 raise ValueError(f"device_order {text!r} does not place the {axis} axis of {size} chips; "
-                                 f"name it ('{axis}:AxBxC', its sides multiplying to {size})")
+                                 f"name it ('{axis}:AxBxC', its sides multiplying to {size}){RELAY}")
             extents[axis] = (1, 1, 1)
             listed.insert(0, axis)
         elif math.prod(extents[axis]) != size:
             raise ValueError(f"device_order {text!r}: {axis} {'x'.join(map(str, extents[axis]))} is "
-                             f"{math.prod(extents[axis])} chips, but the mesh's {axis} axis has {size}")
+                             f"{math.prod(extents[axis])} chips, but the mesh's {axis} axis has {size}"
+                             f"{RELAY}")
     for i, side in enumerate(g.sides):
         got = math.prod(e[i] for e in extents.values())
         if got != side:
