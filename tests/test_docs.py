@@ -538,3 +538,20 @@ def test_a_path_that_is_gone_is_named():
                                                 "stages/io/old.py does not exist"]
     assert link_problems("docs/x.md", "[a](nowhere.md) [b](ARCHITECTURE.md) [c](https://x.org)") == \
         ["docs/x.md: the link (nowhere.md) leads nowhere"]
+
+
+def test_the_flagships_days_in_the_pages_are_what_make_plan_prints():
+    """README and docs/training.md quote the flagship's days, step, MFU and goodput: the plan's, as
+    `make plan GIN=gin/600b.gin` prints them (figures.num, one decimal for percentages)."""
+    from stages.train.planning import figures, planner
+
+    p = planner.plan(config.load([os.path.join(REPO, "gin", "600b.gin")], []).stages["train"].config)
+    days, step = figures.num(p.days), figures.num(p.step_s)
+    mfu, goodput = f"{p.predicted.mfu:.1%}", f"{p.goodput.share:.1%}"
+    readme = _read(REPO, "README.md")
+    assert (f"**{days} days** ({step} s a step, {mfu} MFU, {goodput} goodput)") in readme
+    training = " ".join(_read(REPO, "docs", "training.md").split())
+    assert f"in {days} days by the predicted step time and goodput ({step} s a step, {mfu} MFU, {goodput}" \
+        in training
+    assert f"in {days} days" in " ".join(_read(REPO, "docs", "planning.md").split())
+
