@@ -261,3 +261,13 @@ def test_the_grouped_matmul_is_charged_the_tiles_the_megablox_kernel_visits():
     assert step_time.grouped_tiles(auto, 6 * 8192, "h100") == 1.0              # ragged_dot: its rows
     with pytest.raises(ValueError, match="moe_tile_rows=100 must be a positive multiple of 8"):
         dataclasses.replace(deepseek, moe_tile_rows=100)
+
+
+def test_an_expert_axis_across_slices_sends_the_other_slices_share_over_the_network():
+    """expert 16 over 2 slices (dcn_expert 2): half of a device's buffer is bound for the other slice and
+    crosses the data-center network; the other half is an all-to-all among the 8 chips of its own."""
+    whole, dcn, n = 900e9 * 0.4, 50e9 * 0.7, 8e9
+    links = step_time.Links(devices.get("h100"), whole)
+    assert links.all_to_all(n, 16, 2, dcn) == pytest.approx(n / 2 / dcn + n / 2 * 7 / 8 / whole)
+    assert links.all_to_all(n, 8) == pytest.approx(n * 7 / 8 / whole)          # one slice: NVLink alone
+    assert links.all_to_all(n, 2, 2, dcn) == pytest.approx(n / 2 / dcn)        # one chip a slice

@@ -396,22 +396,23 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
     links = Links.of(cfg, mesh, device, eff)
     by_what = collectives(cfg, mesh, micro_batch)
     out = []
-    fsdp, dcn_fsdp = mesh.fsdp, cfg.mesh.dcn_fsdp
+    fsdp, slices = mesh.fsdp, Mesh.from_shape(cfg.mesh.dcn_shape)     # the slices each axis spans
     layered = [c for c in by_what if c.axis.startswith("fsdp") and c.what != "logits"
                or c.axis == "expert" and c.kind != "all-to-all"]
     if layered:
         # Per layer and micro-batch: its collectives run while the previous layer computes; the part across
-        # slices moves (dcn - 1) / group of the array over DCN (gathered there first), the rest over ICI.
+        # slices (dcn_fsdp x dcn_expert of the group's) moves (dcn - 1) / group of the array over DCN
+        # (gathered there first), the rest over ICI.
         per_layer_compute = busy / accum / m.n_layers
         alone = hidden = 0.0
         for stack, layers in (("layers", m.n_layers - m.n_moe_layers), ("moe_layers", m.n_moe_layers)):
             seconds = 0.0
             for c in (c for c in layered if c.what.startswith(f"{stack}.")):
                 axes = c.axis.split(",")
-                group = mesh.product(axes)
-                ring = group // dcn_fsdp
+                group, across = mesh.product(axes), slices.product(axes)
+                ring = group // across
                 seconds += c.bytes * c.count / (layers * accum) * ((ring - 1) / ring / links.ring_rate(axes)
-                                                                   + (dcn_fsdp - 1) / group / dcn)
+                                                                   + (across - 1) / group / dcn)
             alone += layers * accum * seconds
             hidden += layers * accum * max(0.0, seconds - per_layer_compute)
         over = f"fsdp {fsdp}" + (f" (x expert {mesh.expert} for all but the experts)" if mesh.expert > 1
@@ -428,7 +429,7 @@ def _communication(cfg, mesh, micro_batch, device, eff, busy, recomputed, host_b
                             if c.what == "logits" else
                             f"tensor all-reduces over tensor {group}", seconds, seconds, links.says(axes)))
         elif c.kind == "all-to-all":
-            seconds = c.count * links.all_to_all(c.bytes, group)
+            seconds = c.count * links.all_to_all(c.bytes, group, cfg.mesh.dcn_expert, dcn)
             out.append(Term(f"all-to-all over expert {group}", seconds, seconds, links.says(("expert",))))
         elif c.axis == "data":
             ici_data, dcn_data = group // cfg.mesh.dcn_data, cfg.mesh.dcn_data
@@ -510,12 +511,19 @@ class Links:
             return self.whole
         return g.ring_ports * self.port
 
-    def all_to_all(self, nbytes: float, chips: int) -> float:
-        """Seconds for an all-to-all of `nbytes` a device among `chips` (the expert axis)."""
+    def all_to_all(self, nbytes: float, chips: int, slices: int = 1, dcn: float = 0.0) -> float:
+        """Seconds for an all-to-all of `nbytes` a device among `chips` (the expert axis) that span `slices`
+        slices (MeshConfig.dcn_expert): the (slices - 1) / slices of the bytes bound for other slices cross
+        the data-center network at `dcn` bytes/s a chip, then the rest moves as an all-to-all among the
+        chips / slices of the device's own slice."""
+        across = nbytes * (slices - 1) / slices / dcn if slices > 1 else 0.0
+        local, inner = nbytes / slices, chips // slices
+        if inner <= 1:
+            return across
         g = self.group(("expert",))
-        if g is None or g.chips != chips:        # not placed, or the axis also crosses slices
-            return nbytes * (chips - 1) / chips / self.whole * all_to_all_hops(self.device, chips)
-        return g.all_to_all_time(nbytes, self.port)
+        if g is None or g.chips != inner:        # not placed
+            return across + local * (inner - 1) / inner / self.whole * all_to_all_hops(self.device, inner)
+        return across + g.all_to_all_time(local, self.port)
 
     def says(self, axes) -> str:
         """"; expert 16 as 1x1x16 (a ring along z, wrapped): 4.27 hops, 2 ports" ("" when not placed)."""
