@@ -553,5 +553,5 @@ def test_the_flagships_days_in_the_pages_are_what_make_plan_prints():
     training = " ".join(_read(REPO, "docs", "training.md").split())
     assert f"in {days} days by the predicted step time and goodput ({step} s a step, {mfu} MFU, {goodput}" \
         in training
-    assert f"in {days} days" in " ".join(_read(REPO, "docs", "planning.md").split())
+    assert f"| {days} at {goodput} goodput ({mfu}) |" in _read(REPO, "docs", "planning.md")
 
