@@ -34,11 +34,12 @@ FULL = train.Config(
                       router_score="sigmoid", router_norm_topk=True, router_groups=2, router_topk_groups=2,
                       moe_capacity_factor=1.5, moe_impl="tiled", moe_aux_loss=0.01, moe_router_z_loss=1e-3,
                       moe_bias_update_rate=1e-3, sequence_parallel=True, router_scale=2.5,
-                      moe_aux_scope="sequence"),
+                      moe_aux_scope="sequence", moe_tile_rows=64),
     optimizer=OptimizerConfig(name="lion", learning_rate=1e-4, schedule="wsd", warmup_steps=10,
                               total_steps=300, min_lr_ratio=0.05, wsd_decay_fraction=0.3, b1=0.8, b2=0.99,
                               eps=1e-6, weight_decay=0.2, clip_norm=0.5, grad_accum_steps=2),
-    mesh=MeshConfig(data=2, fsdp=2, tensor=2, expert=2, dcn_data=2, dcn_fsdp=2, dcn_tensor=2, dcn_expert=2),
+    mesh=MeshConfig(data=2, fsdp=2, tensor=2, expert=2, dcn_data=2, dcn_fsdp=2, dcn_tensor=2, dcn_expert=2,
+                    device_order="fsdp:2x1x1,tensor:1x2x1,expert:1x1x2"),
     steps=300, global_batch=32, seq_len=384, seed=7, z_loss=1e-4, loss_chunk=2048, eval_every=25,
     eval_batches=2, nan_policy="skip", init_from="gs://models/llama", log_every=5, checkpoint_every=50,
     keep_checkpoints=3,
@@ -52,6 +53,10 @@ FULL = train.Config(
     stop_after=120,
     tracking=Tracking(tracker="wandb", project="p", entity="team", mode="offline", tags=("a", "b"), group="g",
                       name="n", dir="/tmp/wandb"))
+
+# Multi-head latent attention's fields, which exclude head_dim and grouped kv heads: a second model.
+MLA = dataclasses.replace(FULL.model, attention_kind="mla", n_kv_heads=6, head_dim=0, q_lora_rank=48,
+                          kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 
 MANIFEST = {"attempt": "attempt-20250101T000000-ab12", "files": {"manifest.json": 97, "train-00000.bin": 2048,
                                                                   "val-00000.bin": 512},
@@ -72,7 +77,15 @@ def test_every_field_is_off_its_default():
     for cfg in (FULL, FULL.model, FULL.optimizer, FULL.mesh, FULL.launcher, FULL.hardware, FULL.tracking):
         default = type(cfg)()
         same = [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) == getattr(default, f.name)]
+        if cfg is FULL.model:       # MLA's fields are set in MLA, whose own defaults are FULL.model's
+            same = [name for name in same if getattr(MLA, name) == getattr(default, name)]
         assert not same, f"{type(cfg).__name__} fields at their defaults: {same}"
+
+
+def test_an_mla_model_survives_the_round_trip(tmp_path):
+    mla = dataclasses.replace(FULL, model=MLA)
+    path, _ = _written(tmp_path, mla)
+    assert spec.read(path).config == mla
 
 
 def test_a_config_with_every_field_set_survives_the_round_trip(tmp_path):
