@@ -94,6 +94,21 @@ def test_the_moe_train_step_compiles_for_a_tpu_topology(mesh):
         assert "pallas_call" in str(jax.make_jaxpr(moe.grouped_matmul)(x, w, sizes))
 
 
+def test_mla_projections_are_gathered_as_the_step_model_says_under_full_remat():
+    """Multi-head latent attention's five projections, compiled for the TPU under full remat: its query and
+    key-value projections are gathered three times a layer (forward, recompute, backward), its output
+    projection twice, as step_time.REGATHERED says."""
+    cfg = _tiny('train.ModelConfig.attention_kind="mla"', "train.ModelConfig.n_kv_heads=4",
+                "train.ModelConfig.q_lora_rank=64", "train.ModelConfig.kv_lora_rank=64",
+                "train.ModelConfig.qk_nope_head_dim=32", "train.ModelConfig.qk_rope_head_dim=32",
+                "train.ModelConfig.v_head_dim=32", 'train.ModelConfig.dtype="bfloat16"',
+                'train.ModelConfig.attention_impl="xla"', 'train.ModelConfig.remat="full"',
+                "train.MeshConfig.fsdp=4")
+    compiled = []
+    aot.compile_train_step(cfg, collectives=compiled)
+    _the_model_names_the_compiled_collectives(cfg, compiled)
+
+
 def test_sequence_parallelism_splits_the_saved_layer_inputs_over_the_tensor_axis():
     """Full remat keeps each layer's input: identical on the tensor-parallel chips without sequence
     parallelism, split over them with it. XLA's compiled scratch for the TPU shrinks accordingly."""

@@ -346,9 +346,10 @@ def collectives(cfg, mesh: Mesh, micro_batch: int) -> list[Collective]:
             # (stages/train/moe.py), so gathered and reduced in the parameters' dtype, and the routed experts'
             # gradients leave their shard_map in it too; a stack of one layer is no loop, and its backward
             # reuses the forward's gathered weights; under full remat the attention projections are
-            # gathered a third time, for the recompute.
+            # gathered a third time, for the recompute (MLA's: its query and key-value projections, not its
+            # output projection).
             gathers = 1 if layers == 1 else 2 + (m.remat.removeprefix("offload_") == "full"
-                                                 and part in ("wq", "wk", "wv", "wo"))
+                                                 and part in REGATHERED[m.attention_kind])
             out.append(Collective("all-gather", pdt if part == "router" else cdt, dims,
                                   gathers * layers * accum, axis, name))
             out.append(Collective("reduce-scatter", pdt if part == "router" or part.startswith("experts_")
@@ -377,6 +378,11 @@ def collectives(cfg, mesh: Mesh, micro_batch: int) -> list[Collective]:
 
 
 _HLO_DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+# The attention projections the compiled TPU step gathers a third time under full remat, by attention kind
+# (tests/train/test_aot.py compiles both).
+REGATHERED = {"mha": ("wq", "wk", "wv", "wo"), "mla": ("wq", "wq_a", "wq_b", "wkv_a", "wkv_b")}
 
 
 def _layer_matrices(m):
