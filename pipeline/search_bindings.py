@@ -83,22 +83,26 @@ class Sweep:
 def proxies_needed(sources: int) -> int:
     """The fewest proxies a search over `sources` sources can fit and test its fit with: one per
     coefficient of pipeline/mixture_fit.py's quadratic mixture model (one a source, one a pair of sources),
-    and one more."""
+    and one more. Its interval needs one more run still (two residual degrees of freedom): a proxy or a
+    replicate."""
     return sources + sources * (sources - 1) // 2 + 1
 
 
 @dataclasses.dataclass(frozen=True)
 class MixSearch:
     """`mixsearch.*`: what a mixture search file binds (pipeline/mixsearch.py's docstring says what each
-    does): `mixsearch.proxies = 8`, `.seed = 0`, `.alpha = 1.0`, `.target = "bpb/mean"`, `.seeds = 2`.
-    `proxies` is checked here against the fewest any search needs (two sources); the command checks it
-    against its run's sources, and `target` against the yardsticks its runs will have."""
+    does): `mixsearch.proxies = 8`, `.seed = 0`, `.alpha = 1.0`, `.target = "bpb/mean"`, `.seeds = 2`,
+    `.replicates = 2`, `.within_hull = False`. `proxies` is checked here against the fewest any search needs
+    (two sources); the command checks it against its run's sources and the distinct splits its batch allows,
+    and `target` against the yardsticks its runs will have."""
 
     proxies: int = 8
     seed: int = 0
     alpha: float = 1.0
     target: str = MEAN_BPB
     seeds: int = 2
+    replicates: int = 2
+    within_hull: bool = False
 
     def __post_init__(self):
         least = proxies_needed(2)
@@ -117,6 +121,15 @@ class MixSearch:
                              f"{MEAN_BPB!r} (the default), 'bpb/<reference set>' or '<metric>/<task>'")
         if problem := _seeds_problem(self.seeds, "finalist"):
             raise ValueError(problem)
+        if isinstance(self.replicates, bool) or not isinstance(self.replicates, int) or \
+                not 0 <= self.replicates <= self.proxies:
+            raise ValueError(f"replicates={self.replicates!r} must be an int >= 0 and <= proxies="
+                             f"{self.proxies} (the first `replicates` proxies train again with a seed of "
+                             "their own: the seed noise alone, and residual degrees of freedom)")
+        if not isinstance(self.within_hull, bool):
+            raise ValueError(f"within_hull={self.within_hull!r} must be True (search the optimum only inside "
+                             "the convex hull of the proxies' mixtures) or False (the whole simplex, the "
+                             "default: a prediction outside the hull is flagged)")
 
 
 # The gin name of each (`sweep.seeds = 2`), for pipeline/config.py to register and build.

@@ -158,9 +158,11 @@ def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trad
 
 @pytest.mark.slow
 def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys):
-    """gin/twins/mixsearch_prose_code.gin on the data the mixture run built: four proxies and the finalists
-    (one seed) train and evaluate, no data node runs again, and the report has the proxies, the fits with
-    their held-out error, the prediction with its interval and the measured finalists."""
+    """gin/twins/mixsearch_prose_code.gin on the data the mixture run built: four proxies at distinct
+    mixtures, the first again with another seed, and the finalists (one seed) train and evaluate, each run a
+    key of its own; no data node runs again, and the report has the proxies, the fits with their held-out
+    error and seed noise, the prediction with its interval (5 runs, 3 coefficients: 2 residual degrees of
+    freedom) and the measured finalists."""
     root, _ = mixture_run
     before = {stage: len(storage.listdir(f"{root}/{stage}")) for stage in ("download", "clean", "shard")}
     trained = set(storage.listdir(f"{root}/train"))
@@ -170,14 +172,20 @@ def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_pr
     out = capsys.readouterr().out
     assert {stage: len(storage.listdir(f"{root}/{stage}")) for stage in before} == before
     search = storage.read_json(f"{root}/mixsearch/mixsearch_prose_code/search.json")
-    finalists = {tuple(sorted(r.items())) for r in search["finalists"].values()}
-    proxies = {tuple(sorted(p["rows"].items())) for p in search["proxies"]}
-    # the nodes each build ran: every data node was cached; per proxy and new finalist, train and evaluate
+    # a run is its (split, seed): every proxy run its own, the finalists' seed 0 proxy 1's
+    finalists = {(tuple(sorted(r.items())), seed) for r in search["finalists"].values()
+                 for seed in search["finalist_seeds"]}
+    proxies = {(tuple(sorted(p["rows"].items())), p["seed"]) for p in search["proxies"]}
+    assert len(proxies) == len(search["proxies"]) == 5 and len({split for split, _ in proxies}) == 4
+    assert search["draws"]["proxies"] == 4 and search["draws"]["replicates"] == 1
+    # the nodes each build ran: every data node was cached; per proxy run and new finalist, train and evaluate
     assert search["ran"] == {"data": [], "proxies": ["train", "evaluate"],
                              "finalists": ["train", "evaluate"] if finalists - proxies else []}
-    new = set(storage.listdir(f"{root}/train")) - trained      # one training per distinct mixture
-    assert len(proxies) == 4 and len(new) == len(proxies | finalists)
+    new = set(storage.listdir(f"{root}/train")) - trained      # one training per distinct (split, seed)
+    assert len(new) == len(proxies | finalists)
     assert all(sum(p["rows"].values()) == search["global_batch"] for p in search["proxies"])
+    fit = search["fits"]["bpb/mean"]
+    assert fit["dof"] == 2 and fit["seed_dof"] == 1 and fit["seed_sd"] is not None
     low, high = search["prediction"]["interval"]
     assert low <= search["prediction"]["score"] <= high
     md = storage.read_text(f"{root}/mixsearch/mixsearch_prose_code/report.md")
@@ -185,7 +193,8 @@ def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_pr
         assert heading in md, heading
     assert "| bpb/mean |" in md and "| predicted |" in md and "| uniform |" in md
     assert storage.read_bytes(f"{root}/mixsearch/mixsearch_prose_code/fit.png")[:4] == b"\x89PNG"
-    assert "mixsearch: 4 proxies; predicted best for bpb/mean" in out
+    assert "mixsearch: 4 proxies, 5 runs; predicted best for bpb/mean" in out
+    assert ("OUTSIDE the proxies' convex hull" in out) != search["prediction"]["inside_hull"]
 
 
 @pytest.mark.slow

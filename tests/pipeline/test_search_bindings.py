@@ -35,6 +35,10 @@ ONE = {"a": ["train.Config.steps = 2"]}
     (MixSearch, {"alpha": float("nan")}, "alpha=nan must be a number > 0"),
     (MixSearch, {"target": " "}, "target=' ' must name a yardstick of the runs' reports: 'bpb/mean' (the"),
     (MixSearch, {"seeds": 0}, "seeds=0 must be an int >= 1 and <= 100 (each finalist trains with"),
+    (MixSearch, {"replicates": -1}, "replicates=-1 must be an int >= 0 and <= proxies=8 (the first"),
+    (MixSearch, {"proxies": 5, "replicates": 6}, "replicates=6 must be an int >= 0 and <= proxies=5"),
+    (MixSearch, {"replicates": True}, "replicates=True must be an int >= 0"),
+    (MixSearch, {"within_hull": 1}, "within_hull=1 must be True (search the optimum only inside the convex"),
 ])
 def test_each_bad_value_is_refused_naming_it_and_what_is_valid(cls, values, expect):
     with pytest.raises(ValueError) as e:
@@ -86,6 +90,8 @@ def test_every_shipped_mixsearch_file_builds_its_settings(path):
     ("mixsearch.alpha = 'one'", "mixsearch.alpha = 'one' has type str; expected float"),
     ("mixsearch.seeds = 1000", f"mixsearch: seeds=1000 must be an int >= 1 and <= {MAX_SEEDS}"),
     ("mixsearch.proxy = 9", "mixsearch has no parameter 'proxy'. Did you mean proxies?"),
+    ("mixsearch.replicates = 7", "mixsearch: replicates=7 must be an int >= 0 and <= proxies=6"),
+    ("mixsearch.within_hull = 'yes'", "mixsearch.within_hull = 'yes' has type str; expected bool"),
 ])
 def test_a_bad_mixsearch_binding_names_the_binding_and_the_files(param, expect):
     path = os.path.join(REPO, "gin", "mixsearch", "prose_code.gin")
