@@ -10,7 +10,13 @@ the stage's wall time.
 
 The sample: shards are visited in an order fixed by `seed`, and each gives its share of the
 remaining `sample_chars` from its first rows, so the sample spans the whole corpus while reading
-only about `sample_chars` of it. A document whose `split_rule.fraction(id) < heldout_fraction` is never
+only about `sample_chars` of it (shards that run short leave their part to those visited again).
+Over a mixture's sources `sample_chars` is split by `source_shares` (equal by default) and water-filled:
+a source holding less than its share gives all it has (one WARNING line names it) and the rest is split
+among the sources that hold more, until it settles; stats.json records each source's realised characters
+and share (`sources`), and the characters a token the trained model makes of each source's sample
+(`chars_per_token`, which `make plan` divides a source's cleaned characters by before it is sharded).
+A document whose `split_rule.fraction(id) < heldout_fraction` is never
 trained on; those met while sampling measure bytes per token. The shard stage splits off its
 validation documents with the same number, so when `val_fraction <= heldout_fraction` the
 tokenizer never saw a validation document; the shard stage refuses any other pair (`shard.check_no_leak`).
@@ -84,7 +90,8 @@ class Config:
     # The fields above that shape training are then unused; held-out bytes per token is still measured.
     pretrained: str = ""
     # With several sources (train.Mixture): each one's share of `sample_chars`, {source: weight}, normalized;
-    # empty: equal characters from each. Not the training mixture: a weight change there never retrains this.
+    # empty: equal characters from each. A source holding less gives all it has and the others share the rest
+    # (`water_fill`). Not the training mixture: a weight change there never retrains this.
     source_shares: Any = ()
     # True: a vocab_size beyond `max_vocab_size` of the sample only warns (check_vocab_size)
     allow_large_vocab: bool = dataclasses.field(default=False, metadata={"key": False})
@@ -118,8 +125,10 @@ class Config:
 
 CONFIGURABLES = (Config,)
 # 2: stats.json records bytes_per_token_stderr. 3: stats.json no longer records train_seconds (a wall time,
-# different on every run of one key; it is logged instead)
-VERSION = "3"
+# different on every run of one key; it is logged instead). 4: a source (or shard) holding less than its share
+# of the sample leaves the rest to the others (water-filling) instead of leaving it unused; stats.json records
+# the realised shares and chars_per_token
+VERSION = "4"
 
 
 def key_inputs(config: Config) -> dict | None:
@@ -169,13 +178,14 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     cleans = by_source(inputs, "clean")         # {"": clean} or one per source of a mixture
     shards = [path for c in cleans.values() for path in documents.shards_of(c)]
     where = ", ".join(c.path for c in cleans.values())
-    sentences, heldout, stats = sample_sources(cleans, config)
+    samples = sample_sources(cleans, config)
+    sentences, heldout, stats = merged(samples)
     if config.pretrained:
         path = pretrained_file(config.pretrained)
         log.info("tokenizer: using %s as it is (tokenizer.Config.pretrained); not training", path)
         model = storage.read_bytes(path)
         finish(spm.SentencePieceProcessor(model_proto=model), model, "pretrained", stats, heldout, config,
-               out_dir)
+               out_dir, samples)
         return
     if not sentences:
         raise Refusal(f"tokenizer: no training text in {len(shards)} clean shards under {where}; every "
@@ -199,17 +209,24 @@ def run(config: Config, inputs, out_dir: str, work_dir: str) -> None:
     seconds = time.perf_counter() - start
     log.info("trained in %.1f s", seconds)
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
-    finish(sp, model.getvalue(), config.model_type, stats, heldout, config, out_dir)
+    finish(sp, model.getvalue(), config.model_type, stats, heldout, config, out_dir, samples)
 
 
 def finish(sp, model: bytes, model_type: str, stats: dict, heldout: list[str], config: Config,
-           out_dir: str) -> None:
-    """Writes the model, its .vocab and stats.json (with bytes per token measured on `heldout`)."""
+           out_dir: str, samples: Mapping[str, Sample]) -> None:
+    """Writes the model, its .vocab and stats.json (with bytes per token measured on `heldout`, and
+    characters per token on each source's sample, `sample_tokens`)."""
     storage.write_bytes(storage.join(out_dir, "tokenizer.model"), model)
     storage.write_text(storage.join(out_dir, "tokenizer.vocab"), vocab_text(sp))
 
     stats |= {"vocab_size": sp.get_piece_size(), "model_type": model_type} | \
         heldout_stats(sp, heldout, config.num_threads)
+    measured = {source: sample_tokens(sp, x.docs, config.num_threads) for source, x in samples.items()}
+    chars, tokens = (sum(m[i] for m in measured.values()) for i in (0, 1))
+    stats["chars_per_token"] = round(chars / tokens, 4) if tokens else None
+    for source, (chars, tokens) in measured.items():
+        if source:
+            stats["sources"][source]["chars_per_token"] = round(chars / tokens, 4) if tokens else None
     storage.write_json(storage.join(out_dir, "stats.json"), stats)
     if stats["heldout_docs"]:
         log.info("tokenizer: %s", heldout_figure(stats))
@@ -334,61 +351,154 @@ def vocab_text(sp) -> str:
     return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
 
 
-def sample_sources(cleans: Mapping, config: Config) -> tuple[list[str], list[str], dict]:
-    """`sample` over one clean stage, or over each source's ({source: clean}), each giving its share of
-    `sample_chars` (`source_shares`, equal by default): the counts summed, and each source's under
-    "sources"."""
+@dataclasses.dataclass
+class Sample:
+    """What `sample` took from one clean stage's shards."""
+
+    sentences: list[str]     # the training lines, in sampling order (`lines`)
+    heldout: list[str]       # the held-out documents met while sampling, whole: never trained on
+    docs: list[str]          # the sampled documents, whole: what characters per token is measured on
+    counts: dict             # shards_read, sampled_docs, sampled_chars (of the lines), sentences, long lines
+    exhausted: bool          # it holds less than asked: every shard was read to its end, this is all there is
+
+
+def sample_sources(cleans: Mapping, config: Config) -> dict[str, Sample]:
+    """{"": `sample` of the one clean stage}, or {source: its sample} over each source's ({source: clean}),
+    `sample_chars` split by `source_shares` (equal by default) and water-filled (`water_fill`): a source
+    holding less than its share gives all it has, and what it leaves goes to the sources that hold more.
+    One WARNING line names the sources that held less than their share."""
     if list(cleans) == [""]:
-        return sample(documents.shards_of(cleans[""]), config)
-    shares = dict(config.source_shares) or dict.fromkeys(cleans, 1.0)
-    if unknown := sorted(set(shares) - set(cleans)):
+        return {"": sample(documents.shards_of(cleans[""]), config)}
+    weights = dict(config.source_shares) or dict.fromkeys(cleans, 1.0)
+    if unknown := sorted(set(weights) - set(cleans)):
         raise ValueError(f"tokenizer.Config.source_shares names {unknown}, not sources of this run: "
                          f"{sorted(cleans)}")
-    total = sum(shares.values())
+    weights = {source: weights.get(source, 0.0) for source in cleans}
+    shards = {source: documents.shards_of(clean) for source, clean in cleans.items()}
+    held: dict[str, int] = {}            # a source that gave less than asked: all the characters it has
+    samples: dict[str, tuple[int, Sample]] = {}      # source -> (characters asked, its sample)
+    while True:     # each pass finds at least one more source short, or settles
+        allotted = water_fill(config.sample_chars, weights, held)
+        asked = {s: chars for s, chars in allotted.items()
+                 if s not in held and (s not in samples or samples[s][0] != chars)}
+        if not asked:
+            break
+        for source, chars in asked.items():
+            got = sample(shards[source], config, chars)        # 0 characters: no shard is read
+            samples[source] = (chars, got)
+            if got.exhausted:          # less than asked: every shard was read to its end
+                held[source] = got.counts["sampled_chars"]
+    out = {source: samples[source][1] for source in cleans}
+    if short := source_warning(config, weights, held, out):
+        log.warning("tokenizer: %s", short)
+    return out
+
+
+def water_fill(total: int, weights: Mapping[str, float], held: Mapping[str, int]) -> dict[str, int]:
+    """`total` characters split by `weights` among the sources, none given more than it holds (`held`: the
+    characters of the sources known to hold less than they were asked; the others hold enough): a source
+    whose share is at least what it holds gets all it has, the rest is split by weight among the others, and
+    again until no share passes what its source holds. A source of weight 0 gets nothing.
+
+        water_fill(60_000, {"web": 1, "code": 1, "legal": 1}, {"web": 1_200, "code": 3_600})
+        # {"web": 1_200, "code": 3_600, "legal": 55_200}
+    """
+    fixed: dict[str, int] = {}
+    while True:
+        free = [s for s in weights if s not in fixed]
+        left, weight = total - sum(fixed.values()), sum(weights[s] for s in free)
+        share = {s: left * weights[s] / weight if weight else 0.0 for s in free}
+        full = {s: held[s] for s in free if s in held and held[s] <= share[s]}
+        if not full:
+            return {s: fixed.get(s, round(share.get(s, 0.0))) for s in weights}
+        fixed |= full
+
+
+def source_warning(config: Config, weights: Mapping[str, float], held: Mapping[str, int],
+                   samples: Mapping[str, Sample]) -> str:
+    """One line naming the sources that held less than their share of `sample_chars` (by `weights`), with
+    the realised shares, or ""."""
+    total = sum(weights.values())
+    nominal = {s: config.sample_chars * w / total for s, w in weights.items()}
+    short = [s for s in weights if s in held and held[s] < nominal[s]]
+    if not short:
+        return ""
+    chars = {s: x.counts["sampled_chars"] for s, x in samples.items()}
+    realised = ", ".join(f"{s} {c / max(sum(chars.values()), 1):.1%}" for s, c in chars.items())
+    rest = [s for s in weights if s not in short and weights[s] > 0]
+    gone = (f"the rest went to {', '.join(rest)}" if rest else
+            f"no source held more, so the sample is {sum(chars.values()):,} characters, all of their text")
+    return (f"source(s) {', '.join(f'{s} ({held[s]:,} characters)' for s in short)} held less than "
+            f"their share of tokenizer.Config.sample_chars={config.sample_chars:,} "
+            f"({', '.join(f'{s} {nominal[s]:,.0f}' for s in short)}): all of their text is sampled and "
+            f"{gone}; realised shares {realised} (stats.json records them)")
+
+
+def merged(samples: Mapping[str, Sample]) -> tuple[list[str], list[str], dict]:
+    """(training lines, held-out texts, counts) over `samples` ({source: Sample}): the counts summed, and with
+    several sources each one's counts under "sources" with its realised share of the sampled characters."""
+    if list(samples) == [""]:
+        return samples[""].sentences, samples[""].heldout, dict(samples[""].counts)
     sentences, heldout, counts = [], [], {"sources": {}}
-    for source, clean in cleans.items():
-        chars = round(config.sample_chars * shares.get(source, 0.0) / total)
-        got, held, c = sample(documents.shards_of(clean), config, chars) if chars else ([], [], {})
-        sentences += got
-        heldout += held
-        counts["sources"][source] = c | {"share": shares.get(source, 0.0) / total}
-        for name, value in c.items():
+    for x in samples.values():
+        sentences += x.sentences
+        heldout += x.heldout
+        for name, value in x.counts.items():
             counts[name] = counts.get(name, 0) + value
+    for source, x in samples.items():
+        counts["sources"][source] = x.counts | {
+            "share": round(x.counts["sampled_chars"] / max(counts.get("sampled_chars", 0), 1), 6),
+            "exhausted": x.exhausted}
     return sentences, heldout, counts
 
 
-def sample(shards: list[str], config: Config, chars: int | None = None) -> tuple[list[str], list[str], dict]:
-    """(training sentences, held-out document texts, counts) from `shards`, deterministically: about
-    `chars` (default `config.sample_chars`) characters."""
+def sample(shards: list[str], config: Config, chars: int | None = None) -> Sample:
+    """About `chars` (default `config.sample_chars`) characters of training lines from `shards`,
+    deterministically, or all they hold when that is less (`Sample.exhausted`).
+
+    Shards are visited in an order fixed by `config.seed`, each giving an equal part of the characters still
+    wanted from its first rows; when shards run out before the sample is full, the shards that stopped at
+    their part are visited again, from where they stopped, for an equal part of what is still wanted."""
     chars = config.sample_chars if chars is None else chars
 
     order = sorted(shards, key=lambda path: hashlib.sha256(f"{config.seed}:{os.path.basename(path)}".encode())
                    .digest())
-    sentences: list[str] = []
-    heldout: list[str] = []
-    counts = {"shards_read": 0, "sampled_docs": 0, "sampled_chars": 0, "sentences": 0,
-              "long_lines_split": 0, "long_line_pieces": 0}
-    for i, path in enumerate(order):
-        budget = (chars - counts["sampled_chars"]) / (len(order) - i)
-        taken = 0
-        counts["shards_read"] += 1
-        for doc in documents.read(path, columns=("id", "text")):
-            if taken >= budget:
+    out = Sample([], [], [], {"shards_read": 0, "sampled_docs": 0, "sampled_chars": 0, "sentences": 0,
+                              "long_lines_split": 0, "long_line_pieces": 0}, exhausted=False)
+    counts = out.counts
+    consumed: dict[str, int] = {}        # shard -> rows read so far, for one that stopped at its part
+    visit = order
+    while visit and counts["sampled_chars"] < chars:
+        stopped = []
+        for i, path in enumerate(visit):
+            budget = (chars - counts["sampled_chars"]) / (len(visit) - i)
+            taken, skip = 0, consumed.get(path, 0)
+            counts["shards_read"] += path not in consumed
+            consumed[path] = skip
+            for row, doc in enumerate(documents.read(path, columns=("id", "text"))):
+                if row < skip:
+                    continue
+                if taken >= budget:
+                    stopped.append(path)
+                    break
+                consumed[path] = row + 1
+                if doc["text"] is None:
+                    continue
+                if split_rule.fraction(doc["id"], path) < config.heldout_fraction:
+                    out.heldout.append(doc["text"])
+                    continue
+                out.docs.append(doc["text"])
+                for line in lines(doc["text"], config.max_sentence_length, counts):
+                    out.sentences.append(line)
+                    taken += len(line)
+                counts["sampled_docs"] += 1
+            counts["sampled_chars"] += taken
+            if counts["sampled_chars"] >= chars:
                 break
-            if doc["text"] is None:
-                continue
-            if split_rule.fraction(doc["id"], path) < config.heldout_fraction:
-                heldout.append(doc["text"])
-                continue
-            for line in lines(doc["text"], config.max_sentence_length, counts):
-                sentences.append(line)
-                taken += len(line)
-            counts["sampled_docs"] += 1
-        counts["sampled_chars"] += taken
-        if counts["sampled_chars"] >= chars:
-            break
-    counts["sentences"] = len(sentences)
-    return sentences, heldout, counts
+        visit = stopped
+    out.exhausted = counts["sampled_chars"] < chars
+    counts["sentences"] = len(out.sentences)
+    return out
 
 
 def lines(text: str, max_bytes: int, counts: dict) -> Iterator[str]:
@@ -421,6 +531,16 @@ def _cut(line: str, max_bytes: int) -> Iterator[str]:
         data = data[end:]
     if data:
         yield data.decode("utf-8")
+
+
+def sample_tokens(sp, docs: list[str], num_threads: int) -> tuple[int, int]:
+    """(characters, tokens) of the sampled documents `docs`, whole, as the shard stage counts a document's
+    tokens: its pieces and its eos. Characters over tokens is what `make plan` divides a source's cleaned
+    characters by to estimate its tokens before it is sharded (stages/train `estimated_windows`). Measured
+    on the training sample, which the tokenizer has seen, it runs a little above held-out text's figure."""
+    if not docs:
+        return 0, 0
+    return sum(map(len, docs)), sum(len(ids) + 1 for ids in sp.encode(docs, num_threads=num_threads))
 
 
 def heldout_stats(sp, texts: list[str], num_threads: int) -> dict:

@@ -4,12 +4,14 @@ export. One run shared by the tests of this file; each later command is counted 
 
 import contextlib
 import io
+import json
 
 import pytest
 
 from pipeline import __main__ as cli
 from pipeline import config, sweep
 from stages.io import storage
+from stages.train import CHARS_PER_TOKEN_GUESS
 from tests.conftest import REPO
 from tests.tiny_run import MIX_GIN as GIN
 from tests.tiny_run import MIX_SMALL
@@ -66,11 +68,23 @@ def test_the_whole_tree_runs_and_each_source_is_scored_on_its_own(mixture_run):
     # the sampler's realized shares: 12 steps x 4 rows at 0.75 / 0.25 -> exactly 36 and 12 rows
     summary = storage.read_json(done["train"].file("summary.json"))
     assert {s: m["rows"] for s, m in summary["mixture"].items()} == {"code": 12, "prose": 36}
+    # and at every logged step (log_every 3, eval_every 6, and the first step alone) the rows and tokens each
+    # source has given so far: 1 row of code and 3 of prose a step, 64 tokens a row
+    rows = [json.loads(line) for line in storage.read_text(done["train"].file("metrics.jsonl")).splitlines()]
+    assert [r["step"] for r in rows] == [1, 3, 6, 9, 12]
+    for r in rows:
+        assert {k: v for k, v in r.items() if k.startswith("mixture/")} == {
+            "mixture/code/rows": r["step"], "mixture/code/tokens": 64 * r["step"],
+            "mixture/prose/rows": 3 * r["step"], "mixture/prose/tokens": 3 * 64 * r["step"]}
     assert storage.read_json(done["export"].file("config.json"))["architectures"] == ["LlamaForCausalLM"]
-    # the tokenizer sampled both sources, equal characters each by default
+    # the tokenizer sampled both sources: each holds less than its half of sample_chars (20M), so it gave all
+    # it has (water-filling), and stats.json records the shares realised, not the half asked
     stats = storage.read_json(done["tokenizer"].file("stats.json"))
-    assert set(stats["sources"]) == {"code", "prose"}
-    assert stats["sources"]["code"]["share"] == stats["sources"]["prose"]["share"] == 0.5
+    sampled = {s: v["sampled_chars"] for s, v in stats["sources"].items()}
+    assert set(sampled) == {"code", "prose"} and all(v["exhausted"] for v in stats["sources"].values())
+    assert sum(sampled.values()) == stats["sampled_chars"] < 20_000_000 // 2
+    assert {s: v["share"] for s, v in stats["sources"].items()} == pytest.approx(
+        {s: c / stats["sampled_chars"] for s, c in sampled.items()}, abs=1e-6)
     # the card names every stage the model was made from, each source's with its own key (download[code]:
     # three reads from the export, through clean[code] and score[code]), the classifier once
     card = storage.read_text(done["export"].file("README.md"))
@@ -116,10 +130,38 @@ def test_plan_estimates_a_sources_tokens_from_its_cleaning_before_it_is_sharded(
     argv = _argv(root, "code/clean.Config.min_chars = 300")
     assert cli.main(["run", *argv, "--stage", "clean[code]"]) == 0
     capsys.readouterr()
-    guessed = plan_rows(argv)
-    assert all(r[5].startswith("~") and r[6].startswith("~") for r in guessed.values())
+    guessed = plan_rows(argv)        # no tokenizer either: 4 characters a token assumed, and marked so
+    assert all(r[5].startswith("~") and r[6] == "estimate" and r[7].startswith("~") for r in guessed.values())
     ratio = int(guessed["prose"][5][1:].replace(",", "")) / int(held["prose"][5].replace(",", ""))
     assert 0.5 < ratio < 2.0         # the estimate (4 characters a token) is near the shards' real count
+
+
+def test_plan_estimates_a_sources_tokens_from_the_tokenizers_measure_once_the_tokenizer_exists(mixture_run,
+                                                                                             capsys):
+    """A shard setting changed: the tokenizer is cached, the shards are not. make plan divides each source's
+    cleaned characters by the characters a token the tokenizer measured on its sample of that source: within
+    10% of the tokens the shards hold, where 4 characters a token is far off for code; no "estimate" mark."""
+    root, _ = mixture_run
+    override = "shard.Config.tokens_per_shard = 30_000"
+    plan = _plan(root, override)
+    assert plan.committed("tokenizer") is not None and plan.committed("shard[code]") is None
+    stats = storage.read_json(plan.committed("tokenizer").file("stats.json"))
+    assert cli.main(["plan", *_argv(root, override)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[2]: line.split() for line in out.splitlines() if line.startswith("  0 ")}
+    assert "  estimate: " not in out and "characters a token as the tokenizer measured them" in out
+    for source, row in rows.items():
+        manifest = storage.read_json(_plan(root).committed(f"shard[{source}]").file("manifest.json"))
+        # the estimate does not take off the validation split (shard.Config.val_fraction)
+        held = sum(split["tokens"] for split in manifest["splits"].values())
+        estimate = int(row[5].removeprefix("~").replace(",", ""))
+        assert row[5].startswith("~") and "estimate" not in row and abs(estimate / held - 1) < 0.10, \
+            (source, estimate, held)
+        chars = storage.read_json(plan.committed(f"clean[{source}]").file("stats.json"))["chars_kept"]
+        assert estimate == int(chars / stats["sources"][source]["chars_per_token"] / 64) * 64
+    # what the guess would have said: both sources (docstrings and code at vocab 800) make ~2.2 characters a
+    # token, so 4 would put their tokens at ~0.56 of the real count
+    assert all(stats["sources"][s]["chars_per_token"] < 0.6 * CHARS_PER_TOKEN_GUESS for s in rows)
 
 
 def test_status_shows_the_tree(mixture_run, capsys):

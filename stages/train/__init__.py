@@ -55,7 +55,9 @@ CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig,
 #    at head_dim / 2 - 1, which changed the frequencies when the correction range reached past it).
 # 4: a full capacity buffer drops its expert's lowest-scored assignments (within a choice), not the last
 #    tokens of the device's batch.
-VERSION = "4"
+# 5: a mixture's metrics rows hold the rows and tokens each source has given so far (mixture/<source>/rows,
+#    mixture/<source>/tokens).
+VERSION = "5"
 
 
 def resolve(config: Config, bound: frozenset[str]) -> Config:
@@ -200,7 +202,8 @@ def check_inputs(config: Config, inputs: Mapping) -> str:
 
 
 # Characters a token, for `make plan`'s estimate of a source's tokens before a tokenizer exists (English
-# text with an 8-50K BPE vocabulary is 3.5-4.5; the trained tokenizer's held-out figure replaces it).
+# text with an 8-50K BPE vocabulary is 3.5-4.5; code at a small vocabulary far less: 2.2 at vocab 800). The
+# figures it gives are marked "estimate"; once the tokenizer is cached its measured figure replaces it.
 CHARS_PER_TOKEN_GUESS = 4.0
 
 
@@ -208,20 +211,23 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
     """`make plan`'s mixture table: per phase and source the weight, the tokens asked for and the epochs they
     make of the source's training tokens: from its shard manifest once the shard stage is committed, else
     estimated ("~") from its clean stage's characters kept (`clean[<source>]` among `inputs`, which may hold
-    every node upstream) over the tokenizer's held-out bytes per token (or CHARS_PER_TOKEN_GUESS)."""
+    every node upstream) over the characters a token the tokenizer measured on its sample of that source
+    (`chars_per_token`), or, before the tokenizer exists, CHARS_PER_TOKEN_GUESS (marked "estimate")."""
     if config.mixture is None:
         return ""
     shards = by_source(inputs, "shard")
     windows = mixture_windows(config, {s: c for s, c in shards.items() if c is not None})
-    guessed = {s: w for s, w in estimated_windows(config, inputs).items() if s not in windows}
+    measured = chars_per_token(inputs)
+    guessed = {s: w for s, w in estimated_windows(config, inputs, measured).items() if s not in windows}
     mix, tokens_per_row = config.mixture, config.seq_len
     rows = [("phase", "steps", "source", "weight", "tokens asked", "tokens held", "epochs")]
     for p, (start, end, asked) in enumerate(mix.phase_rows(config.steps, config.global_batch)):
         for source, n in asked.items():
             held, mark = windows.get(source) or guessed.get(source), "~" if source in guessed else ""
+            assumed = " estimate" if source in guessed and source not in measured else ""
             rows.append((str(p), f"{start}-{end}", source, f"{float(mix.fractions(p)[source]):.3f}",
                          f"{n * tokens_per_row:,}",
-                         f"{mark}{held * tokens_per_row:,}" if held else "not cleaned yet",
+                         f"{mark}{held * tokens_per_row:,}{assumed}" if held else "not cleaned yet",
                          f"{mark}{n / held:.2f}" if held else "-"))
     total = mix.epochs(config.steps, config.global_batch, windows) if len(windows) == len(shards) else {}
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -231,24 +237,46 @@ def plan_inputs(config: Config, inputs: Mapping) -> str:
         lines.append("  whole run: " + ", ".join(f"{s} {e:.2f} epochs" for s, e in total.items()) +
                      f" (limit {mix.max_epochs:g})")
     if guessed:
-        lines.append("  ~: estimated from the source's clean stage (characters kept / characters a token, "
-                     "before its shards exist); the limit is checked on the shards' real counts")
+        lines.append("  ~: estimated from the source's clean stage before its shards exist (characters kept "
+                     "/ characters a token, the validation split not taken off); the limit is checked on the "
+                     "shards' real counts")
+    if by_tokenizer := sorted(s for s in guessed if s in measured):
+        lines.append("     characters a token as the tokenizer measured them on its sample: " +
+                     ", ".join(f"{s} {measured[s]:.2f}" for s in by_tokenizer))
+    if assumed := sorted(s for s in guessed if s not in measured):
+        lines.append(f"  estimate: no tokenizer yet, so {CHARS_PER_TOKEN_GUESS:g} characters a token are "
+                     f"assumed for {', '.join(assumed)} (code at a small vocabulary has about half that); "
+                     "the tokenizer's own figure replaces the guess once it is built")
     if problem := check_inputs(config, inputs):
         lines.append(f"  REFUSED: {problem}")
     return "\n".join(lines)
 
 
-def estimated_windows(config: Config, inputs: Mapping) -> dict[str, int]:
-    """Each source's training windows as `make plan` estimates them before its shards exist: its clean
-    stage's characters kept / characters a token / seq_len (the validation split not taken off)."""
+def chars_per_token(inputs: Mapping) -> dict[str, float]:
+    """{source: characters a token} as the committed tokenizer among `inputs` measured them on its sample of
+    each source (stats.json `sources[<source>].chars_per_token`; a one-source tokenizer's under ""), or {}
+    when the tokenizer is not built yet."""
     tokenizer = inputs.get("tokenizer")
-    per_token = CHARS_PER_TOKEN_GUESS
-    if tokenizer is not None:
-        per_token = storage.read_json(tokenizer.file("stats.json")).get("bytes_per_token") or per_token
+    if tokenizer is None:
+        return {}
+    stats = storage.read_json(tokenizer.file("stats.json"))
+    found = {source: s.get("chars_per_token") for source, s in stats.get("sources", {}).items()}
+    found.setdefault("", stats.get("chars_per_token"))
+    return {source: figure for source, figure in found.items() if figure}
+
+
+def estimated_windows(config: Config, inputs: Mapping, measured: Mapping[str, float] | None = None
+                      ) -> dict[str, int]:
+    """Each source's training windows as `make plan` estimates them before its shards exist: its clean
+    stage's characters kept / characters a token (`measured`: {source: the tokenizer's figure}, by default
+    `chars_per_token(inputs)`; CHARS_PER_TOKEN_GUESS for a source without one) / seq_len (the validation
+    split not taken off)."""
+    measured = chars_per_token(inputs) if measured is None else measured
     cleans = by_source(inputs, "clean") if any(stage_of(n) == "clean" for n in inputs) else {}
     kept = {source: storage.read_json(clean.file("stats.json"))["chars_kept"]
             for source, clean in cleans.items() if clean is not None}
-    return {source: int(chars / per_token / config.seq_len) for source, chars in kept.items()}
+    return {source: int(chars / measured.get(source, CHARS_PER_TOKEN_GUESS) / config.seq_len)
+            for source, chars in kept.items()}
 
 
 def mixture_bound(config: Config, upstream: Mapping) -> str:

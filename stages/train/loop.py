@@ -348,6 +348,8 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
            "param_norm": float(o["param_norm"])}
     if "moe/load" in o:
         row |= moe_row([f[1] for f in fetched])
+    if cfg.mixture is not None:
+        row |= mixture_row(cfg, end)
     if first:
         row["compile_and_first_step_s"] = dt              # mostly compilation: not a rate
     else:
@@ -358,6 +360,16 @@ def one_interval(run: Run, params, opt_state, begin: int, end: int, ckpt: checkp
         row["eval_loss"] = evaluate(run.eval_fn, params, run.eval_data, run.mesh)
         row |= in_loop_scores(run, params)
     return params, opt_state, row
+
+
+def mixture_row(cfg, step: int) -> dict[str, int]:
+    """A metrics row's mixture entries at `step`: the rows and tokens each source has given the batches of
+    steps 0 .. step - 1, cumulative (`mixture/<source>/rows`, `mixture/<source>/tokens`, seq_len a row): the
+    sampler's own counts (`Mixture.rows_before`, a pure function of the step, so a resumed run logs the
+    numbers an uninterrupted one does)."""
+    rows = cfg.mixture.rows_before(step, cfg.global_batch)
+    return {f"mixture/{s}/{what}": n * scale for s, n in rows.items()
+            for what, scale in (("rows", 1), ("tokens", cfg.seq_len))}
 
 
 def moe_row(outputs: list[dict]) -> dict:

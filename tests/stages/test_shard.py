@@ -271,8 +271,7 @@ def test_a_validation_split_the_tokenizer_trained_on_is_refused_before_any_work(
     out = run_shard(tmp_path, upstream, key="ok", val_fraction=0.1)
     recorded = upstream["tokenizer"].manifest["config"]
     tok_config = tokenizer.Config(**{k: v for k, v in recorded.items() if k != "@type"})
-    sentences, _, _ = tokenizer.sample(documents.shards_of(upstream["clean"]), tok_config)
-    trained = set(sentences)
+    trained = set(tokenizer.sample(documents.shards_of(upstream["clean"]), tok_config).sentences)
     val = [d for p in documents.shards_of(upstream["clean"]) for d in documents.read(p)
            if split_rule.fraction(d["id"], p) < 0.1]
     assert len(val) == storage.read_json(out.file("manifest.json"))["splits"]["val"]["docs"] > 20

@@ -9,6 +9,7 @@ import sentencepiece as spm
 from pipeline import cache
 from stages import tokenizer
 from stages.io import documents, split_rule, storage
+from stages.io.committed import by_source
 
 WORDS = """the of and to in is was for that with as on by at from it this be are an or which his her their
 they have had were not but all one two three new first year time people city river music history water
@@ -106,15 +107,143 @@ def test_unigram_and_no_byte_fallback(clean, tmp_path):
 def test_sample_respects_the_budget_and_never_trains_on_heldout(clean):
     shards = documents.shards_of(clean)
     config = tokenizer.Config(sample_chars=20_000, heldout_fraction=0.2)
-    sentences, heldout, counts = tokenizer.sample(shards, config)
+    got = tokenizer.sample(shards, config)
+    sentences, heldout, counts = got.sentences, got.heldout, got.counts
     assert 20_000 <= counts["sampled_chars"] < 20_000 + 3 * 2_000        # at most one doc over per shard
-    assert counts["sampled_chars"] == sum(map(len, sentences))
-    assert counts["shards_read"] == 3
+    assert counts["sampled_chars"] == sum(map(len, sentences)) and not got.exhausted
+    assert counts["shards_read"] == 3 and len(got.docs) == counts["sampled_docs"]
+    assert sentences == [line for doc in got.docs for line in doc.split("\n") if line]   # whole documents
     trained_lines = set(sentences)
     assert heldout and not any(line in trained_lines for text in heldout for line in text.split("\n") if line)
-    assert tokenizer.sample(shards, config) == (sentences, heldout, counts)
+    assert tokenizer.sample(shards, config) == got
     other_seed = tokenizer.sample(shards, tokenizer.Config(sample_chars=20_000, heldout_fraction=0.2, seed=1))
-    assert other_seed[0] != sentences
+    assert other_seed.sentences != sentences
+
+
+def _trainable_chars(docs: list[dict], heldout_fraction: float) -> int:
+    """The characters of training lines `docs` hold outside the held-out documents: all a sample can take."""
+    return sum(len(line) for d in docs if split_rule.fraction(d["id"], "") >= heldout_fraction
+               for line in d["text"].split("\n") if line)
+
+
+def test_a_shard_that_runs_short_leaves_its_part_to_the_shards_that_hold_more(tmp_path):
+    """Whatever order the seed visits them in, a small shard beside a large one: the sample holds what was
+    asked while the shards hold it, and all they hold (exhausted) when they hold less."""
+    docs = english_docs(300, seed=3)
+    clean = write_clean(str(tmp_path), [docs[:4], docs[4:]])
+    held = _trainable_chars(docs, 0.1)
+    longest = max(len(d["text"]) for d in docs)
+    for seed in range(4):
+        half = tokenizer.sample(documents.shards_of(clean), tokenizer.Config(
+            sample_chars=held // 2, heldout_fraction=0.1, seed=seed))
+        assert held // 2 <= half.counts["sampled_chars"] < held // 2 + 2 * longest and not half.exhausted
+        everything = tokenizer.sample(documents.shards_of(clean), tokenizer.Config(
+            sample_chars=held + 1, heldout_fraction=0.1, seed=seed))
+        assert everything.exhausted and everything.counts["sampled_chars"] == held
+        assert everything.counts["shards_read"] == 2 and len(everything.docs) == len(set(everything.docs))
+
+
+@pytest.fixture(scope="module")
+def web_code_legal(tmp_path_factory):
+    """Three sources' clean stages, of 2%, 6% and 92% of the text (one, two and three shards), and the
+    characters of training lines each holds at heldout_fraction 0.1."""
+    root = str(tmp_path_factory.mktemp("sources"))
+    docs = {"web": english_docs(17, seed=1, prefix="web"), "code": english_docs(64, seed=2, prefix="code"),
+            "legal": english_docs(917, seed=3, prefix="legal")}
+    shards = {"web": [docs["web"]], "code": [docs["code"][:32], docs["code"][32:]],
+              "legal": [docs["legal"][:300], docs["legal"][300:600], docs["legal"][600:]]}
+    cleans = {f"clean[{s}]": write_clean(root, shards[s], key=s) for s in docs}
+    return cleans, {s: _trainable_chars(d, 0.1) for s, d in docs.items()}
+
+
+@pytest.mark.parametrize("share", [0.6, 0.15])
+def test_a_source_smaller_than_its_share_gives_all_it_has_and_the_others_take_the_rest(web_code_legal, share,
+                                                                                       caplog):
+    """The tokenizer's sample over web (2% of the text), code (6%) and legal (92%), equal shares asked.
+    At 60% of the text each share is 20%: web and code give all they hold and legal takes the rest. At 15%
+    each share is 5%: web gives its 2%, the 13% left is 6.5% each, more than code's 6%, so code gives all
+    too and legal takes 7%. The realised shares are recorded and sum to the sample; one WARNING line."""
+    cleans, held = web_code_legal
+    total = sum(held.values())
+    assert [round(held[s] / total, 2) for s in ("web", "code", "legal")] == [0.02, 0.06, 0.92]
+    config = tokenizer.Config(sample_chars=round(share * total), heldout_fraction=0.1)
+    with caplog.at_level("WARNING", logger="stages.tokenizer"):
+        samples = tokenizer.sample_sources(by_source(cleans, "clean"), config)
+    got = {s: x.counts["sampled_chars"] for s, x in samples.items()}
+    assert got["web"] == held["web"] and got["code"] == held["code"]            # all they hold
+    assert samples["web"].exhausted and samples["code"].exhausted and not samples["legal"].exhausted
+    rest = config.sample_chars - held["web"] - held["code"]                       # the rest, to legal
+    longest = max(len(d) for x in samples.values() for d in x.docs)
+    assert rest <= got["legal"] < rest + 3 * longest            # at most one document over per shard
+    _, _, counts = tokenizer.merged(samples)
+    assert counts["sampled_chars"] == sum(got.values()) >= config.sample_chars
+    assert {s: c["share"] for s, c in counts["sources"].items()} == pytest.approx(
+        {s: got[s] / sum(got.values()) for s in got}, abs=1e-6)
+    assert sum(c["share"] for c in counts["sources"].values()) == pytest.approx(1.0, abs=1e-5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # web and code held less than a third of the sample; at 15%, code held more than its third (5%)
+    short, rest = (("code", "web"), "legal") if share == 0.6 else (("web",), "code, legal")
+    assert len(warnings) == 1 and "source(s) " + ", ".join(f"{s} ({held[s]:,} characters)" for s in short) + \
+        " held less than their share" in warnings[0]
+    assert f"the rest went to {rest};" in warnings[0]
+
+
+def test_sources_that_all_hold_their_share_give_equal_characters(web_code_legal, caplog):
+    cleans, held = web_code_legal
+    config = tokenizer.Config(sample_chars=3 * held["web"] // 2, heldout_fraction=0.1)   # web holds 2 thirds
+    with caplog.at_level("WARNING", logger="stages.tokenizer"):
+        samples = tokenizer.sample_sources(by_source(cleans, "clean"), config)
+    _within(samples, dict.fromkeys(samples, config.sample_chars / 3), cleans)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    # by weights too: 2:1:1, each within its share
+    config = tokenizer.Config(sample_chars=held["web"], heldout_fraction=0.1,
+                              source_shares={"legal": 2, "code": 1, "web": 1})
+    samples = tokenizer.sample_sources(by_source(cleans, "clean"), config)
+    _within(samples, {"legal": held["web"] / 2, "code": held["web"] / 4, "web": held["web"] / 4}, cleans)
+
+
+def _within(samples: dict, asked: dict, cleans: dict) -> None:
+    """Each source's sample holds at least what it was asked and at most one document more per shard."""
+    longest = max(len(d) for x in samples.values() for d in x.docs)
+    for source, x in samples.items():
+        shards = len(documents.shards_of(cleans[f"clean[{source}]"]))
+        assert asked[source] <= x.counts["sampled_chars"] < asked[source] + shards * longest, source
+        assert not x.exhausted
+
+
+def test_water_filling_gives_each_source_at_most_what_it_holds():
+    fill = tokenizer.water_fill
+    assert fill(90, {"a": 1, "b": 1, "c": 1}, {}) == {"a": 30, "b": 30, "c": 30}
+    assert fill(90, {"a": 1, "b": 1, "c": 1}, {"a": 6}) == {"a": 6, "b": 42, "c": 42}
+    assert fill(90, {"a": 1, "b": 1, "c": 1}, {"a": 6, "b": 40}) == {"a": 6, "b": 40, "c": 44}  # 40 < 42
+    assert fill(90, {"a": 1, "b": 1, "c": 1}, {"a": 6, "b": 50}) == {"a": 6, "b": 42, "c": 42}  # 50 > 42
+    assert fill(100, {"a": 2, "b": 1, "c": 1}, {"c": 5}) == {"a": 63, "b": 32, "c": 5}          # by weight
+    assert fill(90, {"a": 1, "b": 0}, {"a": 6}) == {"a": 6, "b": 0}            # a 0 share takes nothing
+    assert fill(90, {"a": 1, "b": 1}, {"a": 6, "b": 7}) == {"a": 6, "b": 7}    # all short: all they hold
+
+
+def test_a_mixtures_stats_record_each_sources_realised_share_and_characters_a_token(web_code_legal, tmp_path):
+    """The stage over the three sources: stats.json holds each source's realised characters and share (not
+    the nominal third), and the characters a token the model makes of its sample: that sample's characters
+    over its tokens, each document encoded whole and ended by eos, as the shard stage counts them."""
+    cleans, held = web_code_legal
+    total = sum(held.values())
+    config = tokenizer.Config(vocab_size=500, num_threads=1, heldout_fraction=0.1, sample_chars=total // 2)
+    out = cache.run_stage(cache_root=str(tmp_path), stage="tokenizer", key="mix", config=config,
+                          upstream=cleans, fn=tokenizer.run)
+    stats = storage.read_json(out.file("stats.json"))
+    sources = stats["sources"]
+    assert sources["web"]["sampled_chars"] == held["web"] and sources["web"]["exhausted"]
+    assert sources["legal"]["share"] > 0.8 and not sources["legal"]["exhausted"]
+    assert sum(s["sampled_chars"] for s in sources.values()) == stats["sampled_chars"]
+    sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(out.file("tokenizer.model")))
+    samples = tokenizer.sample_sources(by_source(cleans, "clean"), config)
+    for source, x in samples.items():
+        tokens = sum(len(sp.encode(d)) + 1 for d in x.docs)
+        assert sources[source]["chars_per_token"] == round(sum(map(len, x.docs)) / tokens, 4)
+    docs = [d for x in samples.values() for d in x.docs]
+    tokens = sum(len(sp.encode(d)) + 1 for d in docs)
+    assert stats["chars_per_token"] == round(sum(map(len, docs)) / tokens, 4)
 
 
 def test_long_lines_are_cut_not_dropped(tmp_path):
@@ -152,7 +281,8 @@ def test_config_validation_names_the_field_and_the_valid_values(field, value, me
 
 def test_a_vocab_out_of_proportion_to_the_sample_fails_naming_the_maximum(clean, tmp_path):
     config = tokenizer.Config(heldout_fraction=0.1)
-    sentences, _, counts = tokenizer.sample(documents.shards_of(clean), config)
+    got = tokenizer.sample(documents.shards_of(clean), config)
+    sentences, counts = got.sentences, got.counts
     repeated = tokenizer.repeated_words(sentences)
     most = tokenizer.max_vocab_size(repeated, byte_fallback=True)
     assert 200 < repeated < 300 and most == 259 + 2 * repeated
