@@ -155,8 +155,9 @@ def test_the_flagship_config_resolves_and_targets_a_tpu_slice():
     plan = config.load([f"{REPO}/gin/600b.gin"])
     train = plan.stages["train"].config
     assert 590e9 < model.num_params(train.model) < 610e9
-    assert (train.mesh.fsdp, train.mesh.expert, train.mesh.tensor) == (64, 16, 1)
-    assert train.mesh.shape(1024) == (1, 64, 16, 1) and train.model.n_experts == 256
+    assert (train.mesh.fsdp, train.mesh.expert, train.mesh.tensor) == (128, 8, 1)
+    assert train.mesh.shape(1024) == (1, 128, 8, 1) and train.model.n_experts == 256
+    assert train.mesh.device_order == "fsdp:4x4x8,expert:2x2x2"
     cmd = launch.tpu_vm_command(train.launcher, f"{plan.cache_root}/train/k/work/spec.json")
     assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "YOUR_TPU_SLICE"]
     assert "--worker=all" in cmd
