@@ -65,6 +65,10 @@ class Feistel:
         self.round_keys = round_keys(key)                              # (ROUNDS,) uint64
         low = [self.bits // 2, self.bits - self.bits // 2]
         self.low_bits = [low[r % 2] for r in range(ROUNDS)]             # w of each round
+        # each round's (K, w, 2^w - 1, n - w, 2^(n - w) - 1) as uint64 scalars, made once
+        self._rounds = [tuple(np.uint64(v) for v in (k, w, (1 << w) - 1, self.bits - w,
+                                                      (1 << (self.bits - w)) - 1))
+                        for k, w in zip(self.round_keys.tolist(), self.low_bits)]
 
     def __call__(self, positions) -> np.ndarray:
         """perm(positions): the same shape, int64. Raises IndexError for a position outside range(size)."""
@@ -83,10 +87,9 @@ class Feistel:
 
     def encrypt(self, x: np.ndarray) -> np.ndarray:
         """The network E on range(2^bits): (P,) uint64 -> (P,) uint64, a permutation of range(2^bits)."""
-        for k, w in zip(self.round_keys, self.low_bits):
-            high_bits = self.bits - w
-            r, left = x & np.uint64((1 << w) - 1), x >> np.uint64(w)
-            x = (r << np.uint64(high_bits)) | ((left ^ mix64(r ^ k)) & np.uint64((1 << high_bits) - 1))
+        for k, w, low_mask, high_bits, high_mask in self._rounds:
+            r = x & low_mask                                           # R: the low w bits
+            x = (r << high_bits) | (((x >> w) ^ mix64(r ^ k)) & high_mask)
         return x
 
 
