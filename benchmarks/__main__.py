@@ -15,7 +15,7 @@ import tempfile
 
 BENCHMARKS = ("tokenize_throughput", "cached_rerun", "attention", "train_step", "plan_vs_xla",
               "fineweb_filters", "minhash_vs_datatrove", "downstream_scoring", "moe_layer", "step_time",
-              "data_scaling", "classifier_scoring")
+              "data_scaling", "classifier_scoring", "window_order")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 

@@ -13,8 +13,9 @@ have seen.
 
 Modules, one job each: `model.py` (the decoder), `attention.py` (the only place kernels are chosen),
 `sharding.py` (mesh and logical axes), `optimizer.py`, `loss.py` (chunked cross entropy),
-`data.py` (memory-mapped shards; the batch is a pure function of the step), `mixture.py` (weights by
-tokens over sources, phases, the repetition limit), `checkpoint.py` (Orbax), `trained.py` (the final
+`data.py` (memory-mapped shards; the batch is a pure function of the step), `window_order.py` (the
+stateless permutation of a source's windows each epoch), `mixture.py` (weights by tokens over sources,
+phases, the repetition limit), `checkpoint.py` (Orbax), `trained.py` (the final
 checkpoint's model, rebuilt for scoring), `metrics.py` (jsonl, TensorBoard, MFU), `loop.py` (the training
 loop), `step.py` (the train step and the loss, pure functions the loop jits), `worker.py` (one process;
 launchers in `stages/train/launch.py`), `stop.py` (the stop signal and its exit code), `tracking.py` (W&B,
@@ -55,8 +56,10 @@ CONFIGURABLES = (Config, ModelConfig, OptimizerConfig, MeshConfig, LaunchConfig,
 #    at head_dim / 2 - 1, which changed the frequencies when the correction range reached past it).
 # 4: a full capacity buffer drops its expert's lowest-scored assignments (within a choice), not the last
 #    tokens of the device's batch.
-# 5: a mixture's metrics rows hold the rows and tokens each source has given so far (mixture/<source>/rows,
-#    mixture/<source>/tokens).
+# 5: each epoch reads a source's windows in a keyed Feistel order computed per position (window_order.py), not
+#    a materialised rng.permutation(np.arange(M)): every epoch still holds each window once, in another order,
+#    so the batches and the weights of every run change; and a mixture's metrics rows hold the rows and tokens
+#    each source has given so far (mixture/<source>/rows, mixture/<source>/tokens).
 VERSION = "5"
 
 

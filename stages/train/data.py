@@ -11,8 +11,9 @@
 The shards are one token stream, cut into M = (total_tokens - 1) // seq_len windows of seq_len + 1
 tokens (window w starts at token w * seq_len, so consecutive windows overlap by the one token that is
 the last target of one and the first input of the next). Global example g = step * global_batch + i
-is window perm_e[g % M] of epoch e = g // M, where perm_e is a permutation seeded by (seed, e). No
-iterator state exists, so a resumed run needs nothing but the step to replay the same batches.
+is window perm_e(g % M) of epoch e = g // M, where perm_e is a keyed Feistel permutation of range(M) with
+key (seed, e) (window_order.py), computed for the batch's positions alone: nothing of size M is ever held.
+No iterator state exists, so a resumed run needs nothing but the step to replay the same batches.
 
 A mixture of sources (`train.Mixture`, stages/train/mixture.py) reads each source's shards as a stream of
 its own: `MixedTokenData(streams, mixture, ...)` takes each step's rows of each source as the mixture
@@ -27,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from stages.io import llmc
+from stages.train.window_order import WindowOrder
 
 
 class TokenData:
@@ -49,30 +51,21 @@ class TokenData:
         if self.num_windows < 1:
             raise ValueError(f"the {len(shard_paths)} shards hold {self.stream.total_tokens} tokens, "
                              f"fewer than seq_len + 1 = {seq_len + 1}: lower seq_len or shard more text")
-        self._perms: dict[int, np.ndarray] = {}                        # epoch -> permutation (at most 2)
+        self.order = WindowOrder(self.num_windows, key=(seed,))        # epoch e: Feistel key (seed, e)
 
     def batch(self, step: int) -> np.ndarray:
         """This process's rows of the global batch at `step`.
 
         Returns (global_batch // process_count, seq_len + 1) int32.
         """
+        return np.stack([self.stream.window(int(w), self.seq_len) for w in self.windows(step)])
+
+    def windows(self, step: int) -> np.ndarray:
+        """The windows of this process's rows at `step`: (global_batch // process_count,) int64."""
         if step < 0:
             raise ValueError(f"step={step} must be >= 0")
         g = step * self.global_batch + self.row_start + np.arange(self.local_batch, dtype=np.int64)  # (B,)
-        epochs, positions = g // self.num_windows, g % self.num_windows
-        windows = [int(self.permutation(int(e))[p]) for e, p in zip(epochs, positions)]
-        return np.stack([self.stream.window(w, self.seq_len) for w in windows])
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        """The window order of `epoch`: a permutation of range(M) seeded by (seed, epoch)."""
-        if epoch not in self._perms:
-            # A batch spans at most two epochs, so two cached permutations suffice.
-            for old in sorted(self._perms)[:-1]:
-                del self._perms[old]
-            index_dtype = np.int32 if self.num_windows < 2**31 else np.int64   # halves memory at scale
-            rng = np.random.default_rng([self.seed, epoch])
-            self._perms[epoch] = rng.permutation(np.arange(self.num_windows, dtype=index_dtype))
-        return self._perms[epoch]
+        return self.order.windows(g)
 
 
 class MixedTokenData:
@@ -81,9 +74,10 @@ class MixedTokenData:
     the same batches up to where they differ.
 
     Step b takes `mixture.step_rows(b)` rows of each source, in an order seeded by (seed, b). The k-th row a
-    source ever gives (k counted over all steps before, `mixture.rows_before`) is window perm[k % M] of its
-    epoch k // M, where M is its window count and perm a permutation seeded by (seed, the source's name,
-    epoch): each source is a stream of its own with its own epochs, and adding a source changes no other's.
+    source ever gives (k counted over all steps before, `mixture.rows_before`) is window perm(k % M) of its
+    epoch k // M, where M is its window count and perm the Feistel permutation keyed by (seed, the source's
+    name seed, epoch) (window_order.py): each source is a stream of its own with its own epochs, and adding
+    a source changes no other's.
     Process i takes rows [i * B_local, (i + 1) * B_local) of the global batch, as in TokenData.
     """
 
@@ -104,7 +98,8 @@ class MixedTokenData:
                 tokens = self.streams[name].total_tokens
                 raise ValueError(f"source {name!r} holds {tokens} tokens, fewer than seq_len + 1 = "
                                  f"{seq_len + 1}: lower seq_len or give it more text")
-        self._perms: dict[tuple[str, int], np.ndarray] = {}
+        self.orders = {name: WindowOrder(m, key=(seed, _name_seed(name)))    # epoch e: (seed, name seed, e)
+                       for name, m in self.num_windows.items()}
 
     def rows(self, step: int) -> list[tuple[str, int]]:
         """The global batch of `step` as (source, that source's row number k), in batch order."""
@@ -125,24 +120,23 @@ class MixedTokenData:
     def batch(self, step: int) -> np.ndarray:
         """This process's rows of the global batch at `step`: (global_batch // process_count, seq_len + 1)
         int32."""
+        return np.stack([self.streams[name].window(w, self.seq_len) for name, w in self.windows(step)])
+
+    def windows(self, step: int) -> list[tuple[str, int]]:
+        """This process's rows at `step` as (source, window of that source), in batch order."""
         mine = self.rows(step)[self.row_start:self.row_start + self.local_batch]
-        return np.stack([self.window(name, k) for name, k in mine])
+        names = np.array([name for name, _ in mine])                                   # (B,)
+        ks = np.array([k for _, k in mine], dtype=np.int64)                            # (B,)
+        windows = np.empty(len(mine), dtype=np.int64)
+        for name in self.sources:                  # each source's rows in one vectorised call
+            at = names == name
+            if at.any():
+                windows[at] = self.orders[name].windows(ks[at])
+        return [(name, int(w)) for (name, _), w in zip(mine, windows)]
 
     def window(self, name: str, k: int) -> np.ndarray:
         """The k-th window source `name` gives: (seq_len + 1,) int32."""
-        m = self.num_windows[name]
-        epoch, position = divmod(k, m)
-        return self.streams[name].window(int(self.permutation(name, epoch)[position]), self.seq_len)
-
-    def permutation(self, name: str, epoch: int) -> np.ndarray:
-        if (name, epoch) not in self._perms:
-            for old in [key for key in self._perms if key[0] == name and key[1] < epoch - 1]:
-                del self._perms[old]        # a step reads at most two epochs of a source
-            m = self.num_windows[name]
-            rng = np.random.default_rng([self.seed, _name_seed(name), epoch])
-            index_dtype = np.int32 if m < 2**31 else np.int64
-            self._perms[name, epoch] = rng.permutation(np.arange(m, dtype=index_dtype))
-        return self._perms[name, epoch]
+        return self.streams[name].window(int(self.orders[name].windows(k)), self.seq_len)
 
 
 def _name_seed(name: str) -> int:

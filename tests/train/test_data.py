@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from stages.io import llmc
-from stages.train import data
+from stages.train import data, window_order
 
 SEQ = 8
 
@@ -78,10 +78,13 @@ def test_epochs_wrap_with_a_new_permutation(tmp_path):
     assert not np.array_equal(first, second)
     # A batch straddling the epoch end: global_batch 5, step 2 holds examples 10..14.
     td5 = data.TokenData(paths, manifest, seq_len=SEQ, global_batch=5, seed=0)
-    windows = [td5.permutation(0)[10], td5.permutation(0)[11], *td5.permutation(1)[:3]]
+    epoch0, epoch1 = window_order.Feistel(12, key=(0, 0)), window_order.Feistel(12, key=(0, 1))
+    windows = [*epoch0(np.array([10, 11])), *epoch1(np.arange(3))]
     expect = [stream[w * SEQ: w * SEQ + SEQ + 1] for w in windows]
+    np.testing.assert_array_equal(td5.windows(2), windows)
     np.testing.assert_array_equal(td5.batch(2), expect)
-    np.testing.assert_array_equal(td5.permutation(0), td.permutation(0))     # seeded by (seed, epoch) only
+    # keyed by (seed, epoch) only: the same examples are the same windows at another batch size
+    np.testing.assert_array_equal(td5.order.windows(np.arange(36)), td.order.windows(np.arange(36)))
 
 
 def test_too_few_tokens_and_wrong_dtype_are_clear_errors(tmp_path):
