@@ -33,9 +33,10 @@ directly (Levanter orders its data with a Feistel permutation for the same reaso
   and this is a bijection of range(M) (Black and Rogaway, 2002). Fewer than half of range(2^n) lies outside
   range(M), so a position takes under two steps on average.
 
-The arithmetic is uint64 numpy, which wraps mod 2^64 by definition: a batch of positions is a few dozen
-array operations, per epoch it spans. tests/train/test_window_order.py holds a scalar version of these
-rules, written from this docstring, to the vectorised one.
+The arithmetic is uint64 numpy, which wraps mod 2^64 by definition: a pass over a batch's positions is about
+a hundred array operations, one pass per cycle-walk step, per epoch the batch spans (0.5-1.4 ms for 1,024
+positions on a 2-core VM, `python -m benchmarks window_order`). tests/train/test_window_order.py holds a
+scalar version of these rules, written from this docstring, to the vectorised one.
 """
 
 from __future__ import annotations

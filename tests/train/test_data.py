@@ -57,11 +57,11 @@ def test_batch_is_a_pure_function_of_step_and_seed(tmp_path):
 
 
 def test_process_slices_tile_the_global_batch(tmp_path):
-    paths, manifest, _ = _shards(tmp_path, [200])
+    paths, manifest, _ = _shards(tmp_path, [210])                  # M = 26: steps 4 and 8 straddle epochs
     whole = data.TokenData(paths, manifest, seq_len=SEQ, global_batch=6, seed=1)
     parts = [data.TokenData(paths, manifest, seq_len=SEQ, global_batch=6, seed=1, process_index=i,
                             process_count=3) for i in range(3)]
-    for step in (0, 5, 11):
+    for step in (8, 0, 4, 5, 11):                                  # out of order: no state between steps
         local = [p.batch(step) for p in parts]
         assert all(x.shape == (2, SEQ + 1) for x in local)
         np.testing.assert_array_equal(np.concatenate(local), whole.batch(step))
