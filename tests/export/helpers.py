@@ -80,3 +80,25 @@ def greedy_both(net, export_dir, prompt_tokens: int = 520, new_tokens: int = 24)
         theirs = theirs_model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
                                        eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     return ours, theirs
+
+
+def reexports_identically(first: pathlib.Path, cfg, params, sp_model: bytes, fields) -> None:
+    """`first` (an export of `cfg`'s `params`) read back by init_from: its config's `fields` equal cfg's, the
+    parameters equal `params` to the bit, and exporting them again writes the same safetensors bytes."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from stages.train import init_from, model
+    from stages.train.model_config import ModelConfig
+
+    loaded_cfg = ModelConfig(**init_from.model_fields(str(first)), dtype="float32")
+    for field in fields:
+        assert getattr(loaded_cfg, field) == getattr(cfg, field), field
+    fresh = nnx.split(model.Transformer(loaded_cfg, rngs=nnx.Rngs(5)), nnx.Param)[1]
+    loaded = init_from.load_params(str(first), loaded_cfg, fresh)
+    for path, value in jax.tree_util.tree_leaves_with_path(params):
+        got = dict(jax.tree_util.tree_leaves_with_path(loaded))[path]
+        assert np.array_equal(np.asarray(got), np.asarray(value)), jax.tree_util.keystr(path)
+    second = export_model(first.parent / f"{first.name}-again", loaded_cfg, loaded, sp_model)
+    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()

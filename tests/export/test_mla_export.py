@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 from flax import nnx  # noqa: E402
 
 from stages.io import safetensors  # noqa: E402
-from stages.train import hf, init_from, model  # noqa: E402
+from stages.train import hf, model  # noqa: E402
 from stages.train.model_config import ModelConfig  # noqa: E402
 from tests.export import helpers  # noqa: E402
 
@@ -108,16 +108,7 @@ def test_files_round_trip_through_init_from_to_identical_tensors(tmp_path, sp_mo
     with safetensors.Reader(str(first / "model.safetensors")) as f:
         assert f.array("model.layers.0.self_attn.kv_b_proj.weight").shape == (4 * (16 + 12), 32)
         assert f.array("model.layers.0.self_attn.kv_a_proj_with_mqa.weight").shape == (32 + 8, 64)
-    loaded_cfg = ModelConfig(**init_from.model_fields(str(first)), dtype="float32")
-    for field in hf.MLA_EXPRESSED + hf.MOE_EXPRESSED:
-        assert getattr(loaded_cfg, field) == getattr(cfg, field), field
-    fresh = nnx.split(model.Transformer(loaded_cfg, rngs=nnx.Rngs(5)), nnx.Param)[1]
-    loaded = init_from.load_params(str(first), loaded_cfg, fresh)
-    for path, value in jax.tree_util.tree_leaves_with_path(params):
-        got = dict(jax.tree_util.tree_leaves_with_path(loaded))[path]
-        assert np.array_equal(np.asarray(got), np.asarray(value)), jax.tree_util.keystr(path)
-    second = helpers.export_model(tmp_path / "b", loaded_cfg, loaded, sp_model)
-    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+    helpers.reexports_identically(first, cfg, params, sp_model, hf.MLA_EXPRESSED + hf.MOE_EXPRESSED)
 
 
 def test_the_card_names_the_attention(tmp_path, sp_model):

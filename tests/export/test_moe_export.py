@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from flax import nnx  # noqa: E402
 
 from stages.io import safetensors  # noqa: E402
-from stages.train import hf, init_from, model  # noqa: E402
+from stages.train import hf, model  # noqa: E402
 from stages.train.model_config import ModelConfig  # noqa: E402
 from tests.export import helpers  # noqa: E402
 
@@ -105,16 +105,7 @@ def test_per_expert_files_round_trip_through_init_from_to_identical_tensors(tmp_
         assert f"model.layers.2.{expert}" in names and not any("gate_up_proj" in n for n in names)
         if name == "glm4_moe":
             assert f.array("model.layers.1.mlp.gate.e_score_correction_bias").dtype == np.float32
-    loaded_cfg = ModelConfig(**init_from.model_fields(str(first)), dtype="float32")
-    for field in hf.MOE_EXPRESSED:
-        assert getattr(loaded_cfg, field) == getattr(cfg, field), field
-    fresh = nnx.split(model.Transformer(loaded_cfg, rngs=nnx.Rngs(5)), nnx.Param)[1]
-    loaded = init_from.load_params(str(first), loaded_cfg, fresh)
-    for path, value in jax.tree_util.tree_leaves_with_path(params):
-        got = dict(jax.tree_util.tree_leaves_with_path(loaded))[path]
-        assert np.array_equal(np.asarray(got), np.asarray(value)), jax.tree_util.keystr(path)
-    second = helpers.export_model(tmp_path / "b", loaded_cfg, loaded, sp_model)
-    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+    helpers.reexports_identically(first, cfg, params, sp_model, hf.MOE_EXPRESSED)
 
 
 def test_the_config_says_every_rotary_dimension_and_the_capacity_is_in_the_card(tmp_path, sp_model):
