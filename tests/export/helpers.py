@@ -102,3 +102,27 @@ def reexports_identically(first: pathlib.Path, cfg, params, sp_model: bytes, fie
         assert np.array_equal(np.asarray(got), np.asarray(value)), jax.tree_util.keystr(path)
     second = export_model(first.parent / f"{first.name}-again", loaded_cfg, loaded, sp_model)
     assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+
+
+def transformers_logits_match(net, out: pathlib.Path, vocab_size: int, prompt: int, name: str):
+    """The export in `out` loaded by transformers (no missing, unexpected or mismatched keys) gives `net`'s
+    logits on a `prompt`-token prompt within 1e-4; returns transformers' model."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    theirs_model, info = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
+                                                                          output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    ids = np.random.default_rng(1).integers(3, 300, size=(1, prompt))
+    with torch.no_grad():
+        theirs = theirs_model.eval()(torch.tensor(ids)).logits.numpy()
+    hidden, _ = net(jnp.asarray(ids, jnp.int32))
+    ours = np.asarray(net.logits(hidden))
+    assert theirs.shape == ours.shape == (1, prompt, vocab_size)
+    assert np.abs(theirs).max() > 0.5
+    delta = np.abs(ours - theirs).max()
+    print(f"{name}: max |logit delta| {delta:.2e}, {prompt} positions, largest {np.abs(theirs).max():.1f}")
+    assert delta <= 1e-4, name
+    return theirs_model
