@@ -125,7 +125,6 @@ def source_hash(files: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(dict(sorted(files.items())), separators=(",", ":")).encode()).hexdigest()
 
 
-@functools.cache
 def file_hashes(stage: str) -> dict[str, str]:
     """Each of `stage`'s source files (`source_files`), relative to ROOT -> its content's sha256, shortened;
     {} for a name that is no stage."""
@@ -144,15 +143,18 @@ def source_root(stage: str) -> str:
     return os.path.dirname(rel) if rel.endswith("__init__.py") else rel
 
 
-@functools.cache
 def source_files(stage: str) -> tuple[str, ...]:
     """The files of `stage`'s source (see the module docstring), relative to ROOT, sorted; () for a name that
-    is no stage of pipeline/dag.py."""
+    is no stage of pipeline/dag.py. The stage's module is looked up each call (a test may swap
+    dag.STAGES) and its files cached by module."""
     from pipeline import dag
 
-    if stage not in dag.STAGES:
-        return ()
-    name = _stage_module(stage)
+    return _module_source_files(_stage_module(stage)) if stage in dag.STAGES else ()
+
+
+@functools.cache
+def _module_source_files(name: str) -> tuple[str, ...]:
+    """The files of the source of the stage whose module is `name` (a package or a module)."""
     rel = _module_file(name)
     if not rel:
         return ()

@@ -71,6 +71,17 @@ def test_a_stages_source_is_its_package_and_what_it_imports_from_other_stages():
     assert provenance.source_files("a") == ()
 
 
+def test_a_stage_table_swapped_and_restored_leaves_no_source_behind(monkeypatch):
+    # the pipeline tests run fake stages named "a", "b" under a swapped dag.STAGES: what provenance learns
+    # of them then must not outlive the swap (CI ran such a test first on the same worker, and "a" kept a
+    # source)
+    with monkeypatch.context() as m:
+        m.setattr(dag, "STAGES", {"a": ("tests.pipeline.fake_stage", ())})
+        assert provenance.source_files("a") == ("stages/io/storage.py", "tests/pipeline/fake_stage.py")
+        assert provenance.code("a")["source"]
+    assert provenance.source_files("a") == () and provenance.code("a")["source"] is None
+
+
 def _ast_imports(path: str) -> set[str]:
     """What provenance._imports should find, by parsing: the stages.* modules a file imports anywhere."""
     with open(os.path.join(REPO, path)) as f:
