@@ -14,10 +14,12 @@ import uuid
 import pytest
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-# CPU tests on a machine with libtpu (the dev extra brings it, for ahead-of-time TPU compiles): without this
-# every process that imports JAX tries to start a TPU runtime and prints its errors. TPU topologies still
-# compile with it set.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# CPU tests on a machine with libtpu (the dev extra brings it, for ahead-of-time TPU compiles): without
+# JAX_PLATFORMS=cpu every process that imports JAX tries to start a TPU runtime and prints its errors (TPU
+# topologies still compile with it set); and XLA's backend optimizations off (tests/jax_env.py says why).
+from tests import jax_env  # noqa: E402 - first: before anything imports jax
+
+jax_env.apply()
 # One XLA compilation cache for the whole session, read by this process and every subprocess (JAX takes
 # these from the environment): the tiny model's programs, compiled by dozens of tests and pipeline runs,
 # compile once.

@@ -64,10 +64,14 @@ import sys
 import tempfile
 from importlib import metadata as importlib_metadata
 
-from pipeline import dag
-from pipeline.provenance import FILE_HASH_CHARS, source_hash
-from stages.io import storage
-from stages.io.committed import Committed
+from tests import jax_env
+
+jax_env.apply()          # before anything imports jax: the tiny run compiled as the test session compiles it
+
+from pipeline import dag  # noqa: E402
+from pipeline.provenance import FILE_HASH_CHARS, source_hash  # noqa: E402
+from stages.io import storage  # noqa: E402
+from stages.io.committed import Committed  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(REPO, "tests", "data", "stage_digests.json")
@@ -241,9 +245,10 @@ def libraries(stage: str) -> dict[str, str]:
 
 def machine() -> str:
     """What XLA:CPU's bits depend on: the architecture, the CPUs this process may use, the CPU's vendor,
-    family and model, its vector instruction sets, and XLA_FLAGS (a simulated device count changes the
-    program). Of this process: the tiny run it judges ran here (the session's `tiny_run`), or in a process
-    like it (`--cache`: a run made on this machine, in this environment)."""
+    family and model, its vector instruction sets, XLA_FLAGS (a simulated device count changes the
+    program) and whether XLA's backend optimizations were off (tests/jax_env.py). Of this process: the
+    tiny run it judges ran here (the session's `tiny_run`), or in a process like it (`--cache`: a run made
+    on this machine, in this environment)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info: dict[str, str] = {}
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
@@ -254,7 +259,8 @@ def machine() -> str:
                    if f.startswith(("avx", "fma", "sse", "amx", "f16c")))
     model = "/".join(info.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
     xla = f", XLA_FLAGS={os.environ['XLA_FLAGS']}" if os.environ.get("XLA_FLAGS") else ""
-    return f"{platform.machine()}, {cpus} CPUs, {model}, {' '.join(flags)}{xla}"
+    compiled = f", {jax_env.compiled_as()}" if jax_env.compiled_as() else ""
+    return f"{platform.machine()}, {cpus} CPUs, {model}, {' '.join(flags)}{xla}{compiled}"
 
 
 def corpus() -> str:
@@ -465,7 +471,6 @@ def main(argv: list[str] | None = None) -> int:
                    "this environment (default: run one)")
     p.add_argument("--force", action="store_true", help="--record: replace a digest of the same key")
     args = p.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     with contextlib.ExitStack() as stack:
         root = args.cache
         if root is None:

@@ -274,13 +274,15 @@ def test_status_verify_finds_a_file_rewritten_at_its_size_and_gc_removes_orphans
 def test_sigterm_during_training_is_one_line_and_exit_75_and_the_rerun_resumes(tiny_run, tmp_path):
     root = str(tmp_path / "cache")
     tiny_run.copy_to(root)
-    long = ["train.Config.steps = 400", "train.Config.log_every = 400",
-            "train.Config.checkpoint_every = 400", "train.Config.eval_every = 0"]
+    # long enough that the signal, sent when step 1 is logged, lands in the middle of the run (the loop
+    # stops within two steps of it), short enough that the resumed run's rest costs little
+    long = ["train.Config.steps = 100", "train.Config.log_every = 100",
+            "train.Config.checkpoint_every = 100", "train.Config.eval_every = 0"]
     argv = [sys.executable, "-m", "pipeline", "run", "--stage", "train", *_argv(root, *long)]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=REPO))
     for line in proc.stderr:
-        if "step 1/400" in line:
+        if "step 1/100" in line:
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=600)

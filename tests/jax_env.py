@@ -1,0 +1,40 @@
+"""How JAX runs under the tests: on the CPU, compiling with XLA's backend optimizations off. Set in the
+environment before JAX is imported (`apply()`), so that every process a test starts (a pipeline run, a
+simulated-device script, two training processes over gloo) compiles its programs the same way and computes
+the same bits as the test process.
+
+    from tests import jax_env
+    jax_env.apply()     # first, before anything imports jax: tests/conftest.py, tests/stage_digests.py
+
+Why the optimizations are off: the suite compiles hundreds of small programs (the tiny model's steps,
+evaluation's decoders, MoE steps on 8 simulated devices) and runs each a few times, so LLVM's optimization of
+the CPU code costs far more than it saves: the 8-device expert-parallel equivalence of tests/train/test_moe.py
+takes 81 s with them off and 187 s with them on (the 2-core dev VM, loaded alike). What is tested does not
+change: `jax_disable_most_optimizations` sets XLA's backend optimization level to 0 and skips LLVM's expensive
+passes; every HLO pass (fusion, sharding propagation, rematerialization, buffer assignment: the programs,
+their collectives and the memory figures the tests read) runs as it does for a user. What differs is the
+machine code of XLA:CPU's kernels, so the last bits of a trained model differ from an optimized compile's
+(tests/stage_digests.py's `machine()` names the setting, and numbers recorded under one are not judged under
+the other). Speed is measured in benchmarks/, never here, and the benchmarks compile as a user does.
+
+A variable already set is kept: `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite optimized.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = {"JAX_PLATFORMS": "cpu", "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+
+
+def apply() -> None:
+    """Sets each of ENV's variables the environment does not already set."""
+    for name, value in ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def compiled_as() -> str:
+    """How this process's XLA compiles, for a record of what computed a number: "" with the default
+    optimizations, else the setting."""
+    value = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "")
+    return "JAX_DISABLE_MOST_OPTIMIZATIONS=1" if value.lower() in ("1", "true", "yes", "on") else ""
