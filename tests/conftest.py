@@ -69,6 +69,25 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))       # stable: the rest keep their order
 
 
+@pytest.fixture(autouse=True)
+def compiled_as_marked(request, monkeypatch):
+    """A test marked `optimized` compiles with XLA's backend optimizations on, in its process and every
+    process it starts (tests/jax_env.py: the suite's default is off). Fixtures of a wider scope (the session's
+    tiny run, a module's DAG) were built before this one, under the default, so what they compute does not
+    depend on which test asked first."""
+    if request.node.get_closest_marker("optimized") is None or not jax_env.compiled_as():
+        yield
+        return
+    import jax
+
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", True)
+
+
 @pytest.fixture(scope="session")
 def gcs_server():
     """A real GCS JSON-API server (gcp-storage-emulator) on loopback, for the whole session.

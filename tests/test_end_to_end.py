@@ -56,6 +56,7 @@ def _check_outputs(root, extra=()):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_data_half_locally_with_reruns_overrides_and_force(tiny_run, tmp_path, capsys):
     assert tiny_run.ran == ALL                # the session's shared run, on a fresh cache of its own
     _check_outputs(tiny_run.root)
@@ -78,6 +79,7 @@ def test_data_half_locally_with_reruns_overrides_and_force(tiny_run, tmp_path, c
 
 
 @pytest.mark.slow
+@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_a_sweep_shares_upstream_stages_and_compares_its_variants(tiny_run, tmp_path, capsys):
     sweep = tmp_path / "lrs.gin"
     sweep.write_text(f"include '{REPO}/gin/tiny.gin'\n"

@@ -30,3 +30,15 @@ def test_a_setting_already_in_the_environment_is_kept(monkeypatch):
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     jax_env.apply()
     assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "0" and jax_env.compiled_as() == ""
+
+
+@pytest.mark.optimized
+def test_a_test_marked_optimized_compiles_optimized_and_so_do_the_processes_it_starts():
+    assert not jax.config.read("jax_disable_most_optimizations")
+    assert run_on_simulated_devices(SCRIPT, devices=2) == {"off": False, "platform": "cpu"}
+
+
+@pytest.mark.skipif(not jax_env.compiled_as(), reason="the suite runs optimized (set so by hand)")
+def test_the_next_test_is_back_to_the_suites_setting():
+    assert jax.config.read("jax_disable_most_optimizations")
+    assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "1"

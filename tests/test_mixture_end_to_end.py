@@ -172,6 +172,7 @@ def test_status_shows_the_tree(mixture_run, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trade_off(mixture_run, capsys):
     """gin/twins/code_share.gin on the data the mixture run built (the twin's data sizes are MIX_SMALL's),
     its two extreme shares (four trainings, not six: the middle share runs the same code): no data node runs
@@ -199,6 +200,7 @@ def test_the_code_share_twin_sweeps_two_shares_with_two_seeds_and_shows_the_trad
 
 
 @pytest.mark.slow
+@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_the_mixsearch_twin_trains_only_proxies_and_finalists_and_reports_the_prediction(mixture_run, capsys):
     """gin/twins/mixsearch_prose_code.gin on the data the mixture run built: four proxies at distinct
     mixtures, the first again with another seed, and the finalists (one seed) train and evaluate, each run a

@@ -64,6 +64,7 @@ def _attempts(root) -> dict[str, int]:
             if (root / stage).is_dir()}
 
 
+@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_clean_keeps_the_half_the_reference_model_finds_likeliest_and_a_new_fraction_reruns_clean_alone(
         tmp_path):
     root = tmp_path / "cache"

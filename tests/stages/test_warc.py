@@ -284,6 +284,7 @@ SMALL_TRAINING = [
 
 
 @pytest.mark.slow
+@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_the_commoncrawl_twin_runs_the_whole_dag_on_a_written_crawl(tmp_path, capsys):
     warc_pages.crawl(tmp_path / "crawl")
     params = [f'pipeline.Settings.cache_root = "{tmp_path / "cache"}"',
