@@ -39,7 +39,6 @@ def test_the_train_steps_memory_grows_linearly_with_the_context():
 
 
 @pytest.mark.slow
-@pytest.mark.optimized      # trains long enough that XLA's optimized code pays (tests/jax_env.py)
 def test_a_tiny_model_trains_at_32k_tokens():
     compiled, params, opt_state, mesh = _compiled_step(32768)
     tokens = np.random.default_rng(0).integers(2, 256, (1, 32769)).astype(np.int32)
