@@ -41,7 +41,14 @@ SMALL = [
     # (the longest answer of these items is 160 tokens: 256 holds every one, none refused)
     'evaluate.Config.prompts = ("The",)',
     "evaluate.Config.max_length = 256",
-    "yardsticks.Config.max_items_per_task = 20",
+    # What the yardsticks score, cut to what these runs check (that training and evaluation score them and
+    # write their files; the numbers are tests/stages/test_yardsticks.py's and test_evaluate.py's): the
+    # tiny model's scoring costs more than its 12 steps of training, so the loop scores 5 items a task and 4
+    # reference documents, evaluation 10 items a task and 12 documents
+    "yardsticks.Config.max_items_per_task = 10",
+    "yardsticks.Config.max_reference_docs = 12",
+    "yardsticks.Config.in_loop_items_per_task = 5",
+    "yardsticks.Config.in_loop_reference_docs = 4",
 ]
 ALL = ["download", "classifier", "score", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate",
        "export"]
