@@ -21,17 +21,9 @@ from stages.io.committed import Committed, stage_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN = os.path.join(REPO, "gin", "tiny.gin")
-SMALL = [
-    "download.Embedded.max_files = 60",
-    "tokenizer.Config.vocab_size = 800",
-    "shard.Config.tokens_per_shard = 20_000",
-    "train.Config.steps = 12",
-    "train.Config.global_batch = 4",
-    "train.Config.seq_len = 64",
-    "train.Config.eval_every = 6",
-    "train.Config.log_every = 3",
-    "train.Config.checkpoint_every = 6",
-    "train.OptimizerConfig.warmup_steps = 2",
+# What evaluation and the yardsticks cost, cut to what runs that train a few steps check; shared by SMALL and
+# the other tests' small runs (tests/stages/test_warc.py, tests/pipeline/test_sweep_fineweb_recipe.py)
+SCORING = [
     "evaluate.Config.max_new_tokens = 6",
     "evaluate.Config.max_eval_batches = 2",
     # What evaluation compiles, cut to what these tests check (that it runs and writes its files; the numbers
@@ -49,6 +41,19 @@ SMALL = [
     "yardsticks.Config.max_reference_docs = 12",
     "yardsticks.Config.in_loop_items_per_task = 5",
     "yardsticks.Config.in_loop_reference_docs = 4",
+]
+SMALL = [
+    "download.Embedded.max_files = 60",
+    "tokenizer.Config.vocab_size = 800",
+    "shard.Config.tokens_per_shard = 20_000",
+    "train.Config.steps = 12",
+    "train.Config.global_batch = 4",
+    "train.Config.seq_len = 64",
+    "train.Config.eval_every = 6",
+    "train.Config.log_every = 3",
+    "train.Config.checkpoint_every = 6",
+    "train.OptimizerConfig.warmup_steps = 2",
+    *SCORING,
 ]
 ALL = ["download", "classifier", "score", "clean", "tokenizer", "shard", "yardsticks", "train", "evaluate",
        "export"]

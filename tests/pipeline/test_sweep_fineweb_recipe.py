@@ -11,6 +11,7 @@ from pipeline import sweep
 from stages.io import storage
 from tests.conftest import REPO
 from tests.stages import warc_pages
+from tests.tiny_run import SCORING
 
 TWIN = f"{REPO}/gin/twins/fineweb_recipe.gin"
 VARIANTS = ["none", "url+language", "+gopher", "+c4", "+fineweb", "+minhash"]
@@ -18,10 +19,7 @@ VARIANTS = ["none", "url+language", "+gopher", "+c4", "+fineweb", "+minhash"]
 SMALL = [
     "train.Config.steps = 6", "train.Config.global_batch = 4", "train.Config.seq_len = 64",
     "train.Config.eval_every = 3", "train.Config.log_every = 3", "train.Config.checkpoint_every = 6",
-    "train.OptimizerConfig.warmup_steps = 2", "evaluate.Config.max_new_tokens = 4",
-    "evaluate.Config.prompts = ('The',)", "evaluate.Config.max_eval_batches = 2",
-    "yardsticks.Config.tasks = ('arc_easy', 'piqa')", "yardsticks.Config.max_items_per_task = 20",
-    "yardsticks.Config.in_loop_items_per_task = 8",
+    "train.OptimizerConfig.warmup_steps = 2", *SCORING, "yardsticks.Config.tasks = ('arc_easy', 'piqa')",
 ]
 
 

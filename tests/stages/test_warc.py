@@ -18,6 +18,7 @@ from stages.io import documents, storage
 from tests.conftest import REPO
 from tests.stages import warc_pages
 from tests.stages.warc_pages import Writer, page_html
+from tests.tiny_run import SCORING
 
 PROSE = warc_pages.pages(3)
 BOILERPLATE = ("Privacy policy", "uses cookies", "Subscribe to our newsletter", "Popular posts", "dataLayer",
@@ -278,8 +279,7 @@ TWIN = f"{REPO}/gin/twins/commoncrawl.gin"
 SMALL_TRAINING = [
     "train.Config.steps = 8", "train.Config.global_batch = 4", "train.Config.seq_len = 64",
     "train.Config.eval_every = 4", "train.Config.log_every = 2", "train.Config.checkpoint_every = 4",
-    "train.OptimizerConfig.warmup_steps = 2", "evaluate.Config.max_new_tokens = 6",
-    "evaluate.Config.max_eval_batches = 2",
+    "train.OptimizerConfig.warmup_steps = 2", *SCORING,
 ]
 
 
