@@ -22,10 +22,10 @@ A test whose training runs long enough that optimized code pays for its compile 
 210 s off, 125 s on) is marked `@pytest.mark.optimized`, and tests/conftest.py compiles it, and every process
 it starts, with the optimizations on. Measured test by test in whole runs of the suite on the 2-core dev VM:
 every test optimized, 3,659 s of CPU time (user and system; other work beside it for a while); every test not,
-3,360 s; the tests it slowed by more than 15 s marked (but one, below), 3,209 s, 1,703 s wall. A program
-compiled once and shared between tests (tests/train/test_long_context.py's `_compiled_step`, a function cache)
-is compiled as the first test to ask sets: a mark on a later test does not reach it (jax's in-memory cache of
-a jitted function does not key on this setting).
+3,360 s; the tests it slowed by more than 15 s marked, 3,209 s, 1,703 s wall. A program compiled once and
+shared between tests (a function cache) is compiled as the first test to ask sets: a mark on a later test
+does not reach it (jax's in-memory cache of a jitted function does not key on this setting), so a marked
+test compiles its own (tests/train/test_long_context.py).
 
 A variable already set is kept: `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite optimized.
 """
