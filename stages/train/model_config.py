@@ -16,6 +16,7 @@ import-light rule in docs/ARCHITECTURE.md): `make plan` and a cached rerun stay 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -253,6 +254,11 @@ def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str
     names). The model builds its parameters from this table, and the planner sizes and shards them by it.
     The layers' parameters are stacked on a leading ("layers",) axis of size n_layers (scan); a mixture of
     experts has two stacks, "layers." (the first n_dense_layers) and "moe_layers." (the rest)."""
+    return dict(_param_layout(cfg))      # a copy: the caller's to change
+
+
+@functools.lru_cache(maxsize=256)   # the layout search asks for each candidate's model ~10^5 times
+def _param_layout(cfg: ModelConfig) -> tuple[tuple[str, tuple[tuple[int, ...], tuple[str, ...]]], ...]:
     D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.effective_head_dim, cfg.effective_mlp_dim
     attention = {"attn_norm": ((D,), ("embed",))}
     if cfg.mla:
@@ -280,7 +286,7 @@ def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str
     out["final_norm"] = ((D,), ("embed",))
     if not cfg.tie_embeddings:
         out["unembedding"] = ((D, cfg.vocab_size), ("embed", "vocab"))
-    return out
+    return tuple(out.items())
 
 
 def mla_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:

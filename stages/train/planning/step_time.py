@@ -475,6 +475,8 @@ class Links:
     grid: object = None                 # topology.Grid, or None: not placed
     order: object = None                # topology.Order
     explicit: bool = False              # the order is train.MeshConfig.device_order's, not jax's
+    # axes -> their group, as asked (a step's collectives ask for the same few groups hundreds of times)
+    _groups: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, cfg, mesh: Mesh, device: devices.Device, eff: Efficiency) -> Links:
@@ -507,7 +509,12 @@ class Links:
                 f"({self.grid.describe()}; {whose})")
 
     def group(self, axes) -> topology.Group | None:
-        return None if self.grid is None else topology.group(self.grid, self.order, tuple(axes))
+        if self.grid is None:
+            return None
+        axes = tuple(axes)
+        if axes not in self._groups:
+            self._groups[axes] = topology.group(self.grid, self.order, axes)
+        return self._groups[axes]
 
     def ring_rate(self, axes) -> float:
         """Bytes/s a ring collective over `axes` moves through a chip: its group's ring ports x a port's

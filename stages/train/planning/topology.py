@@ -46,6 +46,7 @@ translates). Per side, its positions P (n chips, stride s between neighbours):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -232,7 +233,7 @@ class Group:
         return f"{'x'.join(map(str, self.shape))} ({kind}{' along ' + along if spans else ''}, " \
                f"{', '.join(notes)})"
 
-    @property
+    @functools.cached_property      # the layout search asks each group's hops many times
     def hops(self) -> float:
         """Mean links between two distinct chips of the group."""
         n = self.chips
