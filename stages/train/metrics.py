@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from stages.io import storage
+from stages.train import tfevents
 from stages.train.planning import devices
 from stages.train.stage_config import NAN_POLICIES
 
@@ -98,11 +99,9 @@ class MetricsWriter:
         self._start: tuple[float, int] | None = None      # (time, step) of the first write, for the ETA
         self._file = self._tb = None
         if enabled:
-            from tensorboardX import SummaryWriter
-
             os.makedirs(out_dir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open, closed in close()
-            self._tb = SummaryWriter(os.path.join(out_dir, "tensorboard"))
+            self._tb = tfevents.EventWriter(os.path.join(out_dir, "tensorboard"))
         self._rows: list[dict] = []
         for record in history:        # an earlier attempt's rows, before the checkpoint this run resumed
             self._record(dict(record))
@@ -138,7 +137,7 @@ class MetricsWriter:
         for key, value in record.items():
             if key not in ("step", "time") and isinstance(value, (int, float)):
                 tag = f"eval/{key[len('eval_'):]}" if key.startswith("eval_") else f"train/{key}"
-                self._tb.add_scalar(tag, value, step)
+                self._tb.scalar(tag, value, step)
         self._tb.flush()
 
     def close(self) -> None:

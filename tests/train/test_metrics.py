@@ -44,19 +44,33 @@ def test_jsonl_lines_parse_and_are_flushed_per_write(tmp_path):
     assert math.isnan(records[3]["eval_loss"])
 
 
-def _scalars(event_file):
-    """(tag, step, value) of every scalar in a TensorBoard event file (TFRecord framing)."""
+def _events(event_file):
+    """Every event of a TensorBoard event file, decoded with the protos tensorboardX ships (an independent
+    reader of stages/train/tfevents.py's hand encoding), each record's two CRCs checked with its crc32c."""
+    from tensorboardX.crc32c import crc32c
     from tensorboardX.proto import event_pb2
+
+    def masked(data):
+        crc = crc32c(data)
+        return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
     out, raw = [], Path(event_file).read_bytes()
     pos = 0
     while pos < len(raw):
-        (length,) = struct.unpack("<Q", raw[pos:pos + 8])
-        event = event_pb2.Event.FromString(raw[pos + 12:pos + 12 + length])
-        pos += 12 + length + 4
-        for v in event.summary.value:
-            out.append((v.tag, event.step, v.simple_value))
+        header = raw[pos:pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        (length_crc,) = struct.unpack("<I", raw[pos + 8:pos + 12])
+        data = raw[pos + 12:pos + 12 + length]
+        (data_crc,) = struct.unpack("<I", raw[pos + 12 + length:pos + 16 + length])
+        assert (length_crc, data_crc) == (masked(header), masked(data)), f"bad CRC at byte {pos}"
+        out.append(event_pb2.Event.FromString(data))
+        pos += 16 + length
     return out
+
+
+def _scalars(event_file):
+    """(tag, step, value) of every scalar in a TensorBoard event file."""
+    return [(v.tag, e.step, v.simple_value) for e in _events(event_file) for v in e.summary.value]
 
 
 def test_tensorboard_events_are_written(tmp_path):
@@ -66,10 +80,39 @@ def test_tensorboard_events_are_written(tmp_path):
         writer.write({"step": 30, "eval_loss": 2.5})
     files = glob.glob(os.path.join(tmp_path, "tensorboard", "events.out.tfevents.*"))
     assert len(files) == 1
+    first = _events(files[0])[0]
+    assert first.file_version == "brain.Event:2" and first.wall_time > 1.7e9
     scalars = _scalars(files[0])
     assert ("train/loss", 20, pytest.approx(2.0)) in scalars
     assert ("train/mfu", 30, pytest.approx(0.01)) in scalars
     assert ("eval/loss", 30, 2.5) in scalars
+
+
+def test_event_files_hold_what_tensorboardxs_writer_writes(tmp_path):
+    """The same scalars through tensorboardX's SummaryWriter and through tfevents decode to the same events
+    (wall times aside): steps 0, large and negative, values beyond float32, NaN and a long tag."""
+    from tensorboardX import SummaryWriter
+
+    from stages.train import tfevents
+
+    cases = [("train/loss", 2.25, 0), ("train/tokens", 12_345_678.0, 2**40), ("eval/loss", float("nan"), 7),
+             ("x" * 300, -1e39, 3), ("train/big", 1e39, -5), ("train/int", 3, 1)]
+    with SummaryWriter(str(tmp_path / "x")) as theirs, tfevents.EventWriter(str(tmp_path / "ours")) as ours:
+        for tag, value, step in cases:
+            theirs.add_scalar(tag, value, step)
+            ours.scalar(tag, value, step)
+    (theirs_file,), (ours_file,) = (glob.glob(str(tmp_path / d / "events.out.tfevents.*"))
+                                    for d in ("x", "ours"))
+
+    def comparable(path):
+        events = _events(path)
+        for e in events:
+            e.wall_time = 0
+        return [e.SerializeToString(deterministic=True) for e in events]
+
+    assert comparable(ours_file) == comparable(theirs_file)
+    values = [value for _, _, value in _scalars(ours_file)]
+    assert math.isnan(values[2]) and values[3:5] == [-math.inf, math.inf]
 
 
 def test_progress_line_and_disabled_writer(tmp_path):
