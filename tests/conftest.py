@@ -45,7 +45,7 @@ HEAVY_FIRST = ("test_end_to_end.py", "train/test_moe.py", "test_mixture_end_to_e
                "train/test_long_context.py", "stages/test_hostile_input.py",
                "pipeline/test_sweep_fineweb_recipe.py", "train/test_aot.py", "stages/test_warc.py",
                "train/test_sharded_training.py", "train/test_sharding.py", "train/test_tracking.py",
-               "train/test_offload.py")
+               "train/test_offload.py", "train/test_planner.py", "pipeline/test_reference_model.py")
 
 
 assert all(os.path.exists(os.path.join(REPO, "tests", name)) for name in HEAVY_FIRST), HEAVY_FIRST
