@@ -1,9 +1,10 @@
 """32K-token training on a CPU: blockwise attention and full remat keep the train step's memory linear in
 the sequence length, and a tiny model really trains at T = 32768.
 
-The model is one head wide: what these tests are about is the sequence axis (grouped-query attention's
-blockwise path is tests/train/test_attention.py's), and at T = 32768 each head is a T^2 / 2 causal score
-matrix a step computes three times (forward, remat, backward)."""
+The model is one layer of one head: what these tests are about is the sequence axis (grouped-query
+attention's blockwise path is tests/train/test_attention.py's, the layer scan every other training's), and at
+T = 32768 each head of each layer is a T^2 / 2 causal score matrix a step computes three times (forward,
+remat, backward)."""
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from stages.train.optimizer_config import OptimizerConfig
 
 
 def _compiled_step(seq_len: int):
-    m = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=1, n_kv_heads=1, mlp_dim=128,
+    m = ModelConfig(vocab_size=256, d_model=64, n_layers=1, n_heads=1, n_kv_heads=1, mlp_dim=128,
                     max_seq_len=seq_len, dtype="float32", attention_impl="blockwise", remat="full")
     cfg = train.Config(model=m, optimizer=OptimizerConfig(warmup_steps=1), steps=3, seq_len=seq_len,
                        global_batch=1, loss_chunk=4096)
