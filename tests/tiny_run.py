@@ -36,8 +36,8 @@ SCORING = [
     # What the yardsticks score, cut to what these runs check (that training and evaluation score them and
     # write their files; the numbers are tests/stages/test_yardsticks.py's and test_evaluate.py's): the
     # tiny model's scoring costs more than its 12 steps of training (the mixture's 4 held-out code modules
-    # are 97 KB, 5x the text 12 steps train on), so the loop scores 5 items a task and one document of each
-    # reference set, evaluation 10 items a task and 12 documents
+    # are 97 KB, about 5x the text its 12 steps train on), so the loop scores 5 items a task and one
+    # document of each reference set, evaluation 10 items a task and 12 documents
     "yardsticks.Config.max_items_per_task = 10",
     "yardsticks.Config.max_reference_docs = 12",
     "yardsticks.Config.in_loop_items_per_task = 5",

@@ -120,12 +120,12 @@ def test_a_threshold_changes_the_clean_key_and_never_the_score_key():
 def test_a_threshold_sweep_reruns_clean_and_never_score(tmp_path):
     """Counted stage runs: `--stage clean` twice, the second with another min_chars, runs score once (on
     200 files of the embedded corpus: what is counted does not need more)."""
-    root = f"pipeline.Settings.cache_root = '{tmp_path}' download.Embedded.max_files = 200"
+    base = f"pipeline.Settings.cache_root = '{tmp_path}' download.Embedded.max_files = 200"
 
     def run(*overrides):
         env = {**os.environ, "OVERRIDES": " ".join(overrides)}
         done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--gin", f"{REPO}/gin/tiny.gin",
-                               "--stage", "clean", "--overrides", f"{root} " + " ".join(overrides)],
+                               "--stage", "clean", "--overrides", f"{base} " + " ".join(overrides)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     def attempts(stage):
@@ -139,7 +139,7 @@ def test_a_threshold_sweep_reruns_clean_and_never_score(tmp_path):
         len([d for d in first["clean"] if not d.startswith(".")]) + 1
     # make plan on the scored source: the documents and tokens a keep fraction would keep, from the tables
     planned = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--gin", f"{REPO}/gin/tiny.gin",
-                              "--overrides", f"{root} clean.Config.keep_top = @clean.KeepTop() "
+                              "--overrides", f"{base} clean.Config.keep_top = @clean.KeepTop() "
                               "clean.KeepTop.score = 'random' clean.KeepTop.keep_fraction = 0.3"],
                              cwd=REPO, capture_output=True, text=True, timeout=600)
     assert planned.returncode == 0, planned.stderr[-3000:]
