@@ -147,7 +147,8 @@ def run_on_simulated_devices(script: str, devices: int = 8, timeout: int = 600):
     """Runs `script` in a fresh Python whose JAX sees `devices` CPU devices (the count is fixed when JAX
     starts, so it cannot be changed inside the test process) and returns the JSON the script printed on
     its last line starting with "RESULT "."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=jax_env.xla_flags(f"--xla_force_host_platform_device_count={devices}"),
+               JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)

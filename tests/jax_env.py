@@ -27,25 +27,69 @@ shared between tests (a function cache) is compiled as the first test to ask set
 does not reach it (jax's in-memory cache of a jitted function does not key on this setting), so a marked
 test compiles its own (tests/train/test_long_context.py).
 
-A variable already set is kept: `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite optimized.
+XLA:CPU's older fusion emitters too, while the optimizations are off (`SUITE_XLA_FLAGS`): the default ones
+generate each fusion through MLIR, which costs more to compile than the suite's programs run. gin/tiny.gin's
+train step compiles in 1.9 s instead of 5.2, its init in 1.1 s instead of 2.0; the whole suite took 1,243 s
+and 2,389 s of CPU with the flag, against 1,316-1,413 s and 2,522-2,723 s without it on the same day
+(benchmarks/RESULTS.md, "XLA:CPU's emitters"). Like the optimization level it is about machine code: what is
+tested does not change, the last bits of a trained model do (`stage_digests.machine()` names XLA_FLAGS). A
+process a test starts with a device count of its own gets the suite's flags with it (`xla_flags`, which
+tests/conftest.py's `run_on_simulated_devices` uses); `reproducible_cpu_env`'s runs keep their own fixed flags
+(the trained-longer verdict's margins were measured so). A flag XLA_FLAGS already names is kept as set, and
+one this jaxlib does not define is left out: XLA aborts every process on an unknown flag.
+
+A variable already set is kept: `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite optimized, with
+XLA:CPU's default emitters.
 """
 
 from __future__ import annotations
 
+import glob
+import importlib.util
+import mmap
 import os
 
 ENV = {"JAX_PLATFORMS": "cpu", "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 JAX_TRUE = ("y", "yes", "t", "true", "on", "1")     # what jax's config.bool_env reads as true
+SUITE_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)   # with the optimizations off
 
 
 def apply() -> None:
-    """Sets each of ENV's variables the environment does not already set."""
+    """Sets each of ENV's variables the environment does not already set, then, when the suite compiles with
+    the optimizations off, adds to XLA_FLAGS each of SUITE_XLA_FLAGS that it does not set and jaxlib knows."""
     for name, value in ENV.items():
         os.environ.setdefault(name, value)
+    if compiled_as():
+        flags = os.environ.get("XLA_FLAGS", "").split()
+        named = {flag.split("=")[0] for flag in flags}
+        flags += [f for f in SUITE_XLA_FLAGS if f.split("=")[0] not in named and known_to_xla(f)]
+        if flags:
+            os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+def xla_flags(*extra: str) -> str:
+    """XLA_FLAGS for a process a test starts that sets its own (a simulated device count): `extra` after the
+    suite's flags this process runs with (`apply`), so that it compiles as the test process does."""
+    own = [f for f in os.environ.get("XLA_FLAGS", "").split() if f in SUITE_XLA_FLAGS]
+    return " ".join(own + list(extra))
+
+
+def known_to_xla(flag: str) -> bool:
+    """Whether the installed jaxlib's XLA defines `flag` ("--name=value"): its name is among the strings of
+    jaxlib's libraries. Found without importing jax (which reads ENV as it is imported)."""
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.origin:
+        return False
+    name = flag.lstrip("-").split("=")[0].encode()
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "*.so"))):
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as library:
+            if library.find(name) != -1:
+                return True
+    return False
 
 
 def compiled_as() -> str:
     """How this process's XLA compiles, for a record of what computed a number: "" with the default
-    optimizations, else the setting."""
+    optimizations, else the setting (XLA_FLAGS, which `stage_digests.machine()` names, aside)."""
     value = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "")
     return "JAX_DISABLE_MOST_OPTIMIZATIONS=1" if value.lower() in JAX_TRUE else ""

@@ -13,17 +13,41 @@ from tests import jax_env, stage_digests
 from tests.conftest import run_on_simulated_devices
 
 SCRIPT = """
-import json, jax
+import json, os, jax
 print("RESULT " + json.dumps({"off": jax.config.read("jax_disable_most_optimizations"),
-                              "platform": jax.devices()[0].platform}))
+                              "platform": jax.devices()[0].platform, "devices": jax.device_count(),
+                              "xla_flags": os.environ.get("XLA_FLAGS", "")}))
 """
+SUITE = " ".join(f for f in jax_env.SUITE_XLA_FLAGS if jax_env.known_to_xla(f))   # what apply() adds
 
 
 @pytest.mark.skipif(not jax_env.compiled_as(), reason="the suite runs optimized (set so by hand)")
 def test_the_test_process_and_a_process_it_starts_compile_alike():
     assert jax.config.read("jax_disable_most_optimizations")  # set before jax was imported
-    assert run_on_simulated_devices(SCRIPT, devices=2) == {"off": True, "platform": "cpu"}
-    assert stage_digests.machine().endswith(", JAX_DISABLE_MOST_OPTIMIZATIONS=1")
+    flags = jax_env.xla_flags("--xla_force_host_platform_device_count=2")
+    assert run_on_simulated_devices(SCRIPT, devices=2) == {"off": True, "platform": "cpu", "devices": 2,
+                                                           "xla_flags": flags}
+    assert os.environ["XLA_FLAGS"].split()[-len(SUITE.split()):] == SUITE.split()
+    assert stage_digests.machine().endswith(f"XLA_FLAGS={os.environ['XLA_FLAGS']}, "
+                                            "JAX_DISABLE_MOST_OPTIMIZATIONS=1")
+
+
+def test_the_suites_xla_flags_are_ones_this_jaxlib_defines_and_a_made_up_one_is_not():
+    assert SUITE, "every flag of SUITE_XLA_FLAGS is unknown to this jaxlib: the suite compiles slower"
+    assert not jax_env.known_to_xla("--xla_cpu_no_such_flag_anywhere=true")
+
+
+def test_xla_flags_already_set_are_kept_and_the_suites_added_after_them(monkeypatch):
+    monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true --xla_cpu_max_isa=AVX2")
+    jax_env.apply()
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_use_fusion_emitters=true --xla_cpu_max_isa=AVX2"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+    jax_env.apply()
+    jax_env.apply()          # twice: the same
+    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_max_isa=AVX2 {SUITE}"
+    assert jax_env.xla_flags("--xla_force_host_platform_device_count=4") == (
+        f"{SUITE} --xla_force_host_platform_device_count=4")
 
 
 def test_a_setting_already_in_the_environment_is_kept(monkeypatch):
@@ -35,7 +59,8 @@ def test_a_setting_already_in_the_environment_is_kept(monkeypatch):
 @pytest.mark.optimized
 def test_a_test_marked_optimized_compiles_optimized_and_so_do_the_processes_it_starts():
     assert not jax.config.read("jax_disable_most_optimizations")
-    assert run_on_simulated_devices(SCRIPT, devices=2) == {"off": False, "platform": "cpu"}
+    result = run_on_simulated_devices(SCRIPT, devices=2)
+    assert (result["off"], result["platform"], result["devices"]) == (False, "cpu", 2)
 
 
 @pytest.mark.skipif(not jax_env.compiled_as(), reason="the suite runs optimized (set so by hand)")

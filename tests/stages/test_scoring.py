@@ -19,6 +19,7 @@ from stages.train import scoring, sharding
 from stages.train.mesh import MeshConfig
 from stages.train.model import Transformer
 from stages.train.model_config import ModelConfig
+from tests import jax_env
 
 VOCAB, MAX_LEN = 61, 32
 
@@ -316,7 +317,8 @@ def test_sharded_scorer_across_two_processes_gives_the_single_device_numbers(tmp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=jax_env.xla_flags("--xla_force_host_platform_device_count=4"),
                REFINERY_COORDINATOR=f"127.0.0.1:{port}", REFINERY_NUM_PROCESSES="2",
                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     procs = [subprocess.Popen([sys.executable, "-c", SHARDED_SCRIPT], cwd=REPO, text=True,

@@ -13,6 +13,7 @@ from flax import nnx
 
 from stages.io import storage
 from stages.train import checkpoint
+from tests import jax_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -179,7 +180,7 @@ def test_restore_into_other_shardings_and_dtypes(tmp_path):
     script = tmp_path / "reshard.py"
     script.write_text(RESHARD)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+               JAX_PLATFORMS="cpu", XLA_FLAGS=jax_env.xla_flags("--xla_force_host_platform_device_count=4"))
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

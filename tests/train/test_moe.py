@@ -31,6 +31,7 @@ from stages.train.checkpoint_arrays import CheckpointArrays
 from stages.train.model import Transformer, swiglu
 from stages.train.model_config import ModelConfig
 from stages.train.stop import TrainingStopped
+from tests import jax_env
 from tests.conftest import run_on_simulated_devices
 from tests.tiny_run import REPO, TINY
 from tests.train.test_loop import CONFIG, _losses, _rows, _train, shard  # noqa: F401 - shard: a fixture
@@ -465,7 +466,8 @@ def test_an_expert_parallel_run_on_simulated_devices_with_no_chip_count_trains(t
     moe_mesh = ("train.ModelConfig.n_experts = 4", "train.ModelConfig.moe_mlp_dim = 64",
                 "train.MeshConfig.fsdp = 2", "train.MeshConfig.expert = 2", "train.HardwareConfig.chips = 0",
                 'train.HardwareConfig.topology = ""', "train.Config.steps = 4", "train.Config.eval_every = 0")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=jax_env.xla_flags("--xla_force_host_platform_device_count=4"),
+               JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-m", "pipeline", "run", "--stage", "train",
                           *TINY.argv(root, *moe_mesh)], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=600)
