@@ -40,6 +40,11 @@ from stages.io import storage
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATAFLOW = "DataflowRunner"
+# Locally, Beam's construction-time type inference and checks are off: the stages declare no type hints, so
+# they check nothing, and they cost ~0.2 s of every pipeline's construction (each applied transform's
+# inferred type, each check reading the options anew). Dataflow keeps them: its coders follow the inferred
+# types. benchmarks/RESULTS.md, "XLA:CPU's emitters", has the figures.
+NO_TYPE_INFERENCE = "--no_pipeline_type_check"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +94,8 @@ class Runner:
             out += [f"--setup_file={os.path.join(REPO, 'setup.py')}"] if self.stage_package else []
         if self.local_workers:
             out += [f"--direct_num_workers={self.local_workers}", "--direct_running_mode=multi_processing"]
+        if self.name != DATAFLOW:
+            out.append(NO_TYPE_INFERENCE)
         return out + list(self.options)
 
 

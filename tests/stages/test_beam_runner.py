@@ -8,6 +8,7 @@ from apache_beam.options.pipeline_options import (
     PipelineOptions,
     SetupOptions,
     StandardOptions,
+    TypeOptions,
     WorkerOptions,
 )
 
@@ -20,7 +21,9 @@ FILLED = ['beam_runner.Runner.project = "my-project"',
 
 
 def test_the_default_runs_in_process():
-    assert beam_runner.Runner().pipeline_options() == ["--runner=FnApiRunner"]
+    options = beam_runner.Runner().pipeline_options()
+    assert options == ["--runner=FnApiRunner", "--no_pipeline_type_check"]
+    assert not PipelineOptions(options).view_as(TypeOptions).pipeline_type_check     # nothing to check
 
 
 def test_dataflow_gin_builds_real_dataflow_options():
@@ -37,6 +40,7 @@ def test_dataflow_gin_builds_real_dataflow_options():
     setup_file = options.view_as(SetupOptions).setup_file
     assert setup_file == os.path.join(REPO, "setup.py") and os.path.exists(setup_file)
     assert "use_runner_v2" in options.get_all_options()["experiments"]
+    assert options.view_as(TypeOptions).pipeline_type_check     # Dataflow's coders follow the inferred types
 
 
 @pytest.mark.parametrize(("fields", "message"), [
