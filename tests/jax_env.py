@@ -29,14 +29,14 @@ test compiles its own (tests/train/test_long_context.py).
 
 XLA:CPU's older fusion emitters too, while the optimizations are off (`SUITE_XLA_FLAGS`): the default ones
 generate each fusion through MLIR, which costs more to compile than the suite's programs run. gin/tiny.gin's
-train step compiles in 1.9 s instead of 5.2, its init in 1.1 s instead of 2.0; the whole suite took 1,243 s
-and 2,389 s of CPU with the flag, against 1,316-1,413 s and 2,522-2,723 s without it on the same day
-(benchmarks/RESULTS.md, "XLA:CPU's emitters"). Like the optimization level it is about machine code: what is
-tested does not change, the last bits of a trained model do (`stage_digests.machine()` names XLA_FLAGS). A
-process a test starts with a device count of its own gets the suite's flags with it (`xla_flags`, which
-tests/conftest.py's `run_on_simulated_devices` uses); `reproducible_cpu_env`'s runs keep their own fixed flags
-(the trained-longer verdict's margins were measured so). A flag XLA_FLAGS already names is kept as set, and
-one this jaxlib does not define is left out: XLA aborts every process on an unknown flag.
+train step compiles in 1.6-2.0 s instead of 3.7-5.2, its init in 1.1 s instead of 1.4-2.0; the whole suite
+took 1,243 s and 2,389 s of CPU with the flag, against 1,317-1,413 s and 2,522-2,723 s without it on the same
+day (benchmarks/RESULTS.md, "XLA:CPU's emitters under the tests"). Like the optimization level it is about
+machine code: what is tested does not change, the last bits of a trained model do (`stage_digests.machine()`
+names XLA_FLAGS). A process a test starts with a device count of its own gets the suite's flags with it
+(`xla_flags`, which tests/conftest.py's `run_on_simulated_devices` uses); `reproducible_cpu_env`'s runs keep
+their own fixed flags (the trained-longer verdict's margins were measured so). A flag XLA_FLAGS already names
+is kept as set, and one this jaxlib does not define is left out: XLA aborts every process on an unknown flag.
 
 A variable already set is kept: `JAX_DISABLE_MOST_OPTIMIZATIONS=0 make test` runs the suite optimized, with
 XLA:CPU's default emitters.
@@ -61,17 +61,24 @@ def apply() -> None:
         os.environ.setdefault(name, value)
     if compiled_as():
         flags = os.environ.get("XLA_FLAGS", "").split()
-        named = {flag.split("=")[0] for flag in flags}
-        flags += [f for f in SUITE_XLA_FLAGS if f.split("=")[0] not in named and known_to_xla(f)]
+        named = {_name(flag) for flag in flags}
+        flags += [f for f in SUITE_XLA_FLAGS if _name(f) not in named and known_to_xla(f)]
         if flags:
             os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
 def xla_flags(*extra: str) -> str:
     """XLA_FLAGS for a process a test starts that sets its own (a simulated device count): `extra` after the
-    suite's flags this process runs with (`apply`), so that it compiles as the test process does."""
-    own = [f for f in os.environ.get("XLA_FLAGS", "").split() if f in SUITE_XLA_FLAGS]
+    flags of SUITE_XLA_FLAGS' names this process runs with, as `apply` or the environment set them, so that
+    it compiles as the test process does."""
+    suite = {_name(f) for f in SUITE_XLA_FLAGS}
+    own = [f for f in os.environ.get("XLA_FLAGS", "").split() if _name(f) in suite]
     return " ".join(own + list(extra))
+
+
+def _name(flag: str) -> str:
+    """"--xla_cpu_max_isa=AVX2" -> "xla_cpu_max_isa"."""
+    return flag.lstrip("-").split("=")[0]
 
 
 def known_to_xla(flag: str) -> bool:
@@ -80,8 +87,8 @@ def known_to_xla(flag: str) -> bool:
     spec = importlib.util.find_spec("jaxlib")
     if spec is None or not spec.origin:
         return False
-    name = flag.lstrip("-").split("=")[0].encode()
-    for path in sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "*.so"))):
+    name, folder = _name(flag).encode(), os.path.dirname(spec.origin)
+    for path in sorted(glob.glob(os.path.join(folder, "*.so")) + glob.glob(os.path.join(folder, "*.dylib"))):
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as library:
             if library.find(name) != -1:
                 return True

@@ -48,6 +48,8 @@ def test_xla_flags_already_set_are_kept_and_the_suites_added_after_them(monkeypa
     assert os.environ["XLA_FLAGS"] == f"--xla_cpu_max_isa=AVX2 {SUITE}"
     assert jax_env.xla_flags("--xla_force_host_platform_device_count=4") == (
         f"{SUITE} --xla_force_host_platform_device_count=4")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2 --xla_cpu_use_fusion_emitters=true")
+    assert jax_env.xla_flags() == "--xla_cpu_use_fusion_emitters=true"     # a started process runs as set
 
 
 def test_a_setting_already_in_the_environment_is_kept(monkeypatch):
