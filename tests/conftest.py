@@ -74,7 +74,13 @@ def compiled_as_marked(request, monkeypatch):
     """A test marked `optimized` compiles with XLA's backend optimizations on, in its process and every
     process it starts (tests/jax_env.py: the suite's default is off). Fixtures of a wider scope (the session's
     tiny run, a module's DAG) were built before this one, under the default, so what they compute does not
-    depend on which test asked first."""
+    depend on which test asked first.
+
+    JAX's in-memory caches of traced and compiled programs do not key on the setting, so they are emptied
+    as the test starts and as it ends: a function cached across tests (the scorer's step, evaluation's
+    decoder) then compiles as this test asks, and a later test gets none of its executables. Each compile
+    after that is looked up in the session's persistent compilation cache first, whose key holds the
+    setting."""
     if request.node.get_closest_marker("optimized") is None or not jax_env.compiled_as():
         yield
         return
@@ -82,10 +88,12 @@ def compiled_as_marked(request, monkeypatch):
 
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     jax.config.update("jax_disable_most_optimizations", False)
+    jax.clear_caches()
     try:
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", True)
+        jax.clear_caches()
 
 
 @pytest.fixture(scope="session")

@@ -22,10 +22,12 @@ A test whose training runs long enough that optimized code pays for its compile 
 210 s off, 125 s on) is marked `@pytest.mark.optimized`, and tests/conftest.py compiles it, and every process
 it starts, with the optimizations on. Measured test by test in whole runs of the suite on the 2-core dev VM:
 every test optimized, 3,659 s of CPU time (user and system; other work beside it for a while); every test not,
-3,360 s; the tests it slowed by more than 15 s marked, 3,209 s, 1,703 s wall. A program compiled once and
-shared between tests (a function cache) is compiled as the first test to ask sets: a mark on a later test
-does not reach it (jax's in-memory cache of a jitted function does not key on this setting), so a marked
-test compiles its own (tests/train/test_long_context.py).
+3,360 s; the tests it slowed by more than 15 s marked, 3,209 s, 1,703 s wall. JAX's in-memory caches of
+traced and compiled programs do not key on this setting, so tests/conftest.py empties them as a marked test
+starts and as it ends: a program shared between tests (the scorer's step, evaluation's decoder, cached by
+model structure) is compiled as the test running it is marked, whichever test asked first. (Until it did,
+the mixture search's twin scored every evaluation with the unoptimized step its module's fixture had
+compiled: 116 s, 62 s since.)
 
 XLA:CPU's older fusion emitters too, while the optimizations are off (`SUITE_XLA_FLAGS`): the default ones
 generate each fusion through MLIR, which costs more to compile than the suite's programs run. gin/tiny.gin's

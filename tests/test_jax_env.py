@@ -7,6 +7,7 @@ so both compile alike and a comparison between them compares programs, not compi
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from tests import jax_env, stage_digests
@@ -19,6 +20,7 @@ print("RESULT " + json.dumps({"off": jax.config.read("jax_disable_most_optimizat
                               "xla_flags": os.environ.get("XLA_FLAGS", "")}))
 """
 SUITE = " ".join(f for f in jax_env.SUITE_XLA_FLAGS if jax_env.known_to_xla(f))   # what apply() adds
+SHARED = jax.jit(lambda x: 2 * x + 1)       # a function cached across tests, as the scorer's step is
 
 
 @pytest.mark.skipif(not jax_env.compiled_as(), reason="the suite runs optimized (set so by hand)")
@@ -58,9 +60,17 @@ def test_a_setting_already_in_the_environment_is_kept(monkeypatch):
     assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "0" and jax_env.compiled_as() == ""
 
 
+def test_a_function_shared_between_tests_is_compiled_and_cached_here():
+    assert float(SHARED(np.float32(1))) == 3 and SHARED._cache_size() == 1
+
+
 @pytest.mark.optimized
 def test_a_test_marked_optimized_compiles_optimized_and_so_do_the_processes_it_starts():
     assert not jax.config.read("jax_disable_most_optimizations")
+    # the executable the test before compiled under the suite's setting is gone: JAX's in-memory caches do
+    # not key on the setting, so this call compiles (or reads the persistent cache, which does) optimized
+    assert SHARED._cache_size() == 0
+    assert float(SHARED(np.float32(1))) == 3 and SHARED._cache_size() == 1
     result = run_on_simulated_devices(SCRIPT, devices=2)
     assert (result["off"], result["platform"], result["devices"]) == (False, "cpu", 2)
 
@@ -69,3 +79,4 @@ def test_a_test_marked_optimized_compiles_optimized_and_so_do_the_processes_it_s
 def test_the_next_test_is_back_to_the_suites_setting():
     assert jax.config.read("jax_disable_most_optimizations")
     assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "1"
+    assert SHARED._cache_size() == 0          # nothing the optimized test compiled is served here
