@@ -1,6 +1,7 @@
 """The planner: per-device memory from the config alone, a verdict with advice, and the CLI around it."""
 
 import dataclasses
+import math
 import os
 import socket
 import subprocess
@@ -409,6 +410,17 @@ def test_days_searches_layouts_and_the_flagship_is_its_fastest_on_the_smallest_s
         "  answer: none on TPU v5p: the largest v5p slice that can run it, v5p-4096 (2,048 chips), would "
         "need 21.5 days; larger ones cannot run it (v5p-8192: a global batch of 1024 sequences does not "
         "split ")
+
+
+def test_a_search_times_only_the_layouts_whose_memory_fits():
+    """The slice search weighs a layout's memory before it predicts the step (`planner.plan(timed=False)`):
+    an untimed plan holds the timed one's bytes and verdict and no step; every layout ranked is timed."""
+    cfg = _flagship()
+    timed, untimed = planner.plan(cfg, advise=False), planner.plan(cfg, advise=False, timed=False)
+    assert (untimed.per_device, untimed.host, untimed.fits) == (timed.per_device, timed.host, timed.fits)
+    assert untimed.predicted is None and math.isnan(untimed.step_s) and timed.step_s > 0
+    ranked, _ = search._fastest_layouts(cfg, 1024)
+    assert len(ranked) > 1 and all(p.predicted is not None and search._roomy(p) for p in ranked)
 
 
 # "600B on a TPU v4-32 in 30 days": the flagship on 16 v4 chips, its experts split 16 ways.

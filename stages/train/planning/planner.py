@@ -40,6 +40,7 @@ The figures are estimates from first principles, so they can be read without a c
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from stages.train.model_config import flops_per_token, param_counts
 from stages.train.planning import advice, devices, step_time
@@ -48,8 +49,10 @@ from stages.train.planning.plan import Plan
 from stages.train.planning.tpu import topology_chips
 
 
-def plan(cfg, *, advise: bool = True) -> Plan:
-    """The plan for `cfg` (a stages.train.Config), with advice when it does not fit (`advise`)."""
+def plan(cfg, *, advise: bool = True, timed: bool = True) -> Plan:
+    """The plan for `cfg` (a stages.train.Config), with advice when it does not fit (`advise`). timed=False
+    leaves the step out (`predicted` None, the step and days NaN): the memory verdict alone, which a layout
+    search weighs before it times a layout that fits."""
     hw = cfg.hardware
     device = devices.get(hw.device)
     chips = (hw.chips or topology_chips(hw.topology) or _explicit_chips(cfg.mesh)) * hw.num_slices
@@ -64,9 +67,9 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     m = cfg.model
     per_device, host = memory_bytes(cfg, mesh, micro_batch, device)
     fpt = flops_per_token(m, cfg.seq_len)
-    predicted = step_time.predict(cfg, mesh, micro_batch, host)
+    predicted = step_time.predict(cfg, mesh, micro_batch, host) if timed else None
     step_s = (fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu) if hw.mfu
-              else predicted.seconds)
+              else predicted.seconds if predicted else math.nan)
     result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem,
                   host=host, predicted=predicted)
     if advise and not result.fits:
@@ -74,11 +77,11 @@ def plan(cfg, *, advise: bool = True) -> Plan:
     return result
 
 
-def try_plan(cfg) -> Plan | None:
+def try_plan(cfg, *, timed: bool = True) -> Plan | None:
     """The plan of a candidate config, without advice, or None where the configs reject it (a mesh that
-    does not tile the chips): what the advice and the slice search weigh."""
+    does not tile the chips): what the advice and the slice search weigh (timed=False: see `plan`)."""
     try:
-        return plan(cfg, advise=False)
+        return plan(cfg, advise=False, timed=timed)
     except ValueError:
         return None
 

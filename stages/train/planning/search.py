@@ -213,26 +213,32 @@ def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
     are the layout's fastest."""
     fitting, closest = [], None
     host = devices.get(cfg.hardware.device).host_bytes
-    lightest = {}          # a layout's first fitting remat, whatever its device order (memory ignores it)
+    # Memory ignores the device order, so what one order of a layout found holds for the others: the first
+    # remat that fits, or that none does (their tries would hold the same bytes, none closer to fitting).
+    lightest, none_fits = {}, set()
     for layout in layouts(cfg, chips):
         same = (layout.mesh.fsdp, layout.mesh.expert, layout.mesh.tensor,
                 layout.optimizer.grad_accum_steps, layout.model.moe_capacity_factor)
         for order in (REMAT_ORDER, OFFLOAD_ORDER) if host else (REMAT_ORDER,):
+            if (same, order) in none_fits:
+                continue
             for remat in order[order.index(lightest[same, order]) if (same, order) in lightest else 0:]:
-                with_remat = dataclasses.replace(layout.model, remat=remat)
-                p = try_plan(dataclasses.replace(layout, model=with_remat))
+                candidate = dataclasses.replace(layout, model=dataclasses.replace(layout.model, remat=remat))
+                p = try_plan(candidate, timed=False)      # the step is timed only where the memory fits
                 if p is None or p.problem:
                     break
                 if _roomy(p):
-                    fitting.append(p)
+                    fitting.append(try_plan(candidate))
                     lightest[same, order] = remat
                     break
                 if closest is None or p.per_device["total"] < closest.per_device["total"]:
                     closest = p
+            else:
+                none_fits.add((same, order))
     if fitting:       # fewest days first; within 0.1% of each other, the one holding less memory
         return sorted(fitting, key=lambda p: (round(math.log(p.days), 3), p.per_device["total"])), ""
     if closest is not None:
-        return [closest], ""
+        return [try_plan(closest.config)], ""
     return [], (f"a global batch of {cfg.global_batch} sequences does not split over its batch shards "
                 f"(data x fsdp x expert) with tensor 1-8, 1-8 micro-batches and every axis along whole "
                 f"sides of the torus")
