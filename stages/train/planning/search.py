@@ -228,7 +228,9 @@ def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
                 if p is None or p.problem:
                     break
                 if _roomy(p):
-                    fitting.append(try_plan(candidate))
+                    if (p := try_plan(candidate)) is None:      # timing reads the device order; memory not
+                        break
+                    fitting.append(p)
                     lightest[same, order] = remat
                     break
                 if closest is None or p.per_device["total"] < closest.per_device["total"]:
@@ -237,8 +239,8 @@ def _fastest_layouts(cfg, chips: int) -> tuple[list[Plan], str]:
                 none_fits.add((same, order))
     if fitting:       # fewest days first; within 0.1% of each other, the one holding less memory
         return sorted(fitting, key=lambda p: (round(math.log(p.days), 3), p.per_device["total"])), ""
-    if closest is not None:
-        return [try_plan(closest.config)], ""
+    if closest is not None and (timed := try_plan(closest.config)) is not None:
+        return [timed], ""
     return [], (f"a global batch of {cfg.global_batch} sequences does not split over its batch shards "
                 f"(data x fsdp x expert) with tensor 1-8, 1-8 micro-batches and every axis along whole "
                 f"sides of the torus")
