@@ -27,7 +27,7 @@ traced and compiled programs do not key on this setting, so tests/conftest.py em
 starts and as it ends: a program shared between tests (the scorer's step, evaluation's decoder, cached by
 model structure) is compiled as the test running it is marked, whichever test asked first. (Until it did,
 the mixture search's twin scored every evaluation with the unoptimized step its module's fixture had
-compiled: 116 s, 62 s since.)
+compiled: 116 s in the whole suite, 66-75 s since.)
 
 XLA:CPU's older fusion emitters too, while the optimizations are off (`SUITE_XLA_FLAGS`): the default ones
 generate each fusion through MLIR, which costs more to compile than the suite's programs run. gin/tiny.gin's

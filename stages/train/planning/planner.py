@@ -51,8 +51,8 @@ from stages.train.planning.tpu import topology_chips
 
 def plan(cfg, *, advise: bool = True, timed: bool = True) -> Plan:
     """The plan for `cfg` (a stages.train.Config), with advice when it does not fit (`advise`). timed=False
-    leaves the step out (`predicted` None, the step and days NaN): the memory verdict alone, which a layout
-    search weighs before it times a layout that fits."""
+    leaves the step out (`predicted` None, `step_s` NaN, so its days mean nothing): the memory verdict alone,
+    which a layout search weighs before it times a layout that fits."""
     hw = cfg.hardware
     device = devices.get(hw.device)
     chips = (hw.chips or topology_chips(hw.topology) or _explicit_chips(cfg.mesh)) * hw.num_slices
