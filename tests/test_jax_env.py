@@ -64,13 +64,18 @@ def test_a_function_shared_between_tests_is_compiled_and_cached_here():
     assert float(SHARED(np.float32(1))) == 3 and SHARED._cache_size() == 1
 
 
+@pytest.mark.skipif(not jax_env.compiled_as(), reason="the suite runs optimized (set so by hand)")
 @pytest.mark.optimized
-def test_a_test_marked_optimized_compiles_optimized_and_so_do_the_processes_it_starts():
-    assert not jax.config.read("jax_disable_most_optimizations")
+def test_a_test_marked_optimized_compiles_a_function_shared_between_tests_anew():
     # the executable the test before compiled under the suite's setting is gone: JAX's in-memory caches do
     # not key on the setting, so this call compiles (or reads the persistent cache, which does) optimized
     assert SHARED._cache_size() == 0
     assert float(SHARED(np.float32(1))) == 3 and SHARED._cache_size() == 1
+
+
+@pytest.mark.optimized
+def test_a_test_marked_optimized_compiles_optimized_and_so_do_the_processes_it_starts():
+    assert not jax.config.read("jax_disable_most_optimizations")
     result = run_on_simulated_devices(SCRIPT, devices=2)
     assert (result["off"], result["platform"], result["devices"]) == (False, "cpu", 2)
 
