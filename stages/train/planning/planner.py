@@ -68,8 +68,10 @@ def plan(cfg, *, advise: bool = True, timed: bool = True) -> Plan:
     per_device, host = memory_bytes(cfg, mesh, micro_batch, device)
     fpt = flops_per_token(m, cfg.seq_len)
     predicted = step_time.predict(cfg, mesh, micro_batch, host) if timed else None
-    step_s = (fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu) if hw.mfu
-              else predicted.seconds if predicted else math.nan)
+    if hw.mfu:
+        step_s = fpt * cfg.global_batch * cfg.seq_len / (chips * device.peak_flops * hw.mfu)
+    else:
+        step_s = predicted.seconds if predicted else math.nan
     result = Plan(cfg, device, chips, mesh, micro_batch, param_counts(m), per_device, fpt, step_s, problem,
                   host=host, predicted=predicted)
     if advise and not result.fits:
